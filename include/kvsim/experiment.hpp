@@ -1,0 +1,84 @@
+// kvsim: an experiment (what to replay, when to evaluate, which policies) and the replay engine.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvsim/policy.hpp"
+#include "kvsim/recording.hpp"
+#include "kvsim/synth.hpp"
+
+namespace kvsim {
+
+struct PolicySpec {
+  std::string name;    ///< registry name (exact, window, ...)
+  std::string label;   ///< unique display label, e.g. "window(budget=0.25)"
+  Params params;
+};
+
+struct DataSpec {
+  std::string path;              ///< a recording file, or empty for the synthetic preset
+  bool synthetic = false;
+  SynthParams synth;
+  std::vector<int> layers;       ///< empty = all
+  std::vector<int> heads;        ///< query heads; empty = all
+  int64_t tokens = 0;            ///< replay only the first `tokens` (0 = all)
+};
+
+struct EvalSpec {
+  int64_t every = 1;             ///< evaluate every `every` steps ...
+  int64_t from = 1;              ///< ... starting at step `from`; the last step is always evaluated
+  std::string gqa = "kv_head";   ///< "kv_head" (one cache per KV head) or "query_head"
+  std::string group_agg = "mean";
+};
+
+struct Experiment {
+  std::string name = "experiment";
+  uint64_t seed = 1;
+  DataSpec data;
+  EvalSpec eval;
+  std::vector<PolicySpec> policies;
+  std::string config_text;       ///< the resolved configuration, stored with the results
+};
+
+/// One evaluated (policy, layer, query head, step). NaN marks a metric that does not apply.
+struct MetricRow {
+  int32_t layer = 0, head = 0;
+  int64_t step = 0;
+  double rel_err, eps_spectral, tau_rel_err, kept_mass, oracle_mass, mass_ratio, attention_loss;
+  double cache_tokens, cache_bytes, policy_ns;
+};
+
+/// Column names of MetricRow's metrics (after layer, head, step) in order.
+const std::vector<std::string>& metric_names();
+double metric_value(const MetricRow& r, size_t i);
+
+struct PolicyResult {
+  PolicySpec spec;
+  std::vector<MetricRow> rows;   ///< ordered by (layer, kv head, query head, step)
+};
+
+struct RunResult {
+  RecordingMeta meta;
+  std::string source;
+  int64_t n_tokens = 0;          ///< tokens replayed
+  std::vector<int> layers;
+  std::vector<PolicyResult> policies;
+  double wall_seconds = 0;
+  int threads = 1;
+};
+
+/// Evaluated steps (1-based) for a stream of n tokens.
+std::vector<int64_t> eval_steps(const EvalSpec& e, int64_t n);
+
+/// Opens the experiment's stream source (recording file or synthetic preset).
+std::unique_ptr<StreamSource> open_source(const DataSpec& d);
+
+/// Replays every selected (layer, kv head) cell through exact attention and every policy, over
+/// `threads` worker threads. Results are identical for any thread count (policy_ns aside).
+/// `progress(done, total)` is called after each cell (from worker threads, serialized).
+RunResult run_experiment(const Experiment& ex, const StreamSource& src, int threads,
+                         const std::function<void(int, int)>& progress = {});
+
+}  // namespace kvsim

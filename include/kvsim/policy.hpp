@@ -1,0 +1,99 @@
+// kvsim: the KV-cache policy interface (DESIGN §4) and the parameter map policies are built from.
+//
+// Stream protocol per (layer, cache) cell, for t = 1..n (SubGen Algorithm 1 order: update, then query):
+//   observe(t, k_t, v_t)               token t joins the stream (every policy sees every token)
+//   attend(Q̃_t, answers?, probs?)      the group's scaled queries at step t. Called every step when
+//                                      needs_every_query() (score-based policies), else only at
+//                                      evaluated steps; `answers` is non-null exactly at evaluated steps.
+// A policy owns only what a real cache would hold; the engine owns the exact reference.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "kvsim/types.hpp"
+
+namespace kvsim {
+
+/// One parameter value from a config ([[policy]] table) or the command line.
+using ParamValue = std::variant<int64_t, double, bool, std::string>;
+
+/// Named parameters with the place they came from (for error messages). Every getter marks the key
+/// as used; `check_all_used` rejects keys no policy asked for (typos are errors, not silent defaults).
+class Params {
+ public:
+  void set(const std::string& key, ParamValue v, std::string where = "");
+  bool has(const std::string& key) const { return values_.count(key) > 0; }
+  int64_t get_int(const std::string& key, int64_t def) const;
+  double get_double(const std::string& key, double def) const;
+  bool get_bool(const std::string& key, bool def) const;
+  std::string get_string(const std::string& key, const std::string& def) const;
+  /// A token budget: an integer is a number of tokens, a float in (0, 1] a fraction of n (rounded,
+  /// at least 1). Throws if missing and `required`.
+  int64_t get_budget(const std::string& key, int64_t n, int64_t def = -1) const;
+  void check_all_used(const std::string& owner) const;
+  std::string where(const std::string& key) const;
+  /// "key=value, ..." in key order (for labels and result attributes).
+  std::string to_string() const;
+  const std::map<std::string, ParamValue>& values() const { return values_; }
+
+ private:
+  std::map<std::string, ParamValue> values_;
+  std::map<std::string, std::string> where_;
+  mutable std::set<std::string> used_;
+};
+
+std::string param_to_string(const ParamValue& v);
+
+/// What the stream looks like to a policy instance.
+struct StreamInfo {
+  int64_t n = 0;             ///< total tokens in the stream (budgets given as fractions use it)
+  int head_dim = 0;
+  int n_queries = 1;         ///< query heads answered by this instance (group size in kv_head mode)
+  std::string group_agg = "mean";  ///< how score-based policies combine the group's scores
+  uint64_t seed = 0;         ///< seed for this instance (config seed, layer, head, policy index, trial)
+};
+
+/// A policy's answer for one query head at an evaluated step.
+struct Answer {
+  VecD z;                    ///< the attention output estimate, [head_dim]
+  double log_tau = std::numeric_limits<double>::quiet_NaN();  ///< log τ̂ if the policy estimates τ
+  bool has_kept = false;     ///< true when the policy's output is attention over a subset of tokens
+  std::vector<int64_t> kept; ///< that subset (0-based token indices) when has_kept
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual void observe(int64_t t, const float* k, const float* v) = 0;
+  /// `q_scaled` is [n_queries, head_dim] = softmax_scale · q. `exact_probs[i]`, when given (only to
+  /// non-causal oracle baselines that declare needs_exact_probs(), and only at evaluated steps),
+  /// points at the exact a_t (length t) of query i.
+  virtual void attend(int64_t t, const MatD& q_scaled, std::vector<Answer>* answers,
+                      const std::vector<const double*>* exact_probs) = 0;
+  virtual bool needs_every_query() const { return false; }
+  virtual bool needs_exact_probs() const { return false; }
+  /// Tokens held in the cache now.
+  virtual int64_t cache_tokens() const = 0;
+  /// Stored vectors of dimension head_dim now (keys + values + representatives...).
+  virtual int64_t cache_vectors() const { return 2 * cache_tokens(); }
+};
+
+/// Builds a policy by name. Known: exact, window, sink, oracle_topk, uniform.
+/// Throws kvsim::Error naming the policy and parameter on bad input.
+std::unique_ptr<Policy> make_policy(const std::string& name, const Params& params, const StreamInfo& info);
+
+/// Names accepted by make_policy.
+const std::vector<std::string>& policy_names();
+
+/// Exact attention over an explicit set of cached tokens, in double with a log-domain softmax.
+/// keys/values are [m, d]; returns z (= softmax-weighted values) and log Σ exp(logits).
+void attend_cached(const MatD& keys, const MatD& values, int64_t m, const Eigen::Ref<const VecD>& q, VecD& z,
+                   double& log_sum);
+
+}  // namespace kvsim

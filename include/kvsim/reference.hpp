@@ -1,0 +1,46 @@
+// kvsim: the exact attention reference (DESIGN §3), computed for a block of evaluated steps at once
+// with blocked matrix products (Eigen GEMM) and a log-domain softmax, in double precision.
+//
+// For step t (1-based: tokens 1..t are in the stream) and scaled query q̃_t = scale·q_t:
+//   logits l_t = K_t q̃_t ∈ R^t,  a_t = softmax(l_t),  Attn_t = a_tᵀ V_t,  log τ_t = log Σ_i exp(l_t,i)
+#pragma once
+#include <vector>
+
+#include "kvsim/types.hpp"
+
+namespace kvsim {
+
+struct ReferenceBlock {
+  std::vector<int64_t> steps;  ///< evaluated steps t (1-based, increasing)
+  MatD probs;                  ///< [rows, t_max]: row r is a_t for t = steps[r], zero beyond t
+  MatD out;                    ///< [rows, d]: Attn_t
+  VecD log_tau;                ///< [rows]: log of the partition function τ_t
+  VecD probs_norm;             ///< [rows]: ‖a_t‖₂
+};
+
+/// Exact attention of query head rows `steps` of Q ([n, d], unscaled) against K, V ([n, d], double).
+/// `steps` must be non-empty, increasing, within [1, n].
+void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, const std::vector<int64_t>& steps,
+                     ReferenceBlock& out);
+
+/// Incremental operator norm ‖V_t‖_op = sqrt(λ_max(V_tᵀV_t)) (DESIGN §5, for SubGen Eq. 3's ε).
+/// `add` is a rank-1 update of the d×d Gram matrix (O(d²)); `op_norm` runs power iteration warm-started
+/// from the previous top eigenvector (O(d²) per iteration, a handful of iterations per step).
+class OperatorNormTracker {
+ public:
+  explicit OperatorNormTracker(int d);
+  void add(const float* v);
+  double op_norm();
+  const MatD& gram() const { return G_; }
+  int last_iterations() const { return iters_; }
+
+ private:
+  MatD G_;   // upper triangle maintained, mirrored on demand
+  VecD x_;   // warm-start vector
+  int d_;
+  int iters_ = 0;
+  bool dirty_ = true;
+  double last_ = 0;
+};
+
+}  // namespace kvsim

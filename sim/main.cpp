@@ -1,0 +1,130 @@
+// kvsim command-line interface (CLI11): run, synth, record, inspect.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "kvsim/config.hpp"
+#include "kvsim/error.hpp"
+#include "kvsim/inspect.hpp"
+#include "kvsim/record.hpp"
+#include "kvsim/results.hpp"
+#include "kvsim/synth.hpp"
+
+using namespace kvsim;
+
+namespace {
+
+int cmd_run(const std::string& config, std::string out, int threads, const std::vector<std::string>& sets, bool quiet) {
+  Experiment ex = load_experiment(config, sets);
+  if (out.empty()) out = "results/" + ex.name;
+  auto src = open_source(ex.data);
+  if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  std::cerr << "kvsim run: " << ex.name << " on " << src->describe() << " (" << ex.policies.size() << " policies, "
+            << threads << " threads)\n";
+  auto progress = [&](int done, int total) {
+    if (!quiet) std::cerr << "\r  cells " << done << "/" << total << std::flush;
+  };
+  RunResult r = run_experiment(ex, *src, threads, progress);
+  if (!quiet) std::cerr << "\n";
+  write_results(r, ex, out);
+  std::cout << "experiment " << ex.name << ": " << r.n_tokens << " tokens, " << r.layers.size() << " layers, "
+            << r.meta.n_heads << " query heads (" << r.meta.n_kv_heads << " kv), gqa=" << ex.eval.gqa << "; "
+            << r.wall_seconds << " s\n"
+            << "means over every evaluated (layer, head, step); p95 likewise\n\n"
+            << summary_table(r) << "\nwrote " << out << "/results.h5 and " << out << "/summary.csv\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvsim — KV-cache attention approximation simulator"};
+  app.require_subcommand(1);
+
+  auto* run = app.add_subcommand("run", "replay an experiment config through exact attention and its policies");
+  std::string config, out;
+  int threads = 0;
+  bool quiet = false;
+  std::vector<std::string> sets;
+  run->add_option("config", config, "experiment TOML file")->required();
+  run->add_option("--out", out, "output folder (default results/<name>)");
+  run->add_option("--threads", threads, "worker threads (default: all cores)");
+  run->add_option("--set", sets, "override a config key, e.g. --set eval.every=4 (repeatable)");
+  run->add_flag("--quiet", quiet, "no progress on stderr");
+
+  auto* synth = app.add_subcommand("synth", "write a seeded synthetic stream in the recording schema");
+  SynthParams sp;
+  std::string synth_out;
+  synth->add_option("--preset", sp.preset, "gaussian | clustered | heavy_hitter")->required();
+  synth->add_option("--n", sp.n, "tokens");
+  synth->add_option("--d", sp.head_dim, "head_dim");
+  synth->add_option("--layers", sp.n_layers, "layers");
+  synth->add_option("--heads", sp.n_heads, "query heads");
+  synth->add_option("--kv-heads", sp.n_kv_heads, "kv heads (default: = heads)");
+  synth->add_option("--seed", sp.seed, "seed");
+  synth->add_option("--cluster-gamma", sp.cluster_gamma, "clustered: m(n) = ceil(c n^gamma)");
+  synth->add_option("--cluster-c", sp.cluster_c, "clustered: c");
+  synth->add_option("--cluster-diameter", sp.cluster_diameter, "clustered: cluster diameter delta0");
+  synth->add_option("--query-norm", sp.query_norm, "clustered: bound r on |scaled q|");
+  synth->add_option("--n-heavy", sp.n_heavy, "heavy_hitter: number of heavy tokens");
+  synth->add_option("--heavy-strength", sp.heavy_strength, "heavy_hitter: logit boost");
+  synth->add_option("--out", synth_out, "output .h5")->required();
+
+  auto* record = app.add_subcommand("record", "run a llama2.c checkpoint and record q, k, v of every layer and head");
+  RecordOptions ro;
+  record->add_option("--checkpoint", ro.checkpoint, "llama2.c model .bin")->required()->check(CLI::ExistingFile);
+  record->add_option("--tokenizer", ro.tokenizer, "llama2.c tokenizer.bin")->required()->check(CLI::ExistingFile);
+  auto* text_opt = record->add_option("--text", ro.text_path, "teacher-forced: text file")->check(CLI::ExistingFile);
+  record->add_option("--tokens", ro.tokens, "teacher-forced: tokens to record (<= seq_len)");
+  auto* gen_opt = record->add_option("--generate", ro.generate, "greedy generation: positions to record");
+  record->add_option("--prompt", ro.prompt, "generation prompt (default: BOS only)");
+  record->add_option("--out", ro.out, "output .h5");
+  record->add_flag("!--no-attn", ro.with_attn, "do not store the model's attention output");
+  text_opt->excludes(gen_opt);
+
+  auto* inspect = app.add_subcommand("inspect", "print schema, shapes, norms and logit ranges of a recording");
+  std::string inspect_path;
+  inspect->add_option("file", inspect_path, "recording .h5")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  int sp_kv_given = synth->count("--kv-heads");
+  try {
+    if (*run) return cmd_run(config, out, threads, sets, quiet);
+    if (*synth) {
+      if (!sp_kv_given) sp.n_kv_heads = sp.n_heads;
+      SynthSource src(sp);
+      write_synthetic(src, synth_out);
+      std::cout << "wrote " << synth_out << " (" << src.describe() << ")\n";
+      return 0;
+    }
+    if (*record) {
+      if (ro.text_path.empty() && ro.generate <= 0) throw Error("kvsim record: give --text FILE or --generate N");
+      RecordResult r = record_model(ro);
+      std::cout << "recorded " << r.tokens.size() << " tokens";
+      if (!ro.out.empty()) std::cout << " into " << ro.out;
+      std::cout << "\n";
+      if (!r.cross_entropy.empty())
+        std::cout << "mean cross-entropy: " << r.mean_cross_entropy << " nats/token over " << r.cross_entropy.size()
+                  << " predictions\n";
+      std::cout << "text: " << r.text << "\n";
+      return 0;
+    }
+    if (*inspect) {
+      std::cout << inspect_recording(inspect_path);
+      return 0;
+    }
+  } catch (const Error& e) {
+    std::cerr << "kvsim: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "kvsim: internal error: " << e.what() << "\n";
+    return 3;
+  }
+  return 0;
+}

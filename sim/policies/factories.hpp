@@ -1,0 +1,15 @@
+// Internal: factory functions of the built-in policies (registered in sim/policy.cpp).
+#pragma once
+#include <memory>
+
+#include "kvsim/policy.hpp"
+
+namespace kvsim::policies {
+
+std::unique_ptr<Policy> make_exact(const Params&, const StreamInfo&);
+std::unique_ptr<Policy> make_window(const Params&, const StreamInfo&);
+std::unique_ptr<Policy> make_sink(const Params&, const StreamInfo&);
+std::unique_ptr<Policy> make_oracle_topk(const Params&, const StreamInfo&);
+std::unique_ptr<Policy> make_uniform(const Params&, const StreamInfo&);
+
+}  // namespace kvsim::policies

@@ -1,0 +1,77 @@
+#include "kvsim/reference.hpp"
+
+#include <cmath>
+
+#include "kvsim/error.hpp"
+
+namespace kvsim {
+
+void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, const std::vector<int64_t>& steps,
+                     ReferenceBlock& out) {
+  if (steps.empty()) throw Error("exact_attention: no steps");
+  const int64_t rows = static_cast<int64_t>(steps.size());
+  const int64_t t_max = steps.back();
+  const int d = static_cast<int>(Q.cols());
+  if (t_max > K.rows() || steps.front() < 1) throw Error("exact_attention: step out of range");
+  MatD Qb(rows, d);
+  for (int64_t r = 0; r < rows; ++r) Qb.row(r) = Q.row(steps[r] - 1).cast<double>() * scale;
+  out.steps = steps;
+  out.probs.resize(rows, t_max);
+  out.probs.noalias() = Qb * K.topRows(t_max).transpose();
+  out.log_tau.resize(rows);
+  out.probs_norm.resize(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = steps[r];
+    auto row = out.probs.row(r);
+    double mx = row.head(t).maxCoeff();
+    double sum = 0;
+    for (int64_t j = 0; j < t; ++j) sum += (row[j] = std::exp(row[j] - mx));
+    row.tail(t_max - t).setZero();
+    row.head(t) /= sum;
+    out.log_tau[r] = mx + std::log(sum);
+    out.probs_norm[r] = row.head(t).norm();
+  }
+  out.out.resize(rows, d);
+  out.out.noalias() = out.probs * V.topRows(t_max);
+}
+
+OperatorNormTracker::OperatorNormTracker(int d) : G_(MatD::Zero(d, d)), x_(VecD::Ones(d) / std::sqrt(double(d))), d_(d) {}
+
+void OperatorNormTracker::add(const float* v) {
+  Eigen::Map<const VecF> vf(v, d_);
+  VecD vd = vf.cast<double>();
+  G_.selfadjointView<Eigen::Upper>().rankUpdate(vd);
+  dirty_ = true;
+}
+
+double OperatorNormTracker::op_norm() {
+  if (!dirty_) return last_;
+  MatD S = G_.selfadjointView<Eigen::Upper>();
+  double lambda = -1;
+  iters_ = 0;
+  const int kMax = 1000;
+  for (; iters_ < kMax; ++iters_) {
+    VecD y = S * x_;
+    double rq = x_.dot(y);  // Rayleigh quotient of the current unit vector
+    double ny = y.norm();
+    if (ny == 0) {
+      lambda = 0;
+      break;
+    }
+    x_ = y / ny;
+    bool done = std::abs(rq - lambda) <= 1e-12 * std::max(1e-300, std::abs(rq));
+    lambda = rq;
+    if (done) break;
+  }
+  if (iters_ == kMax) {  // pathological (nearly equal top eigenvalues): fall back to a direct solve
+    Eigen::SelfAdjointEigenSolver<MatD> es(S);
+    lambda = es.eigenvalues().maxCoeff();
+    x_ = es.eigenvectors().col(d_ - 1);
+  }
+  if (x_.norm() == 0 || !std::isfinite(x_.norm())) x_ = VecD::Ones(d_) / std::sqrt(double(d_));
+  last_ = std::sqrt(std::max(0.0, lambda));
+  dirty_ = false;
+  return last_;
+}
+
+}  // namespace kvsim
