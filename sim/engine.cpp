@@ -136,9 +136,12 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
         auto t0 = Clock::now();
         for (auto& inst : run.inst) inst->observe(t - 1, Kf.row(t - 1).data(), Vf.row(t - 1).data());
         if (run.every || is_eval) {
+          if (is_eval)  // fresh answers: nothing may leak from the previous policy's answer
+            for (int g = 0; g < G; ++g) answers[g] = Answer{};
           if (per_query) {
             for (int g = 0; g < G; ++g) {
               qone.row(0) = Qs[g].row(t - 1);
+              one[0] = Answer{};
               probs_one[0] = ref[g].probs.row(r).data();
               run.inst[g]->attend(t, qone, is_eval ? &one : nullptr, (is_eval && run.oracle) ? &probs_one : nullptr);
               if (is_eval) answers[g] = std::move(one[0]);
