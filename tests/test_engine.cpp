@@ -1,0 +1,175 @@
+// Replay engine, configs and result files: determinism across thread counts, config errors,
+// sweeps and overrides, atomic result writing.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+
+#include "helpers.hpp"
+#include "kvsim/config.hpp"
+#include "kvsim/h5.hpp"
+#include "kvsim/results.hpp"
+
+using namespace kvsim;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const char* kConfig = R"(
+name = "t"
+seed = 5
+[data]
+synthetic = "clustered"
+n = 160
+d = 8
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+[eval]
+every = 4
+[[policy]]
+name = "exact"
+[[policy]]
+name = "window"
+budget = [0.1, 0.25]
+[[policy]]
+name = "sink"
+budget = 0.25
+sink = 2
+[[policy]]
+name = "uniform"
+budget = 0.25
+[[policy]]
+name = "oracle_topk"
+budget = 0.25
+)";
+
+bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+}  // namespace
+
+TEST_CASE("engine: identical results at 1, 2 and 3 threads", "[engine]") {
+  Experiment ex = parse_experiment(kConfig, "inline");
+  auto src = open_source(ex.data);
+  RunResult r1 = run_experiment(ex, *src, 1);
+  for (int threads : {2, 3}) {
+    RunResult rn = run_experiment(ex, *src, threads);
+    REQUIRE(rn.policies.size() == r1.policies.size());
+    for (size_t p = 0; p < r1.policies.size(); ++p) {
+      const auto &a = r1.policies[p].rows, &b = rn.policies[p].rows;
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        REQUIRE(a[i].layer == b[i].layer);
+        REQUIRE(a[i].head == b[i].head);
+        REQUIRE(a[i].step == b[i].step);
+        for (size_t m = 0; m < metric_names().size(); ++m) {
+          if (metric_names()[m] == "policy_ns") continue;  // wall-clock time, not a result
+          INFO(r1.policies[p].spec.label << " " << metric_names()[m] << " row " << i);
+          REQUIRE(same_bits(metric_value(a[i], m), metric_value(b[i], m)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("engine: evaluated steps and row counts", "[engine]") {
+  EvalSpec e;
+  e.every = 4;
+  e.from = 2;
+  CHECK(eval_steps(e, 11) == std::vector<int64_t>{2, 6, 10, 11});
+  CHECK(eval_steps(e, 10) == std::vector<int64_t>{2, 6, 10});
+  Experiment ex = parse_experiment(kConfig, "inline", {"data.tokens=100", "data.layers=[1]", "data.heads=[0,3]"});
+  auto src = open_source(ex.data);
+  RunResult r = run_experiment(ex, *src, 2);
+  CHECK(r.n_tokens == 100);
+  for (const auto& p : r.policies) {
+    CHECK(p.rows.size() == 2 * 26);  // 2 heads × steps {1, 5, ..., 97} ∪ {100}
+    for (const auto& row : p.rows) {
+      CHECK(row.layer == 1);
+      CHECK((row.head == 0 || row.head == 3));
+    }
+  }
+}
+
+TEST_CASE("config: sweeps expand, labels are unique, overrides apply", "[config]") {
+  Experiment ex = parse_experiment(kConfig, "inline");
+  REQUIRE(ex.policies.size() == 6);
+  CHECK(ex.policies[1].label == "window(budget=0.1)");
+  CHECK(ex.policies[2].label == "window(budget=0.25)");
+  CHECK(ex.data.synthetic);
+  CHECK(ex.data.synth.preset == "clustered");
+  CHECK(ex.data.synth.seed == 5);
+  Experiment o = parse_experiment(kConfig, "inline", {"eval.every=7", "policy.2.sink=3", "eval.gqa=query_head"});
+  CHECK(o.eval.every == 7);
+  CHECK(o.eval.gqa == "query_head");
+  CHECK(o.policies[3].label == "sink(budget=0.25,sink=3)");
+}
+
+TEST_CASE("config: errors name the key and the line", "[config]") {
+  CHECK_THROWS_WITH(parse_experiment("name='x'\n[data]\nsynthetic='gaussian'\n[eval]\nevry = 3\n[[policy]]\nname='exact'\n", "c.toml"),
+                    Contains("unknown key 'evry'") && Contains("5"));
+  CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\n[[policy]]\nname='window'\nbudget=0.2\nwindw=3\n", "c.toml"),
+                    Contains("unknown parameter 'windw'") && Contains("c.toml:6"));
+  CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\n[[policy]]\nname='window'\nbudget=2.5\n", "c.toml"),
+                    Contains("budget") && Contains("c.toml:5"));
+  CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gausian'\n[[policy]]\nname='exact'\n", "c.toml"),
+                    Contains("unknown synthetic preset 'gausian'"));
+  CHECK_THROWS_WITH(parse_experiment("[data]\npath='a.h5'\nsynthetic='gaussian'\n[[policy]]\nname='exact'\n", "c.toml"),
+                    Contains("exactly one of 'path'"));
+  CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\n", "c.toml"), Contains("no [[policy]]"));
+  CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\n[eval]\nevery=0\n[[policy]]\nname='exact'\n", "c.toml"),
+                    Contains("eval.every must be"));
+  CHECK_THROWS_WITH(parse_experiment("[data\nsynthetic='gaussian'\n", "c.toml"), Contains("syntax error"));
+  CHECK_THROWS_WITH(parse_experiment(kConfig, "inline", {"novalue"}), Contains("expected key=value"));
+  CHECK_THROWS_WITH(load_experiment("/nonexistent/x.toml"), Contains("/nonexistent/x.toml: cannot open"));
+  Experiment bad = parse_experiment("[data]\npath='/nonexistent/rec.h5'\n[[policy]]\nname='exact'\n", "c.toml");
+  CHECK_THROWS_WITH(open_source(bad.data), Contains("/nonexistent/rec.h5"));
+}
+
+TEST_CASE("results: files are written whole, summaries are consistent", "[results]") {
+  test::TempDir tmp;
+  Experiment ex = parse_experiment(kConfig, "inline");
+  auto src = open_source(ex.data);
+  RunResult r = run_experiment(ex, *src, 2);
+  std::string out = tmp.file("out");
+  write_results(r, ex, out);
+  CHECK(std::filesystem::exists(out + "/results.h5"));
+  CHECK(std::filesystem::exists(out + "/summary.csv"));
+  CHECK_FALSE(std::filesystem::exists(out + "/results.h5.tmp"));
+  CHECK_FALSE(std::filesystem::exists(out + "/summary.csv.tmp"));
+  auto f = h5::File::open_read(out + "/results.h5");
+  CHECK(f.attr_string("label", "/policy_02") == "window(budget=0.25)");
+  auto rel = f.read_double_vector("/policy_02/rel_err");
+  REQUIRE(rel.size() == r.policies[2].rows.size());
+  for (size_t i = 0; i < rel.size(); ++i) REQUIRE(rel[i] == r.policies[2].rows[i].rel_err);
+  // summary.csv "all" mean of rel_err equals the mean of the rows.
+  std::ifstream csv(out + "/summary.csv");
+  std::string line;
+  bool found = false;
+  double sum = 0;
+  for (double x : rel) sum += x;
+  while (std::getline(csv, line)) {
+    if (line.rfind("window,window(budget=0.25),all,rel_err,", 0) == 0) {
+      found = true;
+      std::stringstream ss(line);
+      std::string cell;
+      std::vector<std::string> cells;
+      while (std::getline(ss, cell, ',')) cells.push_back(cell);
+      // the label contains a comma inside quotes? No: "window(budget=0.25)" has none.
+      CHECK(std::stod(cells[5]) == Approx(sum / double(rel.size())).epsilon(1e-5));
+    }
+  }
+  CHECK(found);
+  // An output folder that cannot be created fails with its name and leaves nothing behind.
+  std::ofstream(tmp.file("blocker")) << "x";
+  CHECK_THROWS_WITH(write_results(r, ex, tmp.file("blocker") + "/sub"), Contains("blocker"));
+}
+
+TEST_CASE("results: summarize skips NaN and interpolates quantiles", "[results]") {
+  Stat s = summarize({1, 2, NAN, 3, 4, 5});
+  CHECK(s.count == 5);
+  CHECK(s.mean == 3);
+  CHECK(s.median == 3);
+  CHECK(s.max == 5);
+  CHECK(s.p95 == Approx(4.8));
+  CHECK(std::isnan(summarize({NAN}).mean));
+}

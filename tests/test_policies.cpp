@@ -1,0 +1,214 @@
+// Baseline policy semantics on hand-made streams (window, sink, exact, oracle_topk, uniform).
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numeric>
+
+#include "helpers.hpp"
+#include "kvsim/experiment.hpp"
+#include "kvsim/policy.hpp"
+#include "kvsim/rng.hpp"
+
+using namespace kvsim;
+
+namespace {
+
+StreamInfo info(int64_t n, int d, int nq = 1, uint64_t seed = 1) {
+  StreamInfo s;
+  s.n = n;
+  s.head_dim = d;
+  s.n_queries = nq;
+  s.seed = seed;
+  return s;
+}
+
+Params params(std::initializer_list<std::pair<std::string, ParamValue>> kv) {
+  Params p;
+  for (auto& [k, v] : kv) p.set(k, v);
+  return p;
+}
+
+/// Feed a stream of n distinct tokens; return the kept set after each step t.
+std::vector<std::vector<int64_t>> kept_sets(Policy& pol, int64_t n, int d) {
+  std::vector<std::vector<int64_t>> out;
+  MatD q = MatD::Ones(1, d);
+  std::vector<Answer> ans(1);
+  for (int64_t t = 0; t < n; ++t) {
+    VecF k = VecF::Constant(d, float(t % 5) * 0.1f), v = VecF::Constant(d, float(t));
+    pol.observe(t, k.data(), v.data());
+    ans[0] = Answer{};
+    pol.attend(t + 1, q, &ans, nullptr);
+    REQUIRE(ans[0].has_kept);
+    auto s = ans[0].kept;
+    std::sort(s.begin(), s.end());
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<int64_t> range(int64_t a, int64_t b) {
+  std::vector<int64_t> r;
+  for (int64_t i = a; i < b; ++i) r.push_back(i);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("policies: window keeps exactly the w most recent tokens", "[policies]") {
+  auto pol = make_policy("window", params({{"budget", int64_t(5)}}), info(30, 4));
+  auto sets = kept_sets(*pol, 30, 4);
+  for (int64_t t = 1; t <= 30; ++t) REQUIRE(sets[t - 1] == range(std::max<int64_t>(0, t - 5), t));
+  CHECK(pol->cache_tokens() == 5);
+  CHECK(pol->cache_vectors() == 10);
+}
+
+TEST_CASE("policies: sink keeps the first k tokens plus the most recent window", "[policies]") {
+  auto pol = make_policy("sink", params({{"budget", int64_t(7)}, {"sink", int64_t(3)}}), info(40, 4));
+  auto sets = kept_sets(*pol, 40, 4);
+  for (int64_t t = 1; t <= 40; ++t) {
+    std::vector<int64_t> want = range(0, std::min<int64_t>(3, t));
+    for (int64_t i = std::max<int64_t>(3, t - 4); i < t; ++i) want.push_back(i);
+    REQUIRE(sets[t - 1] == want);
+  }
+}
+
+TEST_CASE("policies: budgets as fractions of n and bad parameters", "[policies]") {
+  auto pol = make_policy("window", params({{"budget", 0.25}}), info(100, 4));
+  auto sets = kept_sets(*pol, 100, 4);
+  CHECK(sets.back().size() == 25);
+  CHECK_THROWS_WITH(make_policy("window", params({{"budget", 1.5}}), info(100, 4)),
+                    Catch::Contains("fractional budget must be in (0, 1]"));
+  CHECK_THROWS_WITH(make_policy("window", params({{"budget", int64_t(5)}, {"bugdet", int64_t(3)}}), info(100, 4)),
+                    Catch::Contains("unknown parameter 'bugdet'"));
+  CHECK_THROWS_WITH(make_policy("sink", params({{"budget", int64_t(4)}, {"sink", int64_t(4)}}), info(100, 4)),
+                    Catch::Contains("must exceed 'sink'"));
+  CHECK_THROWS_WITH(make_policy("window", Params{}, info(100, 4)), Catch::Contains("missing parameter 'budget'"));
+  CHECK_THROWS_WITH(make_policy("h2x", Params{}, info(100, 4)), Catch::Contains("unknown policy 'h2x'"));
+}
+
+TEST_CASE("policies: uniform keeps every prefix token with probability B/t", "[policies]") {
+  // 4000 independent seeds; each position's inclusion count is Binomial(4000, B/t). A 4.5-sigma
+  // band per position gives a family-wise false-alarm rate < 2e-4 over the 20 positions.
+  const int64_t n = 20, B = 5;
+  const int trials = 4000;
+  std::vector<int> count(n, 0);
+  for (int s = 0; s < trials; ++s) {
+    auto pol = make_policy("uniform", params({{"budget", B}}), info(n, 2, 1, derive_seed({99, uint64_t(s)})));
+    auto sets = kept_sets(*pol, n, 2);
+    REQUIRE(int64_t(sets.back().size()) == B);
+    for (int64_t j : sets.back()) ++count[j];
+  }
+  const double p = double(B) / n, sd = std::sqrt(trials * p * (1 - p));
+  for (int64_t j = 0; j < n; ++j) {
+    INFO("position " << j << " kept " << count[j] << " times");
+    CHECK(std::abs(count[j] - trials * p) <= 4.5 * sd);
+  }
+  // Negative control: a biased reservoir (always replacing the first slot) fails the same band.
+  std::vector<int> biased(n, 0);
+  for (int s = 0; s < trials; ++s)
+    for (int64_t j : range(n - B, n)) ++biased[j];  // "keep the last B" = a window, not a sample
+  bool rejected = false;
+  for (int64_t j = 0; j < n; ++j) rejected |= std::abs(biased[j] - trials * p) > 4.5 * sd;
+  CHECK(rejected);
+}
+
+namespace {
+
+Experiment experiment_for(const std::string& gqa) {
+  Experiment ex;
+  ex.seed = 3;
+  ex.eval.every = 3;
+  ex.eval.gqa = gqa;
+  auto add = [&](const std::string& name, Params p) { ex.policies.push_back(PolicySpec{name, name, std::move(p)}); };
+  add("exact", Params{});
+  add("window", params({{"budget", int64_t(12)}}));
+  add("sink", params({{"budget", int64_t(12)}, {"sink", int64_t(2)}}));
+  add("uniform", params({{"budget", int64_t(12)}}));
+  add("oracle_topk", params({{"budget", int64_t(12)}}));
+  return ex;
+}
+
+}  // namespace
+
+TEST_CASE("policies: exact keeps all mass; oracle_topk is at least as good as every policy of its size",
+          "[policies]") {
+  SynthSource src(test::small_synth("heavy_hitter", 96, 8, 2, 4, 2));
+  for (std::string gqa : {"query_head", "kv_head"}) {
+    INFO("gqa = " << gqa);
+    Experiment ex = experiment_for(gqa);
+    RunResult r = run_experiment(ex, src, 1);
+    const auto& exact = r.policies[0].rows;
+    for (const auto& row : exact) {
+      REQUIRE(row.kept_mass == Approx(1.0).epsilon(1e-12));
+      REQUIRE(row.rel_err <= 1e-12);
+      REQUIRE(row.tau_rel_err <= 1e-12);
+      REQUIRE(row.cache_tokens == double(row.step));
+    }
+    const auto& oracle = r.policies[4].rows;
+    for (size_t p = 1; p < 4; ++p) {
+      const auto& rows = r.policies[p].rows;
+      REQUIRE(rows.size() == oracle.size());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        REQUIRE(rows[i].step == oracle[i].step);
+        REQUIRE(rows[i].head == oracle[i].head);
+        REQUIRE(rows[i].cache_tokens == oracle[i].cache_tokens);
+        // Every policy's kept mass is bounded by the top-|S| mass of the same query.
+        REQUIRE(rows[i].kept_mass <= rows[i].oracle_mass + 1e-12);
+        if (gqa == "query_head") REQUIRE(oracle[i].kept_mass >= rows[i].kept_mass - 1e-12);
+      }
+      if (gqa == "kv_head") {
+        // The shared (group) oracle set maximizes the group's total kept mass at each step.
+        for (size_t i = 0; i + 1 < rows.size(); i += 2) {
+          REQUIRE(rows[i].head / 2 == rows[i + 1].head / 2);
+          REQUIRE(oracle[i].kept_mass + oracle[i + 1].kept_mass >= rows[i].kept_mass + rows[i + 1].kept_mass - 1e-12);
+        }
+      }
+    }
+    if (gqa == "query_head")
+      for (const auto& row : oracle) REQUIRE(row.mass_ratio == Approx(1.0).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("policies: kv_head and query_head modes agree for score-free policies; memory is per KV head",
+          "[policies]") {
+  SynthSource src(test::small_synth("gaussian", 80, 8, 1, 4, 2));
+  RunResult a = run_experiment(experiment_for("kv_head"), src, 1);
+  RunResult b = run_experiment(experiment_for("query_head"), src, 1);
+  for (size_t p : {size_t(1), size_t(2)}) {  // window, sink: same set whatever the grouping
+    REQUIRE(a.policies[p].rows.size() == b.policies[p].rows.size());
+    for (size_t i = 0; i < a.policies[p].rows.size(); ++i) {
+      const auto &x = a.policies[p].rows[i], &y = b.policies[p].rows[i];
+      REQUIRE(x.rel_err == y.rel_err);
+      REQUIRE(x.kept_mass == y.kept_mass);
+      // query_head mode stores one copy per query head: twice the bytes at group size 2.
+      REQUIRE(y.cache_bytes == 2 * x.cache_bytes);
+      REQUIRE(x.cache_bytes == 2 * x.cache_tokens * 8 * 4);
+    }
+  }
+}
+
+TEST_CASE("policies: hand-made stream — attention on a far token is lost by window, kept by sink", "[policies]") {
+  // Token 0 carries a key aligned with every query (an attention sink); the rest are orthogonal.
+  const int d = 4;
+  const int64_t n = 32;
+  test::MemorySource src(1, 1, 1, n, d, 1.0);
+  for (int64_t i = 0; i < n; ++i) {
+    src.q(0, 0).row(i) << 5, 0, 0, 0;
+    src.k(0, 0).row(i) << (i == 0 ? 1.f : 0.f), 1, 0, 0;
+    src.v(0, 0).row(i) << (i == 0 ? 1.f : 0.f), 0, 1, 0;
+  }
+  Experiment ex = experiment_for("kv_head");
+  ex.policies = {PolicySpec{"window", "window", params({{"budget", int64_t(8)}})},
+                 PolicySpec{"sink", "sink", params({{"budget", int64_t(8)}, {"sink", int64_t(1)}})}};
+  ex.eval.every = 1;
+  RunResult r = run_experiment(ex, src, 1);
+  const auto& w = r.policies[0].rows.back();
+  const auto& s = r.policies[1].rows.back();
+  // a_n(0) = e^5 / (e^5 + 31): the sink keeps it, the window does not.
+  const double a0 = std::exp(5.0) / (std::exp(5.0) + 31);
+  const double b0 = std::exp(5.0) / (std::exp(5.0) + 7);  // token 0's weight inside the sink cache
+  CHECK(w.kept_mass == Approx(8 * (1 - a0) / 31).epsilon(1e-12));
+  CHECK(s.kept_mass == Approx(a0 + 7 * (1 - a0) / 31).epsilon(1e-12));
+  // Attn_n = (a0, 0, 1, 0); the window answers (0, 0, 1, 0), the sink (b0, 0, 1, 0).
+  CHECK(w.rel_err == Approx(a0 / std::sqrt(1 + a0 * a0)).epsilon(1e-12));
+  CHECK(s.rel_err == Approx((b0 - a0) / std::sqrt(1 + a0 * a0)).epsilon(1e-9));
+}

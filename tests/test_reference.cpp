@@ -1,0 +1,112 @@
+// Exact attention against a naive long-double reference, and the incremental operator norm
+// against Eigen's SelfAdjointEigenSolver (DESIGN §6 "Generic", §5).
+#include <boost/random/normal_distribution.hpp>
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "kvsim/reference.hpp"
+#include "kvsim/rng.hpp"
+
+using namespace kvsim;
+
+namespace {
+
+MatF gaussian(int64_t n, int d, Engine& eng, double sigma) {
+  boost::random::normal_distribution<double> nd(0, sigma);
+  MatF m(n, d);
+  for (int64_t i = 0; i < n; ++i)
+    for (int j = 0; j < d; ++j) m(i, j) = float(nd(eng));
+  return m;
+}
+
+/// Naive long-double attention at step t (1-based): output, log τ, probabilities.
+void naive(const MatF& Q, const MatF& K, const MatF& V, double scale, int64_t t, std::vector<long double>& out,
+           long double& log_tau, std::vector<long double>& probs) {
+  const int d = int(Q.cols());
+  std::vector<long double> l(t);
+  long double mx = -INFINITY;
+  for (int64_t i = 0; i < t; ++i) {
+    long double s = 0;
+    for (int j = 0; j < d; ++j) s += (long double)Q(t - 1, j) * (long double)K(i, j);
+    l[i] = s * (long double)scale;
+    mx = std::max(mx, l[i]);
+  }
+  long double sum = 0;
+  for (auto& x : l) sum += (x = std::exp(x - mx));
+  out.assign(d, 0);
+  probs.assign(t, 0);
+  for (int64_t i = 0; i < t; ++i) {
+    probs[i] = l[i] / sum;
+    for (int j = 0; j < d; ++j) out[j] += probs[i] * (long double)V(i, j);
+  }
+  log_tau = mx + std::log(sum);
+}
+
+}  // namespace
+
+TEST_CASE("reference: exact attention matches a naive long-double reference to 1e-6", "[reference]") {
+  Engine eng = make_engine({42});
+  // Logit scales from mild to the 30-100 range of real models (exp overflows float there).
+  for (double sigma : {0.5, 3.0, 8.0}) {
+    const int64_t n = 300;
+    const int d = 16;
+    MatF Q = gaussian(n, d, eng, sigma), K = gaussian(n, d, eng, sigma), V = gaussian(n, d, eng, 1.0);
+    const double scale = 0.25;
+    std::vector<int64_t> steps{1, 2, 3, 17, 64, 65, 128, 255, 299, 300};
+    ReferenceBlock ref;
+    exact_attention(Q, K.cast<double>(), V.cast<double>(), scale, steps, ref);
+    double max_logit = 0;
+    for (size_t r = 0; r < steps.size(); ++r) {
+      std::vector<long double> out, probs;
+      long double log_tau;
+      naive(Q, K, V, scale, steps[r], out, log_tau, probs);
+      long double num = 0, den = 0;
+      for (int j = 0; j < d; ++j) {
+        num += (out[j] - ref.out(r, j)) * (out[j] - ref.out(r, j));
+        den += out[j] * out[j];
+      }
+      CHECK(double(std::sqrt(num / den)) <= 1e-6);
+      CHECK(std::abs(double(log_tau) - ref.log_tau[r]) <= 1e-6 * std::abs(double(log_tau)) + 1e-12);
+      long double pn = 0;
+      for (int64_t i = 0; i < steps[r]; ++i) {
+        CHECK(std::abs(double(probs[i]) - ref.probs(r, i)) <= 1e-9);
+        pn += probs[i] * probs[i];
+      }
+      for (int64_t i = steps[r]; i < ref.probs.cols(); ++i) REQUIRE(ref.probs(r, i) == 0.0);  // causal mask
+      CHECK(ref.probs_norm[r] == Approx(double(std::sqrt(pn))).epsilon(1e-9));
+      max_logit = std::max(max_logit, double(log_tau));
+    }
+    if (sigma == 8.0) CHECK(max_logit > 88);  // the case where a float exp would overflow is covered
+  }
+}
+
+TEST_CASE("reference: incremental operator norm equals the largest singular value", "[reference]") {
+  Engine eng = make_engine({43});
+  for (int d : {4, 16, 64}) {
+    const int64_t n = 200;
+    MatF V = gaussian(n, d, eng, 1.0);
+    // Give one direction extra weight late in the stream so the top eigenvector moves.
+    for (int64_t i = n / 2; i < n; ++i) V(i, d - 1) += 3.0f;
+    OperatorNormTracker tr(d);
+    for (int64_t t = 1; t <= n; ++t) {
+      tr.add(V.row(t - 1).data());
+      if (t % 7 && t != n) continue;
+      MatD Vt = V.topRows(t).cast<double>();
+      Eigen::SelfAdjointEigenSolver<MatD> es(Vt.transpose() * Vt);
+      double want = std::sqrt(es.eigenvalues().maxCoeff());
+      REQUIRE(tr.op_norm() == Approx(want).epsilon(1e-7));
+    }
+  }
+}
+
+TEST_CASE("reference: operator norm with a degenerate top eigenvalue", "[reference]") {
+  // V = identity rows: all eigenvalues equal; power iteration must still return the right value.
+  const int d = 8;
+  OperatorNormTracker tr(d);
+  for (int i = 0; i < d; ++i) {
+    VecF e = VecF::Zero(d);
+    e[i] = 2.0f;
+    tr.add(e.data());
+  }
+  CHECK(tr.op_norm() == Approx(2.0).epsilon(1e-12));
+}
