@@ -47,7 +47,7 @@ bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || 
 
 }  // namespace
 
-TEST_CASE("engine: identical results at 1, 2 and 3 threads", "[engine]") {
+TEST_CASE("engine: identical results at 1 2 and 3 threads", "[engine]") {
   Experiment ex = parse_experiment(kConfig, "inline");
   auto src = open_source(ex.data);
   RunResult r1 = run_experiment(ex, *src, 1);
@@ -90,7 +90,7 @@ TEST_CASE("engine: evaluated steps and row counts", "[engine]") {
   }
 }
 
-TEST_CASE("config: sweeps expand, labels are unique, overrides apply", "[config]") {
+TEST_CASE("config: sweeps expand and labels are unique and overrides apply", "[config]") {
   Experiment ex = parse_experiment(kConfig, "inline");
   REQUIRE(ex.policies.size() == 6);
   CHECK(ex.policies[1].label == "window(budget=0.1)");
@@ -125,7 +125,7 @@ TEST_CASE("config: errors name the key and the line", "[config]") {
   CHECK_THROWS_WITH(open_source(bad.data), Contains("/nonexistent/rec.h5"));
 }
 
-TEST_CASE("results: files are written whole, summaries are consistent", "[results]") {
+TEST_CASE("results: files are written whole and summaries are consistent", "[results]") {
   test::TempDir tmp;
   Experiment ex = parse_experiment(kConfig, "inline");
   auto src = open_source(ex.data);

@@ -100,7 +100,7 @@ TEST_CASE("schema: synthetic streams are seeded and heads differ", "[schema]") {
   CHECK(a.read(0, Tensor::q, 0) != c.read(0, Tensor::q, 0));
 }
 
-TEST_CASE("schema: clustered preset is (m, delta)-clusterable as stored", "[schema]") {
+TEST_CASE("schema: clustered preset is (m delta)-clusterable as stored", "[schema]") {
   auto p = test::small_synth("clustered", 400, 16, 1, 2, 1);
   p.cluster_c = 2;
   p.cluster_gamma = 0.5;
@@ -139,7 +139,7 @@ TEST_CASE("schema: float16 queries are read and converted", "[schema]") {
     }
 }
 
-TEST_CASE("schema: malformed recordings are rejected with file, dataset and index", "[schema]") {
+TEST_CASE("schema: malformed recordings are rejected naming file and dataset and index", "[schema]") {
   test::TempDir tmp;
   int k = 0;
   auto path = [&] { return tmp.file("bad" + std::to_string(k++) + ".h5"); };

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# End-to-end CLI checks: every bad input exits non-zero with a message naming the culprit and
+# leaves no result file; good input produces the documented files.
+# Usage: cli_test.sh KVSIM_BINARY SOURCE_DIR SHARED_DATA_DIR
+set -u
+KVSIM=$1; SRC=$2; DATA=$3
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+fails=0; passes=0
+ok() { passes=$((passes+1)); }
+bad() { echo "FAIL: $*"; fails=$((fails+1)); }
+
+# expect_fail NEEDLE CMD... : exit status must be non-zero and stderr must contain NEEDLE
+expect_fail() {
+  local needle=$1; shift
+  local err; err=$("$@" 2>&1 >/dev/null); local rc=$?
+  if [ $rc -eq 0 ]; then bad "expected failure: $*"; return; fi
+  if ! grep -qF -- "$needle" <<<"$err"; then bad "message for '$*' lacks '$needle': $err"; return; fi
+  ok
+}
+
+expect_fail "required" "$KVSIM"
+expect_fail "$TMP/none.toml: cannot open" "$KVSIM" run "$TMP/none.toml"
+printf 'name="x"\n[data]\nsynthetic="gaussian"\nn=64\n[eval]\neverry=2\n[[policy]]\nname="exact"\n' > "$TMP/typo.toml"
+expect_fail "unknown key 'everry'" "$KVSIM" run "$TMP/typo.toml" --out "$TMP/typo_out"
+[ -e "$TMP/typo_out" ] && bad "a failed run left $TMP/typo_out" || ok
+printf 'name="x"\n[data]\npath="%s/missing.h5"\n[[policy]]\nname="exact"\n' "$TMP" > "$TMP/missing.toml"
+expect_fail "$TMP/missing.h5" "$KVSIM" run "$TMP/missing.toml" --out "$TMP/missing_out"
+[ -e "$TMP/missing_out/results.h5" ] && bad "results written for a missing recording" || ok
+echo "not hdf5" > "$TMP/junk.h5"
+expect_fail "$TMP/junk.h5: not an HDF5 file" "$KVSIM" inspect "$TMP/junk.h5"
+expect_fail "unknown synthetic preset" "$KVSIM" synth --preset nope --out "$TMP/s.h5"
+expect_fail "kv_heads" "$KVSIM" synth --preset gaussian --heads 4 --kv-heads 3 --out "$TMP/s.h5"
+[ -e "$TMP/s.h5" ] && bad "failed synth left a file" || ok
+
+# Good path: synth -> inspect -> run on the recording with overrides.
+"$KVSIM" synth --preset clustered --n 256 --d 16 --layers 2 --heads 4 --kv-heads 2 --seed 3 --out "$TMP/c.h5" >/dev/null || bad "synth failed"
+"$KVSIM" inspect "$TMP/c.h5" | grep -q "heads:         4 query, 2 kv" && ok || bad "inspect output"
+sed "s|^synthetic = .*|path = \"$TMP/c.h5\"|; /^n = \|^d = \|^n_layers\|^n_heads\|^n_kv_heads\|^n_heavy\|^heavy_strength/d" \
+  "$SRC/experiments/quickstart.toml" > "$TMP/rec.toml"
+out=$("$KVSIM" run "$TMP/rec.toml" --out "$TMP/run" --threads 2 --set eval.every=16 --quiet 2>&1) || bad "run on recording failed: $out"
+grep -q "oracle_topk(budget=0.25)" <<<"$out" && ok || bad "summary table missing: $out"
+[ -s "$TMP/run/results.h5" ] && [ -s "$TMP/run/summary.csv" ] && ok || bad "result files missing"
+ls "$TMP/run" | grep -q tmp && bad "temporary files left in $TMP/run" || ok
+
+# The README's main job.
+(cd "$TMP" && "$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet >/dev/null) && [ -s "$TMP/results/quickstart/summary.csv" ] && ok \
+  || bad "quickstart failed"
+
+# Real model: record stories260K and run the stories260k experiment on it.
+if [ -f "$DATA/stories260K/stories260K.bin" ]; then
+  rec=$("$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" --tokenizer "$DATA/stories260K/tok512.bin" \
+        --text "$DATA/tinystories-sample/tinystories.txt" --tokens 512 --out "$TMP/st.h5") || bad "record failed"
+  grep -q "mean cross-entropy" <<<"$rec" && ok || bad "record output: $rec"
+  expect_fail "seq_len is 512" "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" \
+        --tokenizer "$DATA/stories260K/tok512.bin" --text "$DATA/tinystories-sample/tinystories.txt" --tokens 600 --out "$TMP/x.h5"
+  expect_fail "does not match the model's vocab_size" "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" \
+        --tokenizer "$DATA/llama2c-tokenizer/tokenizer.bin" --generate 4
+  expect_fail "not a llama2.c checkpoint" "$KVSIM" record --checkpoint "$DATA/stories260K/tok512.bin" \
+        --tokenizer "$DATA/stories260K/tok512.bin" --generate 4
+  out=$("$KVSIM" run "$SRC/experiments/stories260k.toml" --set "data.path=$TMP/st.h5" --out "$TMP/st_run" --quiet 2>&1) \
+    || bad "stories260k run failed: $out"
+  grep -q "512 tokens, 5 layers, 8 query heads" <<<"$out" && ok || bad "stories260k table: $out"
+else
+  echo "SKIPPED: real-model CLI checks ($DATA absent)"
+fi
+
+echo "cli: $passes passed, $fails failed"
+[ $fails -eq 0 ]
