@@ -16,13 +16,13 @@ namespace kvsim {
 const std::vector<std::string>& metric_names() {
   static const std::vector<std::string> n{"rel_err",     "eps_spectral", "tau_rel_err",  "kept_mass",
                                           "oracle_mass", "mass_ratio",   "attention_loss", "cache_tokens",
-                                          "cache_bytes", "policy_ns"};
+                                          "cache_bytes", "clusters",     "policy_ns"};
   return n;
 }
 
 double metric_value(const MetricRow& r, size_t i) {
   const double v[] = {r.rel_err,    r.eps_spectral,   r.tau_rel_err,  r.kept_mass, r.oracle_mass,
-                      r.mass_ratio, r.attention_loss, r.cache_tokens, r.cache_bytes, r.policy_ns};
+                      r.mass_ratio, r.attention_loss, r.cache_tokens, r.cache_bytes, r.clusters, r.policy_ns};
   return v[i];
 }
 
@@ -191,6 +191,7 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
           }
           m.cache_tokens = tokens;
           m.cache_bytes = bytes;
+          m.clusters = inst.clusters();
           m.policy_ns = run.ns_since_eval / double(run.steps_since_eval);
           out[p].push_back(m);
         }

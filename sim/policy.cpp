@@ -123,6 +123,7 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"sink", policies::make_sink},
       {"oracle_topk", policies::make_oracle_topk},
       {"uniform", policies::make_uniform},
+      {"subgen", policies::make_subgen},
   };
   return r;
 }

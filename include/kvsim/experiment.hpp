@@ -47,7 +47,7 @@ struct MetricRow {
   int32_t layer = 0, head = 0;
   int64_t step = 0;
   double rel_err, eps_spectral, tau_rel_err, kept_mass, oracle_mass, mass_ratio, attention_loss;
-  double cache_tokens, cache_bytes, policy_ns;
+  double cache_tokens, cache_bytes, clusters, policy_ns;
 };
 
 /// Column names of MetricRow's metrics (after layer, head, step) in order.

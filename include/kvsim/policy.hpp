@@ -82,6 +82,8 @@ class Policy {
   virtual int64_t cache_tokens() const = 0;
   /// Stored vectors of dimension head_dim now (keys + values + representatives...).
   virtual int64_t cache_vectors() const { return 2 * cache_tokens(); }
+  /// Number of key clusters the policy maintains (SubGen's m', k-center's centers); NaN if none.
+  virtual double clusters() const { return std::numeric_limits<double>::quiet_NaN(); }
 };
 
 /// Builds a policy by name. Known: exact, window, sink, oracle_topk, uniform.

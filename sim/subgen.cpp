@@ -1,0 +1,124 @@
+#include "kvsim/subgen.hpp"
+
+#include <boost/random/bernoulli_distribution.hpp>
+#include <boost/random/uniform_01.hpp>
+#include <cmath>
+
+#include "kvsim/error.hpp"
+
+namespace kvsim {
+
+int64_t theorem1_s(double eps, int d, double c_s) {
+  if (!(eps > 0) || !(c_s > 0)) throw Error("subgen: eps and c_s must be positive");
+  return std::max<int64_t>(1, int64_t(std::ceil(c_s * d / (eps * eps))));
+}
+
+int64_t theorem1_t(double eps, double delta, double r, int64_t n, double c_t) {
+  if (!(eps > 0) || !(c_t > 0)) throw Error("subgen: eps and c_t must be positive");
+  double t = c_t / (eps * eps) * std::exp(2 * delta * r) * std::log(double(std::max<int64_t>(n, 2)));
+  if (!(t < 1e8)) throw Error("subgen: Theorem 1's t = " + std::to_string(t) + " is too large (e^{2δr} explodes: reduce δ or r)");
+  return std::max<int64_t>(1, int64_t(std::ceil(t)));
+}
+
+SubGen::SubGen(const SubGenConfig& cfg, int d, uint64_t seed)
+    : cfg_(cfg), d_(d), eng_(seed), reps_(16, d), rep_sqnorm_(16), mk_(cfg.s, d), mv_(cfg.s, d),
+      mv_sqnorm_(VecD::Zero(cfg.s)), m_index_(cfg.s, -1) {
+  if (!(cfg.delta >= 0)) throw Error("subgen: delta must be ≥ 0");
+  if (cfg.s < 1 || cfg.t < 1) throw Error("subgen: s and t must be ≥ 1");
+  mk_.setZero();
+  mv_.setZero();
+}
+
+void SubGen::update(int64_t index, const float* kp, const float* vp) {
+  Eigen::Map<const VecF> kf(kp, d_), vf(vp, d_);
+  const VecD k = kf.cast<double>(), v = vf.cast<double>();
+  boost::random::uniform_01<double> u01;
+
+  // Line 4: UPDATESOFTMAXNORMALIZER(D, δ, t, k).
+  const int64_t m = clusters();
+  int64_t best = -1;
+  double best_d2 = INFINITY;
+  if (m > 0) {
+    // ‖x_i − k‖² = ‖x_i‖² − 2<x_i, k> + ‖k‖², for all representatives at once (line 12).
+    VecD d2 = rep_sqnorm_.head(m) - 2.0 * (reps_.topRows(m) * k);
+    d2.array() += k.squaredNorm();
+    Eigen::Index arg;
+    best_d2 = std::max(0.0, d2.minCoeff(&arg));
+    best = arg;
+    // Guard the expansion's cancellation near the δ boundary with a direct distance.
+    if (std::abs(std::sqrt(best_d2) - cfg_.delta) < 1e-6 * (1 + cfg_.delta))
+      best_d2 = (reps_.row(best).transpose() - k).squaredNorm();
+  }
+  if (best >= 0 && std::sqrt(best_d2) <= cfg_.delta) {  // line 13
+    count_[best] += 1;                                  // line 14
+    const double p = 1.0 / double(count_[best]);
+    for (int64_t j = 0; j < cfg_.t; ++j) {              // lines 16-17
+      if (u01(eng_) < p) {
+        samples_[best].row(j) = k.transpose();
+        sample_index_[best][j] = index;
+      }
+    }
+    assign_.push_back(int32_t(best));
+  } else {  // lines 20-21: a new cluster with t copies of k
+    if (m == reps_.rows()) {
+      reps_.conservativeResize(2 * m, Eigen::NoChange);
+      rep_sqnorm_.conservativeResize(2 * m);
+    }
+    reps_.row(m) = k.transpose();
+    rep_sqnorm_[m] = k.squaredNorm();
+    count_.push_back(1);
+    rep_index_.push_back(index);
+    samples_.emplace_back(MatD(cfg_.t, d_));
+    samples_.back().rowwise() = k.transpose();
+    sample_index_.emplace_back(cfg_.t, index);
+    assign_.push_back(int32_t(m));
+  }
+
+  // Line 5: UPDATEMATRIXPRODUCT(M, s, μ, k, v); line 6: μ += ‖v‖².
+  const double w = cfg_.sample_by_key ? k.squaredNorm() : v.squaredNorm();
+  const double denom = mu_ + w;
+  const double p = denom > 0 ? w / denom : 1.0;  // first token (μ = 0): every slot takes it
+  for (int64_t j = 0; j < cfg_.s; ++j) {
+    if (p >= 1.0 || u01(eng_) < p) {
+      mk_.row(j) = k.transpose();
+      mv_.row(j) = v.transpose();
+      mv_sqnorm_[j] = cfg_.sample_by_key ? k.squaredNorm() : v.squaredNorm();
+      m_index_[j] = index;
+    }
+  }
+  mu_ += w;
+}
+
+double SubGen::query(const Eigen::Ref<const VecD>& q, VecD& out) const {
+  double tau;
+  double c = query_parts(q, out, tau);
+  if (!(tau > 0)) return -INFINITY;
+  out /= tau;  // line 31
+  return c + std::log(tau);
+}
+
+double SubGen::query_parts(const Eigen::Ref<const VecD>& q, VecD& out, double& tau) const {
+  const int64_t m = clusters();
+  out.setZero(d_);
+  tau = 0;
+  if (m == 0) return 0;
+  // Logits of every stored key; one shared shift c for z and τ (the ratio z/τ is shift-free).
+  std::vector<VecD> sl(m);
+  double c = -INFINITY;
+  for (int64_t i = 0; i < m; ++i) {
+    sl[i] = samples_[i] * q;
+    c = std::max(c, sl[i].maxCoeff());
+  }
+  VecD ml = mk_ * q;
+  c = std::max(c, ml.maxCoeff());
+  // Line 30: τ = Σ_i n_i/t Σ_{k∈S_i} e^{<q,k>}.
+  for (int64_t i = 0; i < m; ++i) tau += double(count_[i]) / double(cfg_.t) * (sl[i].array() - c).exp().sum();
+  // Line 29: z = Σ_{(k,v)∈M} μ/(s‖v‖²) e^{<q,k>} v  (slots with ‖v‖ = 0 contribute the zero vector).
+  for (int64_t j = 0; j < cfg_.s; ++j) {
+    if (mv_sqnorm_[j] <= 0) continue;
+    out += (mu_ / (double(cfg_.s) * mv_sqnorm_[j]) * std::exp(ml[j] - c)) * mv_.row(j).transpose();
+  }
+  return c;
+}
+
+}  // namespace kvsim
