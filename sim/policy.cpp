@@ -124,6 +124,7 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"oracle_topk", policies::make_oracle_topk},
       {"uniform", policies::make_uniform},
       {"subgen", policies::make_subgen},
+      {"subgen_kcenter", policies::make_subgen_kcenter},
   };
   return r;
 }

@@ -157,16 +157,15 @@ std::string summary_table(const RunResult& r) {
   for (const auto& pr : r.policies) w0 = std::max(w0, pr.spec.label.size());
   std::ostringstream o;
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%-*s", int(w0), "policy");
-  o << buf;
+  auto pad = [&](const std::string& s) { return s + std::string(w0 - s.size(), ' '); };
+  o << pad("policy");
   for (const auto& c : cols) {
     std::snprintf(buf, sizeof buf, " %11s", c.head);
     o << buf;
   }
   o << '\n';
   for (const auto& pr : r.policies) {
-    std::snprintf(buf, sizeof buf, "%-*s", int(w0), pr.spec.label.c_str());
-    o << buf;
+    o << pad(pr.spec.label);
     for (const auto& c : cols) {
       size_t m = std::find(metric_names().begin(), metric_names().end(), c.metric) - metric_names().begin();
       std::vector<double> v;
