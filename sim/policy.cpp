@@ -125,6 +125,7 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"uniform", policies::make_uniform},
       {"subgen", policies::make_subgen},
       {"subgen_kcenter", policies::make_subgen_kcenter},
+      {"h2o", policies::make_h2o},
   };
   return r;
 }

@@ -13,5 +13,6 @@ std::unique_ptr<Policy> make_oracle_topk(const Params&, const StreamInfo&);
 std::unique_ptr<Policy> make_uniform(const Params&, const StreamInfo&);
 std::unique_ptr<Policy> make_subgen(const Params&, const StreamInfo&);
 std::unique_ptr<Policy> make_subgen_kcenter(const Params&, const StreamInfo&);
+std::unique_ptr<Policy> make_h2o(const Params&, const StreamInfo&);
 
 }  // namespace kvsim::policies

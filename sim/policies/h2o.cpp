@@ -1,0 +1,92 @@
+// `h2o`: Heavy-Hitter Oracle (Zhang et al., seeds/004) — H2O §4.1 Algorithm 1, Definition 2.1, §5.1.
+// Budget B = B_heavy + B_recent (default half and half). Step t:
+//   observe(k_t, v_t): if the cache is full, evict the non-recent token with the lowest accumulated
+//     attention score (ties: the oldest), then add token t  →  |S_t| ≤ B and |S_t \ S_{t−1}| ≤ 1
+//     (Def. 2.1), and the most recent B_recent tokens are always cached;
+//   attend(q_t): the normalized attention of q_t over S_t (the decoder's output at step t) is added
+//     to every cached token's score (Alg. 1's F_score accumulation, h(z) = z). In kv_head mode the
+//     group's query heads' attention vectors are combined by group_agg (mean | max | sum).
+// Eviction happens before the new token is added, using the scores of queries 1..t−1, so the cache
+// that answers q_t holds at most B tokens — the same memory as a window of B (Algorithm 1 evicts
+// after attending over S_{t−1} ∪ {t}, which transiently holds B + 1).
+#include <cmath>
+
+#include "factories.hpp"
+#include "kvsim/error.hpp"
+#include "slot_cache.hpp"
+
+namespace kvsim::policies {
+namespace {
+
+class H2OPolicy final : public Policy {
+ public:
+  H2OPolicy(int64_t budget, int64_t recent, const StreamInfo& s)
+      : budget_(budget), recent_(recent), agg_(s.group_agg), cache_(budget, s.head_dim), score_(budget, 0.0) {}
+
+  bool needs_every_query() const override { return true; }
+
+  void observe(int64_t t, const float* k, const float* v) override {
+    if (cache_.size() < budget_) {
+      score_[cache_.size()] = 0;
+      cache_.append(t, k, v);
+      return;
+    }
+    // Evict the lowest-score token outside the recent window: after token t joins, positions
+    // t − recent_ + 1 .. t are the recent ones, so candidates have position ≤ t − recent_.
+    int64_t victim = -1;
+    for (int64_t s = 0; s < cache_.size(); ++s) {
+      if (cache_.position(s) > t - recent_) continue;  // recent (token t itself is not yet cached)
+      if (victim < 0 || score_[s] < score_[victim] ||
+          (score_[s] == score_[victim] && cache_.position(s) < cache_.position(victim)))
+        victim = s;
+    }
+    if (victim < 0) throw Error("h2o: no evictable token (recent window ≥ budget)");
+    cache_.put(victim, t, k, v);
+    score_[victim] = 0;
+  }
+
+  void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
+    const int64_t m = cache_.size();
+    VecD agg = VecD::Zero(m);
+    for (Eigen::Index i = 0; i < q.rows(); ++i) {
+      VecD logits = cache_.keys().topRows(m) * q.row(i).transpose();
+      VecD p = (logits.array() - logits.maxCoeff()).exp().matrix();
+      const double sum = p.sum();
+      p /= sum;
+      if (agg_ == "max") agg = agg.cwiseMax(p);
+      else agg += p;
+      if (out) {
+        Answer& a = (*out)[i];
+        a.z = cache_.values().topRows(m).transpose() * p;
+        a.has_kept = true;
+        a.kept.resize(m);
+        for (int64_t s = 0; s < m; ++s) a.kept[s] = cache_.position(s);
+      }
+    }
+    if (agg_ == "mean") agg /= double(q.rows());
+    for (int64_t s = 0; s < m; ++s) score_[s] += agg[s];
+  }
+
+  int64_t cache_tokens() const override { return cache_.size(); }
+
+ private:
+  int64_t budget_, recent_;
+  std::string agg_;
+  SlotCache cache_;
+  std::vector<double> score_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_h2o(const Params& p, const StreamInfo& s) {
+  const int64_t b = p.get_budget("budget", s.n);
+  const double heavy = p.get_double("heavy_ratio", 0.5);
+  if (!(heavy > 0 && heavy < 1)) throw Error("parameter 'heavy_ratio' must be in (0, 1)" + p.where("heavy_ratio"));
+  if (b < 2) throw Error("parameter 'budget' must be at least 2 tokens (heavy + recent)" + p.where("budget"));
+  const int64_t heavy_tokens = std::clamp<int64_t>(std::llround(heavy * double(b)), 1, b - 1);
+  const std::string score = p.get_string("score", "accumulated");
+  if (score != "accumulated") throw Error("parameter 'score': only \"accumulated\" is implemented" + p.where("score"));
+  return std::make_unique<H2OPolicy>(b, b - heavy_tokens, s);
+}
+
+}  // namespace kvsim::policies
