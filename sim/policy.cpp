@@ -126,6 +126,7 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"subgen", policies::make_subgen},
       {"subgen_kcenter", policies::make_subgen_kcenter},
       {"h2o", policies::make_h2o},
+      {"buzz", policies::make_buzz},
   };
   return r;
 }

@@ -16,3 +16,9 @@ std::unique_ptr<Policy> make_subgen_kcenter(const Params&, const StreamInfo&);
 std::unique_ptr<Policy> make_h2o(const Params&, const StreamInfo&);
 
 }  // namespace kvsim::policies
+
+namespace kvsim::policies {
+std::unique_ptr<Policy> make_buzz(const Params&, const StreamInfo&);
+/// Body sizes after each eviction of a `buzz` policy instance (tests).
+const std::vector<int64_t>& buzz_body_history(const Policy& p);
+}  // namespace kvsim::policies
