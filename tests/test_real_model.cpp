@@ -10,6 +10,7 @@
 #include "helpers.hpp"
 #include "kvsim/record.hpp"
 #include "kvsim/reference.hpp"
+#include "kvsim/subgen.hpp"
 
 using namespace kvsim;
 
@@ -92,4 +93,43 @@ TEST_CASE("real: replaying the recorded q k v through exact attention reproduces
     }
   INFO("worst relative difference over 5 layers x 8 heads x 512 steps: " << worst);
   CHECK(worst <= 1e-5);
+}
+
+TEST_CASE("real: SubGen Lemma 2 properties hold on stories260K keys of every layer", "[real]") {
+  test::TempDir tmp;
+  RecordOptions o;
+  o.checkpoint = model();
+  o.tokenizer = tok();
+  o.text_path = text();
+  o.tokens = 512;
+  o.out = tmp.file("rec.h5");
+  record_model(o);
+  RecordingReader rec(o.out);
+  for (int l = 0; l < rec.meta().n_layers; ++l) {
+    MatF K = rec.read(l, Tensor::k, 0), V = rec.read(l, Tensor::v, 0);
+    // δ relative to the layer's key scale: 0.5 × the median key norm.
+    std::vector<float> norms(K.rows());
+    for (int64_t i = 0; i < K.rows(); ++i) norms[i] = K.row(i).norm();
+    std::nth_element(norms.begin(), norms.begin() + norms.size() / 2, norms.end());
+    SubGenConfig c;
+    c.delta = 0.5 * norms[norms.size() / 2];
+    c.s = 8;
+    c.t = 4;
+    SubGen sg(c, int(K.cols()), 1);
+    for (int64_t n = 0; n < K.rows(); ++n) {
+      sg.update(n, K.row(n).data(), V.row(n).data());
+      const auto& a = sg.assignment();
+      int64_t total = 0;
+      for (int64_t i = 0; i < sg.clusters(); ++i) {
+        REQUIRE(a[sg.representative_index(i)] == i);
+        total += sg.cluster_count(i);
+        for (int64_t j = 0; j < i; ++j)
+          REQUIRE((sg.representatives().row(i) - sg.representatives().row(j)).norm() > c.delta);
+      }
+      REQUIRE(total == n + 1);
+      REQUIRE((K.row(n).cast<double>() - sg.representatives().row(a[n])).norm() <= c.delta);
+    }
+    INFO("layer " << l << ": m' = " << sg.clusters() << " clusters for 512 keys at delta = " << c.delta);
+    CHECK(sg.clusters() < 512);
+  }
 }
