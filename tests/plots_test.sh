@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds every figure from tiny results files (matplotlib Agg) and checks the PNG/PDF are written and
+# non-empty. Exit 77 (ctest: SKIPPED) when no python3 with h5py and matplotlib is available.
+# Usage: plots_test.sh KVSIM_BINARY SOURCE_DIR
+set -u
+KVSIM=$1; SRC=$2
+PY=""
+for cand in /usr/bin/python3 python3; do
+  if command -v "$cand" >/dev/null && "$cand" -c "import h5py, matplotlib, numpy" 2>/dev/null; then PY=$cand; break; fi
+done
+if [ -z "$PY" ]; then echo "SKIPPED: no python3 with h5py + matplotlib (scripts/install-deps.sh installs them)"; exit 77; fi
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+fails=0; passes=0
+check() {  # check FIGURE_BASENAME
+  if [ -s "$1.png" ] && [ -s "$1.pdf" ]; then passes=$((passes+1)); else echo "FAIL: $1.png/.pdf missing or empty"; fails=$((fails+1)); fi
+}
+run() { "$KVSIM" run "$@" --quiet >/dev/null 2>"$TMP/err" || { echo "FAIL: kvsim run $*: $(cat "$TMP/err")"; fails=$((fails+1)); }; }
+
+"$KVSIM" synth --preset heavy_hitter --n 160 --d 8 --layers 1 --heads 2 --kv-heads 1 --seed 2 --out "$TMP/rec.h5" >/dev/null
+run "$SRC/experiments/quickstart.toml" --out "$TMP/q" --set data.n=128 --set data.d=8
+"$PY" "$SRC/plots/error_vs_step.py" "$TMP/q" --metric eps_spectral >/dev/null && check "$TMP/q/eps_spectral_vs_step"
+run "$SRC/experiments/subgen_theorem1.toml" --out "$TMP/s" --set data.n=256 --set data.n_heads=2 --set data.n_kv_heads=2 --set eval.from=64
+"$PY" "$SRC/plots/subgen_theorem1.py" "$TMP/s" >/dev/null && check "$TMP/s/subgen_theorem1"
+run "$SRC/experiments/h2o_submodular.toml" --out "$TMP/h" --set "data.path=$TMP/rec.h5"
+"$PY" "$SRC/plots/metric_vs_budget.py" "$TMP/h" >/dev/null && check "$TMP/h/metric_vs_budget"
+run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b" --set "data.path=$TMP/rec.h5"
+"$PY" "$SRC/plots/buzz_tw_sweep.py" "$TMP/b" >/dev/null && check "$TMP/b/buzz_tw_sweep"
+# A missing results folder is a clear error, not a traceback.
+"$PY" "$SRC/plots/error_vs_step.py" "$TMP/none" 2>"$TMP/err" && { echo "FAIL: no error for a missing folder"; fails=$((fails+1)); }
+grep -q "results.h5 not found" "$TMP/err" && passes=$((passes+1)) || { echo "FAIL: message: $(cat "$TMP/err")"; fails=$((fails+1)); }
+echo "plots: $passes passed, $fails failed"
+[ $fails -eq 0 ]
