@@ -41,6 +41,24 @@ budget = 0.25
 [[policy]]
 name = "oracle_topk"
 budget = 0.25
+[[policy]]
+name = "h2o"
+budget = 0.25
+[[policy]]
+name = "buzz"
+window = 8
+threshold = 20
+stride = 3
+[[policy]]
+name = "subgen"
+delta = 1.0
+s = 16
+t = 2
+[[policy]]
+name = "subgen_kcenter"
+recent = 8
+centers = 8
+mode = "streaming"
 )";
 
 bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
@@ -92,7 +110,7 @@ TEST_CASE("engine: evaluated steps and row counts", "[engine]") {
 
 TEST_CASE("config: sweeps expand and labels are unique and overrides apply", "[config]") {
   Experiment ex = parse_experiment(kConfig, "inline");
-  REQUIRE(ex.policies.size() == 6);
+  REQUIRE(ex.policies.size() == 10);
   CHECK(ex.policies[1].label == "window(budget=0.1)");
   CHECK(ex.policies[2].label == "window(budget=0.25)");
   CHECK(ex.data.synthetic);
