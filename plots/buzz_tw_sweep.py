@@ -8,19 +8,12 @@ eps_spectral over all evaluated rows; the vertical line is Theorem 3.1's T/w for
 Writes PNG and PDF.
 """
 import argparse
-import os
 import sys
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use("Agg")
-import h5py  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-
-def text(x):
-    return x.decode() if isinstance(x, bytes) else str(x)
+from kvsim_results import open_results, params, policies, save, text
 
 
 def predicted(s):
@@ -32,20 +25,17 @@ def main():
     ap.add_argument("results_dir")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    path = os.path.join(a.results_dir, "results.h5")
-    if not os.path.exists(path):
-        sys.exit(f"error: {path} not found")
     rows, strides = [], set()
-    with h5py.File(path, "r") as f:
-        for g in sorted(k for k in f if k.startswith("policy_")):
-            if text(f[g].attrs["name"]) != "buzz":
+    with open_results(a.results_dir) as f:
+        for _, grp in policies(f):
+            if text(grp.attrs["name"]) != "buzz":
                 continue
-            p = dict(kv.split("=", 1) for kv in text(f[g].attrs["params"]).split(",") if kv)
+            p = params(grp)
             strides.add(int(p.get("stride", 5)))
-            rows.append((float(p["threshold"]) / float(p["window"]), np.mean(f[g]["rel_err"][:]),
-                         np.mean(f[g]["eps_spectral"][:])))
+            rows.append((float(p["threshold"]) / float(p["window"]), np.mean(grp["rel_err"][:]),
+                         np.mean(grp["eps_spectral"][:])))
     if not rows:
-        sys.exit(f"error: {path}: no buzz policies")
+        sys.exit(f"error: {a.results_dir}/results.h5: no buzz policies")
     rows.sort()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     x = [r[0] for r in rows]
@@ -61,11 +51,7 @@ def main():
     ax.set_title("BUZZ at fixed stride and cache size")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = a.out or os.path.join(a.results_dir, "buzz_tw_sweep.png")
-    fig.savefig(out, dpi=130)
-    fig.savefig(os.path.splitext(out)[0] + ".pdf")
-    print(f"wrote {out} and {os.path.splitext(out)[0]}.pdf")
+    save(fig, a.results_dir, a.out, "buzz_tw_sweep.png")
 
 
 if __name__ == "__main__":

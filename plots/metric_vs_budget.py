@@ -10,20 +10,13 @@ scale). Writes PNG and PDF.
 """
 import argparse
 import math
-import os
 import sys
 from collections import defaultdict
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use("Agg")
-import h5py  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-
-def text(x):
-    return x.decode() if isinstance(x, bytes) else str(x)
+from kvsim_results import open_results, params, policies, save, text
 
 
 def main():
@@ -31,21 +24,18 @@ def main():
     ap.add_argument("results_dir")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    path = os.path.join(a.results_dir, "results.h5")
-    if not os.path.exists(path):
-        sys.exit(f"error: {path} not found")
     series = defaultdict(list)
-    with h5py.File(path, "r") as f:
-        for g in sorted(k for k in f if k.startswith("policy_")):
-            params = dict(kv.split("=", 1) for kv in text(f[g].attrs["params"]).split(",") if kv)
-            if "budget" not in params:
+    with open_results(a.results_dir) as f:
+        for _, grp in policies(f):
+            p = params(grp)
+            if "budget" not in p:
                 continue
-            mr = f[g]["mass_ratio"][:]
-            re = f[g]["rel_err"][:]
-            series[text(f[g].attrs["name"])].append(
-                (float(params["budget"]), np.nanmean(mr) if np.isfinite(mr).any() else np.nan, np.mean(re)))
+            mr = grp["mass_ratio"][:]
+            re = grp["rel_err"][:]
+            series[text(grp.attrs["name"])].append(
+                (float(p["budget"]), np.nanmean(mr) if np.isfinite(mr).any() else np.nan, np.mean(re)))
     if not series:
-        sys.exit(f"error: {path}: no policy has a 'budget' parameter")
+        sys.exit(f"error: {a.results_dir}/results.h5: no policy has a 'budget' parameter")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for name, rows in sorted(series.items()):
         rows.sort()
@@ -63,11 +53,7 @@ def main():
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = a.out or os.path.join(a.results_dir, "metric_vs_budget.png")
-    fig.savefig(out, dpi=130)
-    fig.savefig(os.path.splitext(out)[0] + ".pdf")
-    print(f"wrote {out} and {os.path.splitext(out)[0]}.pdf")
+    save(fig, a.results_dir, a.out, "metric_vs_budget.png")
 
 
 if __name__ == "__main__":

@@ -10,25 +10,12 @@ for the policies with an explicit `t`, against t (log-log), with the 1/sqrt(t) s
 Writes PNG and PDF.
 """
 import argparse
-import os
 import sys
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use("Agg")
-import h5py  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-
-def params_of(attrs):
-    raw = attrs["params"]
-    raw = raw.decode() if isinstance(raw, bytes) else raw
-    out = {}
-    for kv in filter(None, raw.split(",")):
-        k, v = kv.split("=", 1)
-        out[k] = v
-    return out
+from kvsim_results import open_results, params, policies, save, text
 
 
 def main():
@@ -36,25 +23,20 @@ def main():
     ap.add_argument("results_dir")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    path = os.path.join(a.results_dir, "results.h5")
-    if not os.path.exists(path):
-        sys.exit(f"error: {path} not found (run kvsim run experiments/subgen_theorem1.toml first)")
     eps_rows, t_rows = [], []
-    with h5py.File(path, "r") as f:
-        for g in sorted(k for k in f if k.startswith("policy_")):
-            p = params_of(f[g].attrs)
-            name = f[g].attrs["name"]
-            name = name.decode() if isinstance(name, bytes) else name
-            if name != "subgen":
+    with open_results(a.results_dir) as f:
+        for _, grp in policies(f):
+            p = params(grp)
+            if text(grp.attrs["name"]) != "subgen":
                 continue
             if "eps" in p:
-                e = f[g]["eps_spectral"][:]
+                e = grp["eps_spectral"][:]
                 eps_rows.append((float(p["eps"]), np.median(e), np.percentile(e, 99)))
             elif "t" in p:
-                tau = f[g]["tau_rel_err"][:]
+                tau = grp["tau_rel_err"][:]
                 t_rows.append((int(p["t"]), np.median(tau), np.percentile(tau, 99)))
     if not eps_rows and not t_rows:
-        sys.exit(f"error: {path} has no subgen policies with 'eps' or 't'")
+        sys.exit(f"error: {a.results_dir}/results.h5 has no subgen policies with 'eps' or 't'")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     if eps_rows:
         eps_rows.sort()
@@ -83,11 +65,7 @@ def main():
         ax2.set_title("Partition function (Eq. 5) vs t")
         ax2.legend(fontsize=8)
         ax2.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    out = a.out or os.path.join(a.results_dir, "subgen_theorem1.png")
-    fig.savefig(out, dpi=130)
-    fig.savefig(os.path.splitext(out)[0] + ".pdf")
-    print(f"wrote {out} and {os.path.splitext(out)[0]}.pdf")
+    save(fig, a.results_dir, a.out, "subgen_theorem1.png")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,17 @@ const std::string kData = KVSIM_SHARED_DATA;
 std::string model() { return kData + "/stories260K/stories260K.bin"; }
 std::string tok() { return kData + "/stories260K/tok512.bin"; }
 std::string text() { return kData + "/tinystories-sample/tinystories.txt"; }
+/// Record 512 teacher-forced TinyStories tokens into `path`; returns `path`.
+std::string record_tinystories(const std::string& path) {
+  RecordOptions o;
+  o.checkpoint = model();
+  o.tokenizer = tok();
+  o.text_path = text();
+  o.tokens = 512;
+  o.out = path;
+  record_model(o);
+  return path;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,14 +73,7 @@ TEST_CASE("real: teacher-forced cross-entropy on TinyStories is near the publish
 
 TEST_CASE("real: replaying the recorded q k v through exact attention reproduces the model attention", "[real]") {
   test::TempDir tmp;
-  RecordOptions o;
-  o.checkpoint = model();
-  o.tokenizer = tok();
-  o.text_path = text();
-  o.tokens = 512;
-  o.out = tmp.file("rec.h5");
-  record_model(o);
-  RecordingReader rec(o.out);
+  RecordingReader rec(record_tinystories(tmp.file("rec.h5")));
   const auto& m = rec.meta();
   REQUIRE(m.n_layers == 5);
   REQUIRE(m.n_heads == 8);
@@ -97,14 +101,7 @@ TEST_CASE("real: replaying the recorded q k v through exact attention reproduces
 
 TEST_CASE("real: SubGen Lemma 2 properties hold on stories260K keys of every layer", "[real]") {
   test::TempDir tmp;
-  RecordOptions o;
-  o.checkpoint = model();
-  o.tokenizer = tok();
-  o.text_path = text();
-  o.tokens = 512;
-  o.out = tmp.file("rec.h5");
-  record_model(o);
-  RecordingReader rec(o.out);
+  RecordingReader rec(record_tinystories(tmp.file("rec.h5")));
   for (int l = 0; l < rec.meta().n_layers; ++l) {
     MatF K = rec.read(l, Tensor::k, 0), V = rec.read(l, Tensor::v, 0);
     // δ relative to the layer's key scale: 0.5 × the median key norm.

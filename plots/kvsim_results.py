@@ -1,0 +1,41 @@
+"""Shared helpers for kvsim figure scripts: open a run's results.h5 and save figures."""
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import h5py  # noqa: E402
+
+
+def text(x):
+    """HDF5 attribute (bytes or str) as str."""
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def params(group):
+    """A policy group's `params` attribute ("k=v,k=v") as a dict of strings."""
+    return dict(kv.split("=", 1) for kv in text(group.attrs["params"]).split(",") if kv)
+
+
+def open_results(results_dir):
+    """Open RESULTS_DIR/results.h5 or exit with a clear message naming it."""
+    path = os.path.join(results_dir, "results.h5")
+    if not os.path.exists(path):
+        sys.exit(f"error: {path} not found (run `kvsim run CONFIG --out {results_dir}` first)")
+    return h5py.File(path, "r")
+
+
+def policies(f):
+    """(group name, group) for every policy of a run, in run order."""
+    return [(g, f[g]) for g in sorted(k for k in f if k.startswith("policy_"))]
+
+
+def save(fig, results_dir, out, default_name):
+    """Write the figure as PNG (at `out`, or RESULTS_DIR/default_name) and PDF beside it."""
+    out = out or os.path.join(results_dir, default_name)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    pdf = os.path.splitext(out)[0] + ".pdf"
+    fig.savefig(pdf)
+    print(f"wrote {out} and {pdf}")
