@@ -3,7 +3,7 @@
 # leaves no result file; good input produces the documented files.
 # Usage: cli_test.sh KVSIM_BINARY SOURCE_DIR SHARED_DATA_DIR
 set -u
-KVSIM=$1; SRC=$2; DATA=$3
+KVSIM=$(realpath "$1"); SRC=$(realpath "$2"); DATA=${KVSIM_SHARED_DATA:-$3}
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 fails=0; passes=0
 ok() { passes=$((passes+1)); }

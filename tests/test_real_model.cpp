@@ -4,6 +4,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -15,7 +16,8 @@
 using namespace kvsim;
 
 namespace {
-const std::string kData = KVSIM_SHARED_DATA;
+// The configure-time folder (-DKVSIM_SHARED_DATA), overridable at run time by $KVSIM_SHARED_DATA.
+const std::string kData = std::getenv("KVSIM_SHARED_DATA") ? std::getenv("KVSIM_SHARED_DATA") : KVSIM_SHARED_DATA;
 std::string model() { return kData + "/stories260K/stories260K.bin"; }
 std::string tok() { return kData + "/stories260K/tok512.bin"; }
 std::string text() { return kData + "/tinystories-sample/tinystories.txt"; }
