@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 
 #include "kvsim/error.hpp"
@@ -94,23 +96,38 @@ void write_h5(const RunResult& r, const Experiment& ex, const std::string& path)
   f.flush();
 }
 
-void write_csv(const RunResult& r, const std::string& path) {
+/// Aggregates (count, mean, median, p95, max) of every metric per group of rows. `key` maps a row to
+/// its group's CSV cells (e.g. "3" or "3,5"); groups are written in key order of first appearance
+/// (rows are ordered by layer, KV head, step), then an "all" group when `with_all`.
+void write_stats(const RunResult& r, const std::string& path, const std::string& key_header,
+                 const std::function<std::string(const MetricRow&)>& key, bool with_all) {
   std::ofstream o(path);
   if (!o) throw Error(path + ": cannot write");
-  o << "policy,label,layer,metric,count,mean,median,p95,max\n";
+  o << "policy,label," << key_header << ",metric,count,mean,median,p95,max\n";
   for (const auto& pr : r.policies) {
-    std::vector<std::string> scopes;
-    for (int l : r.layers) scopes.push_back(std::to_string(l));
-    scopes.push_back("all");
-    for (const auto& scope : scopes) {
+    std::vector<std::string> order;
+    std::map<std::string, std::vector<size_t>> groups;
+    for (size_t i = 0; i < pr.rows.size(); ++i) {
+      auto k = key(pr.rows[i]);
+      auto [it, fresh] = groups.try_emplace(k);
+      if (fresh) order.push_back(k);
+      it->second.push_back(i);
+    }
+    if (with_all) {
+      std::vector<size_t> all(pr.rows.size());
+      for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+      groups["all"] = std::move(all);
+      order.push_back("all");
+    }
+    for (const auto& g : order) {
       for (size_t m = 0; m < metric_names().size(); ++m) {
         std::vector<double> v;
-        for (const auto& row : pr.rows)
-          if (scope == "all" || std::to_string(row.layer) == scope) v.push_back(metric_value(row, m));
-        Stat s = summarize(v);
-        if (s.count == 0) continue;
-        o << csv_escape(pr.spec.name) << ',' << csv_escape(pr.spec.label) << ',' << scope << ',' << metric_names()[m]
-          << ',' << s.count << ',' << num(s.mean) << ',' << num(s.median) << ',' << num(s.p95) << ',' << num(s.max) << '\n';
+        v.reserve(groups[g].size());
+        for (size_t i : groups[g]) v.push_back(metric_value(pr.rows[i], m));
+        Stat st = summarize(v);
+        if (st.count == 0) continue;
+        o << csv_escape(pr.spec.name) << ',' << csv_escape(pr.spec.label) << ',' << g << ',' << metric_names()[m] << ','
+          << st.count << ',' << num(st.mean) << ',' << num(st.median) << ',' << num(st.p95) << ',' << num(st.max) << '\n';
       }
     }
   }
@@ -127,19 +144,23 @@ void write_results(const RunResult& r, const Experiment& ex, const std::string& 
   if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
   const std::string h5 = (fs::path(out_dir) / "results.h5").string();
   const std::string csv = (fs::path(out_dir) / "summary.csv").string();
-  const std::string h5_tmp = h5 + ".tmp", csv_tmp = csv + ".tmp";
+  const std::string cells = (fs::path(out_dir) / "cells.csv").string();
+  const std::vector<std::string> finals{h5, csv, cells};
+  std::vector<std::string> tmps;
+  for (const auto& f : finals) tmps.push_back(f + ".tmp");
   try {
-    write_h5(r, ex, h5_tmp);
-    write_csv(r, csv_tmp);
+    write_h5(r, ex, tmps[0]);
+    write_stats(r, tmps[1], "layer", [](const MetricRow& m) { return std::to_string(m.layer); }, true);
+    write_stats(r, tmps[2], "layer,head",
+                [](const MetricRow& m) { return std::to_string(m.layer) + "," + std::to_string(m.head); }, false);
   } catch (...) {
-    fs::remove(h5_tmp, ec);
-    fs::remove(csv_tmp, ec);
+    for (const auto& t : tmps) fs::remove(t, ec);
     throw;
   }
-  fs::rename(h5_tmp, h5, ec);
-  if (ec) throw Error(h5 + ": cannot move into place: " + ec.message());
-  fs::rename(csv_tmp, csv, ec);
-  if (ec) throw Error(csv + ": cannot move into place: " + ec.message());
+  for (size_t i = 0; i < finals.size(); ++i) {
+    fs::rename(tmps[i], finals[i], ec);
+    if (ec) throw Error(finals[i] + ": cannot move into place: " + ec.message());
+  }
 }
 
 std::string summary_table(const RunResult& r) {

@@ -154,6 +154,19 @@ TEST_CASE("results: files are written whole and summaries are consistent", "[res
   CHECK(std::filesystem::exists(out + "/summary.csv"));
   CHECK_FALSE(std::filesystem::exists(out + "/results.h5.tmp"));
   CHECK_FALSE(std::filesystem::exists(out + "/summary.csv.tmp"));
+  CHECK_FALSE(std::filesystem::exists(out + "/cells.csv.tmp"));
+  {
+    // cells.csv: one rel_err row per (policy, layer, head) cell with that cell's step count.
+    std::ifstream cells(out + "/cells.csv");
+    std::string l;
+    int rel_rows = 0;
+    while (std::getline(cells, l))
+      if (l.rfind("window,window(budget=0.25),1,3,rel_err,", 0) == 0) {
+        ++rel_rows;
+        CHECK(l.find(",rel_err,41,") != std::string::npos);  // steps 1, 5, ..., 157, 160
+      }
+    CHECK(rel_rows == 1);
+  }
   auto f = h5::File::open_read(out + "/results.h5");
   CHECK(f.attr_string("label", "/policy_02") == "window(budget=0.25)");
   auto rel = f.read_double_vector("/policy_02/rel_err");

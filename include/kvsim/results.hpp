@@ -7,7 +7,9 @@
 //   attention_loss, cache_tokens, cache_bytes, policy_ns). NaN = not applicable.
 // summary.csv: policy,label,layer,metric,count,mean,median,p95,max — one row per policy, layer
 //   ("all" for every layer together) and metric, NaN rows skipped in the statistics.
-// Both files are written to a temporary name and renamed into place (never half-written).
+// cells.csv: policy,label,layer,head,metric,count,mean,median,p95,max — the same per (layer, query
+//   head) cell, over its evaluated steps.
+// All files are written to a temporary name and renamed into place (never half-written).
 #pragma once
 #include <string>
 #include <vector>
