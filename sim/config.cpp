@@ -5,6 +5,7 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "kvsim/clustering.hpp"
 #include "kvsim/error.hpp"
 
 namespace kvsim {
@@ -246,6 +247,39 @@ Experiment interpret(const TV& root, const std::string& origin) {
 }
 
 }  // namespace
+
+ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open config file");
+  TV root;
+  try {
+    root = toml::parse(in, path);
+  } catch (const toml::syntax_error& e) {
+    throw Error(std::string("config syntax error: ") + e.what());
+  }
+  for (const auto& o : overrides) apply_override(root, o);
+  try {
+    ClusterStudy s;
+    check_keys(root, {"name", "data", "clusters"}, path + " (top level)");
+    s.name = get_string(root, "name", s.name, "");
+    if (!root.contains("data") || !root.at("data").is_table()) throw Error(path + ": missing [data] table");
+    check_keys(root.at("data"), {"path"}, "[data]");
+    s.path = get_string(root.at("data"), "path", "", "data.");
+    if (s.path.empty()) throw Error(path + ": [data] needs 'path' (a recording)");
+    if (root.contains("clusters")) {
+      const TV& c = root.at("clusters");
+      check_keys(c, {"delta_rel", "centers", "layers"}, "[clusters]");
+      s.delta_rel = get_double(c, "delta_rel", s.delta_rel, "clusters.");
+      if (!(s.delta_rel > 0)) fail_at(c.at("delta_rel"), "clusters.delta_rel must be > 0");
+      s.centers = get_int(c, "centers", s.centers, "clusters.");
+      if (s.centers < 1) fail_at(c.at("centers"), "clusters.centers must be ≥ 1");
+      s.layers = get_int_list(c, "layers", "clusters.");
+    }
+    return s;
+  } catch (const toml::exception& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
 
 Experiment parse_experiment(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
   TV root;

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <thread>
 
+#include "kvsim/clustering.hpp"
 #include "kvsim/config.hpp"
 #include "kvsim/error.hpp"
 #include "kvsim/inspect.hpp"
@@ -84,6 +85,13 @@ int main(int argc, char** argv) {
   record->add_flag("!--no-attn", ro.with_attn, "do not store the model's attention output");
   text_opt->excludes(gen_opt);
 
+  auto* clusters = app.add_subcommand("clusters", "SubGen Fig. 1-style clusterability of a recording's keys and values");
+  std::string cl_config, cl_out;
+  std::vector<std::string> cl_sets;
+  clusters->add_option("config", cl_config, "clusters TOML (e.g. experiments/clusterability.toml)")->required();
+  clusters->add_option("--out", cl_out, "output folder (default results/<name>)");
+  clusters->add_option("--set", cl_sets, "override a config key, e.g. --set clusters.delta_rel=0.3");
+
   auto* inspect = app.add_subcommand("inspect", "print schema, shapes, norms and logit ranges of a recording");
   std::string inspect_path;
   inspect->add_option("file", inspect_path, "recording .h5")->required();
@@ -113,6 +121,11 @@ int main(int argc, char** argv) {
         std::cout << "mean cross-entropy: " << r.mean_cross_entropy << " nats/token over " << r.cross_entropy.size()
                   << " predictions\n";
       std::cout << "text: " << r.text << "\n";
+      return 0;
+    }
+    if (*clusters) {
+      ClusterStudy st = load_cluster_study(cl_config, cl_sets);
+      std::cout << run_cluster_study(st, cl_out.empty() ? "results/" + st.name : cl_out);
       return 0;
     }
     if (*inspect) {

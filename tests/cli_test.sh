@@ -32,6 +32,9 @@ expect_fail "unknown synthetic preset" "$KVSIM" synth --preset nope --out "$TMP/
 expect_fail "kv_heads" "$KVSIM" synth --preset gaussian --heads 4 --kv-heads 3 --out "$TMP/s.h5"
 [ -e "$TMP/s.h5" ] && bad "failed synth left a file" || ok
 
+printf 'name="c"\n[data]\npath="x.h5"\n[clusters]\ndelta_rell=0.5\n' > "$TMP/cl.toml"
+expect_fail "unknown key 'delta_rell'" "$KVSIM" clusters "$TMP/cl.toml" --out "$TMP/cl_out"
+
 # Good path: synth -> inspect -> run on the recording with overrides.
 "$KVSIM" synth --preset clustered --n 256 --d 16 --layers 2 --heads 4 --kv-heads 2 --seed 3 --out "$TMP/c.h5" >/dev/null || bad "synth failed"
 "$KVSIM" inspect "$TMP/c.h5" | grep -q "heads:         4 query, 2 kv" && ok || bad "inspect output"
@@ -41,6 +44,9 @@ out=$("$KVSIM" run "$TMP/rec.toml" --out "$TMP/run" --threads 2 --set eval.every
 grep -q "oracle_topk(budget=0.25)" <<<"$out" && ok || bad "summary table missing: $out"
 [ -s "$TMP/run/results.h5" ] && [ -s "$TMP/run/summary.csv" ] && ok || bad "result files missing"
 ls "$TMP/run" | grep -q tmp && bad "temporary files left in $TMP/run" || ok
+"$KVSIM" clusters "$SRC/experiments/clusterability.toml" --set "data.path=$TMP/c.h5" --set clusters.centers=4 --out "$TMP/cl" >/dev/null \
+  && [ -s "$TMP/cl/clusters.csv" ] && [ -s "$TMP/cl/clusters_fit.csv" ] && [ -s "$TMP/cl/pca.csv" ] && ok || bad "kvsim clusters"
+[ "$(awk -F, 'NR>1 && $6==1' "$TMP/cl/pca.csv" | wc -l)" -eq 16 ] && ok || bad "pca.csv should flag 4 centers x 2 tensors x 2 layers"
 
 # The README's main job.
 (cd "$TMP" && "$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet >/dev/null) && [ -s "$TMP/results/quickstart/summary.csv" ] && ok \

@@ -25,6 +25,9 @@ run "$SRC/experiments/h2o_submodular.toml" --out "$TMP/h" --set "data.path=$TMP/
 "$PY" "$SRC/plots/metric_vs_budget.py" "$TMP/h" >/dev/null && check "$TMP/h/metric_vs_budget"
 run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b" --set "data.path=$TMP/rec.h5"
 "$PY" "$SRC/plots/buzz_tw_sweep.py" "$TMP/b" >/dev/null && check "$TMP/b/buzz_tw_sweep"
+"$KVSIM" clusters "$SRC/experiments/clusterability.toml" --out "$TMP/c" --set "data.path=$TMP/rec.h5" >/dev/null \
+  || { echo "FAIL: kvsim clusters"; fails=$((fails+1)); }
+"$PY" "$SRC/plots/clusterability.py" "$TMP/c" >/dev/null && check "$TMP/c/clusterability"
 # A missing results folder is a clear error, not a traceback.
 "$PY" "$SRC/plots/error_vs_step.py" "$TMP/none" 2>"$TMP/err" && { echo "FAIL: no error for a missing folder"; fails=$((fails+1)); }
 grep -q "results.h5 not found" "$TMP/err" && passes=$((passes+1)) || { echo "FAIL: message: $(cat "$TMP/err")"; fails=$((fails+1)); }

@@ -9,6 +9,7 @@
 #include <deque>
 
 #include "factories.hpp"
+#include "kvsim/clustering.hpp"
 #include "kvsim/error.hpp"
 
 namespace kvsim::policies {
@@ -104,27 +105,16 @@ class KCenterPolicy final : public Policy {
       window_.pop_front();
     }
     if (old.empty() || k_ == 0) return;
-    std::vector<double> dist(old.size(), INFINITY);
-    std::vector<size_t> chosen;
-    size_t next = 0;
-    while (int64_t(chosen.size()) < std::min<int64_t>(k_, int64_t(old.size()))) {
-      chosen.push_back(next);
-      double far = -1;
-      size_t farthest = 0;
-      for (size_t i = 0; i < old.size(); ++i) {
-        dist[i] = std::min(dist[i], (old[i].k - old[next].k).squaredNorm());
-        if (dist[i] > far) {  // ties: the earliest token
-          far = dist[i];
-          farthest = i;
-        }
-      }
-      next = farthest;
-    }
-    for (size_t c : chosen) {
-      centers_.push_back(old[c]);
+    MatD keys(int64_t(old.size()), dim_);
+    for (size_t i = 0; i < old.size(); ++i) keys.row(i) = old[i].k.transpose();
+    const std::vector<int64_t> chosen = greedy_kcenter(keys, k_);
+    MatD ck(int64_t(chosen.size()), dim_);
+    for (size_t c = 0; c < chosen.size(); ++c) {
+      ck.row(c) = keys.row(chosen[c]);
+      centers_.push_back(old[chosen[c]]);
       centers_.back().count = 0;
     }
-    for (const auto& e : old) centers_[nearest(e.k)].count += 1;
+    for (const auto& e : old) centers_[nearest_row(ck, e.k)].count += 1;
   }
 
   /// Charikar et al.'s doubling algorithm: a point within 2R of a center joins it; otherwise it
