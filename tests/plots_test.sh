@@ -21,6 +21,8 @@ run "$SRC/experiments/quickstart.toml" --out "$TMP/q" --set data.n=128 --set dat
 "$PY" "$SRC/plots/error_vs_step.py" "$TMP/q" --metric eps_spectral >/dev/null && check "$TMP/q/eps_spectral_vs_step"
 run "$SRC/experiments/subgen_theorem1.toml" --out "$TMP/s" --set data.n=256 --set data.n_heads=2 --set data.n_kv_heads=2 --set eval.from=64
 "$PY" "$SRC/plots/subgen_theorem1.py" "$TMP/s" >/dev/null && check "$TMP/s/subgen_theorem1"
+run "$SRC/experiments/subgen_theorem1_stories260k.toml" --out "$TMP/s2" --set "data.path=$TMP/rec.h5" --set eval.from=16 --set policy.delta=2.0
+"$PY" "$SRC/plots/subgen_theorem1.py" "$TMP/s2" >/dev/null && check "$TMP/s2/subgen_theorem1"
 run "$SRC/experiments/h2o_submodular.toml" --out "$TMP/h" --set "data.path=$TMP/rec.h5"
 "$PY" "$SRC/plots/metric_vs_budget.py" "$TMP/h" >/dev/null && check "$TMP/h/metric_vs_budget"
 run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b" --set "data.path=$TMP/rec.h5"
