@@ -32,7 +32,10 @@ def main():
                 continue
             mr = grp["mass_ratio"][:]
             re = grp["rel_err"][:]
-            series[text(grp.attrs["name"])].append(
+            name = text(grp.attrs["name"])
+            if "score" in p:
+                name += f" ({p['score']})"
+            series[name].append(
                 (float(p["budget"]), np.nanmean(mr) if np.isfinite(mr).any() else np.nan, np.mean(re)))
     if not series:
         sys.exit(f"error: {a.results_dir}/results.h5: no policy has a 'budget' parameter")

@@ -106,6 +106,24 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
     runs[p].oracle = runs[p].inst[0]->needs_exact_probs();
   }
 
+  // Global attention scores (column sums of the full causal attention) for non-causal oracles.
+  bool want_global = false;
+  for (auto& run : runs) want_global |= run.inst[0]->needs_global_scores();
+  if (want_global) {
+    std::vector<VecD> global(G);
+    for (int g = 0; g < G; ++g) global[g] = global_attention_scores(Q[g], K, scale);
+    for (auto& run : runs) {
+      if (!run.inst[0]->needs_global_scores()) continue;
+      for (size_t i = 0; i < run.inst.size(); ++i) {
+        std::vector<const VecD*> mine;
+        if (per_query) mine.push_back(&global[i]);
+        else
+          for (int g = 0; g < G; ++g) mine.push_back(&global[g]);
+        run.inst[i]->set_global_scores(mine);
+      }
+    }
+  }
+
   const std::vector<int64_t> steps = eval_steps(ex.eval, n);
   OperatorNormTracker opn(d);
   int64_t opn_t = 0;

@@ -31,8 +31,25 @@ void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, 
     out.log_tau[r] = mx + std::log(sum);
     out.probs_norm[r] = row.head(t).norm();
   }
-  out.out.resize(rows, d);
+  out.out.resize(rows, V.cols());
   out.out.noalias() = out.probs * V.topRows(t_max);
+}
+
+VecD global_attention_scores(const MatF& Q, const MatD& K, double scale) {
+  const int64_t n = Q.rows();
+  VecD g = VecD::Zero(n);
+  const MatD V = MatD::Zero(n, 1);  // outputs are not needed
+  ReferenceBlock blk;
+  for (int64_t t0 = 1; t0 <= n;) {
+    std::vector<int64_t> rows;
+    for (int64_t t = t0; t <= n && rows.size() < 256 && int64_t(rows.size() + 1) * t <= (int64_t(1) << 22); ++t)
+      rows.push_back(t);
+    if (rows.empty()) rows.push_back(t0);
+    exact_attention(Q, K, V, scale, rows, blk);
+    g.head(blk.probs.cols()) += blk.probs.colwise().sum().transpose();
+    t0 = rows.back() + 1;
+  }
+  return g;
 }
 
 OperatorNormTracker::OperatorNormTracker(int d) : G_(MatD::Zero(d, d)), x_(VecD::Ones(d) / std::sqrt(double(d))), d_(d) {}

@@ -45,6 +45,10 @@ budget = 0.25
 name = "h2o"
 budget = 0.25
 [[policy]]
+name = "h2o"
+score = "oracle"
+budget = 0.25
+[[policy]]
 name = "buzz"
 window = 8
 threshold = 20
@@ -110,7 +114,7 @@ TEST_CASE("engine: evaluated steps and row counts", "[engine]") {
 
 TEST_CASE("config: sweeps expand and labels are unique and overrides apply", "[config]") {
   Experiment ex = parse_experiment(kConfig, "inline");
-  REQUIRE(ex.policies.size() == 10);
+  REQUIRE(ex.policies.size() == 11);
   CHECK(ex.policies[1].label == "window(budget=0.1)");
   CHECK(ex.policies[2].label == "window(budget=0.25)");
   CHECK(ex.data.synthetic);

@@ -143,3 +143,41 @@ TEST_CASE("h2o objectives: greedy reaches (1 - 1/e) OPT on attention-built submo
   CHECK_FALSE(looks_submodular(pair, 3));
   CHECK(greedy(pair, 3, 2) < bound * brute(pair, 3, 2));
 }
+
+TEST_CASE("h2o oracle: global scores are attention column sums and eviction keeps their top tokens", "[h2o]") {
+  SynthSource src(test::small_synth("heavy_hitter", 120, 8, 1, 1, 1));
+  MatF Q = src.read(0, Tensor::q, 0), K = src.read(0, Tensor::k, 0), V = src.read(0, Tensor::v, 0);
+  const double scale = src.meta().softmax_scale;
+  // global_attention_scores == naive column sums of the causal attention matrix.
+  VecD g = global_attention_scores(Q, K.cast<double>(), scale);
+  VecD naive = VecD::Zero(120);
+  for (int64_t t = 0; t < 120; ++t) {
+    VecD l = (K.topRows(t + 1).cast<double>() * Q.row(t).cast<double>().transpose()) * scale;
+    VecD p = (l.array() - l.maxCoeff()).exp().matrix();
+    naive.head(t + 1) += p / p.sum();
+  }
+  REQUIRE((g - naive).norm() <= 1e-10 * naive.norm());
+  CHECK(g.sum() == Approx(120.0).epsilon(1e-12));  // every query's attention sums to 1
+  // With fixed scores, the heavy part of the cache ends as the top-B_heavy global scores among the
+  // tokens that have left the recent window.
+  const int64_t B = 20, recent = 10;
+  StreamInfo info;
+  info.n = 120;
+  info.head_dim = 8;
+  Params p = h2o(B);
+  p.set("score", std::string("oracle"));
+  auto pol = make_policy("h2o", p, info);
+  REQUIRE(pol->needs_global_scores());
+  REQUIRE_FALSE(pol->needs_every_query());
+  pol->set_global_scores({&g});
+  for (int64_t t = 0; t < 120; ++t) pol->observe(t, K.row(t).data(), V.row(t).data());
+  std::vector<Answer> ans(1);
+  pol->attend(120, MatD::Zero(1, 8), &ans, nullptr);
+  std::set<int64_t> kept(ans[0].kept.begin(), ans[0].kept.end());
+  std::vector<int64_t> old(120 - recent);
+  for (int64_t j = 0; j < 120 - recent; ++j) old[j] = j;
+  std::sort(old.begin(), old.end(), [&](int64_t a, int64_t b) { return g[a] != g[b] ? g[a] > g[b] : a < b; });
+  std::set<int64_t> want(old.begin(), old.begin() + (B - recent));
+  for (int64_t j = 120 - recent; j < 120; ++j) want.insert(j);
+  CHECK(kept == want);
+}

@@ -78,6 +78,11 @@ class Policy {
                       const std::vector<const double*>* exact_probs) = 0;
   virtual bool needs_every_query() const { return false; }
   virtual bool needs_exact_probs() const { return false; }
+  /// Non-causal oracles that rank tokens by the attention of *all* queries (H2O's "global" heavy
+  /// hitters, H2O §3 / Fig. 2) declare this; the engine then calls set_global_scores once before
+  /// the stream with, per query head answered, g(j) = Σ_{i ≥ j} a_i(j) over the whole stream.
+  virtual bool needs_global_scores() const { return false; }
+  virtual void set_global_scores(const std::vector<const VecD*>& /*per_query_head*/) {}
   /// Tokens held in the cache now.
   virtual int64_t cache_tokens() const = 0;
   /// Stored vectors of dimension head_dim now (keys + values + representatives...).

@@ -23,6 +23,10 @@ struct ReferenceBlock {
 void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, const std::vector<int64_t>& steps,
                      ReferenceBlock& out);
 
+/// Column sums of the full causal attention matrix: g(j) = Σ_{t ≥ j} a_t(j) over all n queries of
+/// Q ([n, d], unscaled) — H2O's "global" heavy-hitter score (seeds/004 §3, Fig. 2). O(n²d), blocked.
+VecD global_attention_scores(const MatF& Q, const MatD& K, double scale);
+
 /// Incremental operator norm ‖V_t‖_op = sqrt(λ_max(V_tᵀV_t)) (DESIGN §5, for SubGen Eq. 3's ε).
 /// `add` is a rank-1 update of the d×d Gram matrix (O(d²)); `op_norm` runs power iteration warm-started
 /// from the previous top eigenvector (O(d²) per iteration, a handful of iterations per step).

@@ -6,6 +6,9 @@
 //   attend(q_t): the normalized attention of q_t over S_t (the decoder's output at step t) is added
 //     to every cached token's score (Alg. 1's F_score accumulation, h(z) = z). In kv_head mode the
 //     group's query heads' attention vectors are combined by group_agg (mean | max | sum).
+// `score = "oracle"` ranks tokens instead by their attention from *all* queries of the stream, future
+// included (H2O §3's "global" heavy hitters vs the "local" accumulated ones, Fig. 2): not causal, an
+// upper reference for what accumulated scores could achieve.
 // Eviction happens before the new token is added, using the scores of queries 1..t−1, so the cache
 // that answers q_t holds at most B tokens — the same memory as a window of B (Algorithm 1 evicts
 // after attending over S_{t−1} ∪ {t}, which transiently holds B + 1).
@@ -20,14 +23,23 @@ namespace {
 
 class H2OPolicy final : public Policy {
  public:
-  H2OPolicy(int64_t budget, int64_t recent, const StreamInfo& s)
-      : budget_(budget), recent_(recent), agg_(s.group_agg), cache_(budget, s.head_dim), score_(budget, 0.0) {}
+  H2OPolicy(int64_t budget, int64_t recent, bool global, const StreamInfo& s)
+      : budget_(budget), recent_(recent), global_(global), agg_(s.group_agg), cache_(budget, s.head_dim),
+        score_(budget, 0.0) {}
 
-  bool needs_every_query() const override { return true; }
+  bool needs_every_query() const override { return !global_; }
+  bool needs_global_scores() const override { return global_; }
+  void set_global_scores(const std::vector<const VecD*>& per_head) override {
+    // Group aggregation as for the accumulated scores.
+    global_score_ = VecD::Zero(per_head.at(0)->size());
+    for (const VecD* g : per_head) global_score_ = agg_ == "max" ? global_score_.cwiseMax(*g) : VecD(global_score_ + *g);
+    if (agg_ == "mean") global_score_ /= double(per_head.size());
+  }
 
   void observe(int64_t t, const float* k, const float* v) override {
+    const double init = global_ ? global_score_[t] : 0.0;  // oracle: the token's whole-stream score
     if (cache_.size() < budget_) {
-      score_[cache_.size()] = 0;
+      score_[cache_.size()] = init;
       cache_.append(t, k, v);
       return;
     }
@@ -42,7 +54,7 @@ class H2OPolicy final : public Policy {
     }
     if (victim < 0) throw Error("h2o: no evictable token (recent window ≥ budget)");
     cache_.put(victim, t, k, v);
-    score_[victim] = 0;
+    score_[victim] = init;
   }
 
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
@@ -63,6 +75,7 @@ class H2OPolicy final : public Policy {
         for (int64_t s = 0; s < m; ++s) a.kept[s] = cache_.position(s);
       }
     }
+    if (global_) return;  // oracle scores are fixed
     if (agg_ == "mean") agg /= double(q.rows());
     for (int64_t s = 0; s < m; ++s) score_[s] += agg[s];
   }
@@ -71,7 +84,9 @@ class H2OPolicy final : public Policy {
 
  private:
   int64_t budget_, recent_;
+  bool global_;
   std::string agg_;
+  VecD global_score_;
   SlotCache cache_;
   std::vector<double> score_;
 };
@@ -85,8 +100,9 @@ std::unique_ptr<Policy> make_h2o(const Params& p, const StreamInfo& s) {
   if (b < 2) throw Error("parameter 'budget' must be at least 2 tokens (heavy + recent)" + p.where("budget"));
   const int64_t heavy_tokens = std::clamp<int64_t>(std::llround(heavy * double(b)), 1, b - 1);
   const std::string score = p.get_string("score", "accumulated");
-  if (score != "accumulated") throw Error("parameter 'score': only \"accumulated\" is implemented" + p.where("score"));
-  return std::make_unique<H2OPolicy>(b, b - heavy_tokens, s);
+  if (score != "accumulated" && score != "oracle")
+    throw Error("parameter 'score' must be \"accumulated\" (local H2) or \"oracle\" (global H2)" + p.where("score"));
+  return std::make_unique<H2OPolicy>(b, b - heavy_tokens, score == "oracle", s);
 }
 
 }  // namespace kvsim::policies
