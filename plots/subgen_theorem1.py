@@ -18,6 +18,22 @@ import numpy as np
 from kvsim_results import open_results, params, policies, save, text
 
 
+def quantile_panel(ax, rows, reference, xlabel, ylabel, title):
+    """Median and 99th percentile of rows (x, median, p99) on log-log axes, plus a reference curve."""
+    x = np.array([r[0] for r in rows], dtype=float)
+    ax.plot(x, [r[1] for r in rows], "o-", label="median")
+    ax.plot(x, [r[2] for r in rows], "s-", label="99th percentile")
+    ref_y, style, label = reference
+    ax.plot(x, ref_y, style, lw=1, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
@@ -49,47 +65,20 @@ def main():
     if not eps_rows and not t_rows and not s_rows:
         sys.exit(f"error: {a.results_dir}/results.h5 has no subgen policies with 'eps' or 't'")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    eps_label = "achieved ε = ‖z − Attn‖ / (‖a‖‖V‖_op)"
     if eps_rows:
-        eps_rows.sort()
-        x = [r[0] for r in eps_rows]
-        ax1.plot(x, [r[1] for r in eps_rows], "o-", label="median")
-        ax1.plot(x, [r[2] for r in eps_rows], "s-", label="99th percentile")
-        ax1.plot(x, x, "k--", lw=1, label="achieved = target")
-        ax1.set_xscale("log")
-        ax1.set_yscale("log")
-        ax1.set_xlabel("target ε (Theorem 1 mode: s, t from ε)")
-        ax1.set_ylabel("achieved ε = ‖z − Attn‖ / (‖a‖‖V‖_op)")
-        ax1.set_title("SubGen Eq. (3): achieved vs target ε")
-        ax1.legend(fontsize=8)
-        ax1.grid(alpha=0.3, which="both")
+        x = np.array([r[0] for r in sorted(eps_rows)])
+        quantile_panel(ax1, sorted(eps_rows), (x, "k--", "achieved = target"),
+                       "target ε (Theorem 1 mode: s, t from ε)", eps_label, "SubGen Eq. (3): achieved vs target ε")
     elif s_rows:
-        s_rows.sort()
-        x = np.array([r[0] for r in s_rows], dtype=float)
-        med = np.array([r[1] for r in s_rows])
-        ax1.plot(x, med, "o-", label="median")
-        ax1.plot(x, [r[2] for r in s_rows], "s-", label="99th percentile")
-        ax1.plot(x, np.sqrt(d / x), "k--", lw=1, label="√(d/s) (Theorem 1: s = ε⁻²d)")
-        ax1.set_xscale("log")
-        ax1.set_yscale("log")
-        ax1.set_xlabel("matrix-product samples s")
-        ax1.set_ylabel("achieved ε = ‖z − Attn‖ / (‖a‖‖V‖_op)")
-        ax1.set_title("SubGen Eq. (3): achieved ε vs s")
-        ax1.legend(fontsize=8)
-        ax1.grid(alpha=0.3, which="both")
+        x = np.array([r[0] for r in sorted(s_rows)], dtype=float)
+        quantile_panel(ax1, sorted(s_rows), (np.sqrt(d / x), "k--", "√(d/s) (Theorem 1: s = ε⁻²d)"),
+                       "matrix-product samples s", eps_label, "SubGen Eq. (3): achieved ε vs s")
     if t_rows:
-        t_rows.sort()
-        x = np.array([r[0] for r in t_rows], dtype=float)
-        med = np.array([r[1] for r in t_rows])
-        ax2.plot(x, med, "o-", label="median")
-        ax2.plot(x, [r[2] for r in t_rows], "s-", label="99th percentile")
-        ax2.plot(x, med[0] * np.sqrt(x[0] / x), "k:", lw=1, label="∝ 1/√t")
-        ax2.set_xscale("log")
-        ax2.set_yscale("log")
-        ax2.set_xlabel("samples per cluster t")
-        ax2.set_ylabel("|τ̂ − τ| / τ")
-        ax2.set_title("Partition function (Eq. 5) vs t")
-        ax2.legend(fontsize=8)
-        ax2.grid(alpha=0.3, which="both")
+        rows = sorted(t_rows)
+        x = np.array([r[0] for r in rows], dtype=float)
+        quantile_panel(ax2, rows, (rows[0][1] * np.sqrt(x[0] / x), "k:", "∝ 1/√t"),
+                       "samples per cluster t", "|τ̂ − τ| / τ", "Partition function (Eq. 5) vs t")
     save(fig, a.results_dir, a.out, "subgen_theorem1.png")
 
 

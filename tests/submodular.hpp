@@ -74,4 +74,29 @@ inline bool looks_submodular(const SetFn& f, int n) {
   return true;
 }
 
+/// H2O's facility location over the first n queries: f(S) = Σ_{i<n} max_{j∈S} a_i(j), with
+/// probs(i, j) = a_i(j) (row i = query i's attention).
+template <class M>
+SetFn facility_location(const M& probs, int n) {
+  return [&probs, n](const std::vector<int>& S) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) {
+      double best = 0;
+      for (int j : S) best = std::max(best, probs(i, j));
+      s += best;
+    }
+    return s;
+  };
+}
+
+/// f(S) = log(1 + Σ_{j∈S} e^{<k_j, q̃>}/τ) = log(1 + Σ_{j∈S} a(j)) for query row `row`.
+template <class M>
+SetFn log_partition_mass(const M& probs, int row) {
+  return [&probs, row](const std::vector<int>& S) {
+    double s = 0;
+    for (int j : S) s += probs(row, j);
+    return std::log1p(s);
+  };
+}
+
 }  // namespace kvsim::test

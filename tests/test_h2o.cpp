@@ -105,22 +105,8 @@ TEST_CASE("h2o objectives: greedy reaches (1 - 1/e) OPT on attention-built submo
     for (int t = 1; t <= n; ++t) steps.push_back(t);
     ReferenceBlock ref;
     exact_attention(Q, K, V, src.meta().softmax_scale, steps, ref);
-    // Facility location over the queries seen so far: f(S) = Σ_i max_{j∈S} a_i(j).
-    SetFn facility = [&](const std::vector<int>& S) {
-      double s = 0;
-      for (int i = 0; i < n; ++i) {
-        double m = 0;
-        for (int j : S) m = std::max(m, ref.probs(i, j));
-        s += m;
-      }
-      return s;
-    };
-    // Log partition mass of the last query: f(S) = log(1 + Σ_{j∈S} e^{<k_j,q̃>}/τ).
-    SetFn logmass = [&](const std::vector<int>& S) {
-      double s = 0;
-      for (int j : S) s += ref.probs(n - 1, j);
-      return std::log1p(s);
-    };
+    SetFn facility = facility_location(ref.probs, n);
+    SetFn logmass = log_partition_mass(ref.probs, n - 1);
     for (auto* f : {&facility, &logmass}) {
       REQUIRE(looks_submodular(*f, n));
       for (int k = 1; k <= 6; ++k) {

@@ -150,20 +150,8 @@ TEST_CASE("real: greedy reaches (1 - 1/e) OPT on attention objectives from stori
     for (int t = 1; t <= n; ++t) steps.push_back(t);
     ReferenceBlock ref;
     exact_attention(Q, K, V, m.softmax_scale, steps, ref);
-    test::SetFn facility = [&](const std::vector<int>& S) {
-      double s = 0;
-      for (int i = 0; i < n; ++i) {
-        double best = 0;
-        for (int j : S) best = std::max(best, ref.probs(i, j));
-        s += best;
-      }
-      return s;
-    };
-    test::SetFn logmass = [&](const std::vector<int>& S) {
-      double s = 0;
-      for (int j : S) s += ref.probs(n - 1, j);
-      return std::log1p(s);
-    };
+    test::SetFn facility = test::facility_location(ref.probs, n);
+    test::SetFn logmass = test::log_partition_mass(ref.probs, n - 1);
     for (auto* f : {&facility, &logmass}) {
       REQUIRE(test::looks_submodular(*f, n));
       for (int k = 1; k <= 6; ++k) {
