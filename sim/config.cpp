@@ -172,7 +172,22 @@ Experiment interpret(const TV& root, const std::string& origin) {
   if (root.contains("eval")) {
     const TV& ev = root.at("eval");
     if (!ev.is_table()) fail_at(ev, "[eval] must be a table");
-    check_keys(ev, {"every", "from", "gqa", "group_agg"}, "[eval]");
+    check_keys(ev, {"every", "from", "gqa", "group_agg", "objectives", "objectives_every", "objectives_max_t",
+                    "theorem44_alpha", "theorem44_beta"},
+               "[eval]");
+    if (ev.contains("objectives")) {
+      if (!ev.at("objectives").is_boolean()) fail_at(ev.at("objectives"), "eval.objectives must be true or false");
+      ex.eval.objectives = ev.at("objectives").as_boolean();
+    }
+    ex.eval.objectives_every = get_int(ev, "objectives_every", ex.eval.objectives_every, "eval.");
+    if (ex.eval.objectives_every < 1) fail_at(ev.at("objectives_every"), "eval.objectives_every must be ≥ 1");
+    ex.eval.objectives_max_t = get_int(ev, "objectives_max_t", ex.eval.objectives_max_t, "eval.");
+    if (ex.eval.objectives_max_t < 1 || ex.eval.objectives_max_t > 16384)
+      fail_at(ev.at("objectives_max_t"), "eval.objectives_max_t must be in [1, 16384] (memory is t² doubles per head)");
+    ex.eval.theorem44_alpha = get_double(ev, "theorem44_alpha", 0.0, "eval.");
+    ex.eval.theorem44_beta = get_double(ev, "theorem44_beta", 0.0, "eval.");
+    if (!(ex.eval.theorem44_alpha >= 0 && ex.eval.theorem44_alpha < 1))
+      fail_at(ev.at("theorem44_alpha"), "eval.theorem44_alpha must be in [0, 1)");
     ex.eval.every = get_int(ev, "every", 1, "eval.");
     if (ex.eval.every < 1) fail_at(ev.at("every"), "eval.every must be ≥ 1");
     ex.eval.from = get_int(ev, "from", 1, "eval.");

@@ -3,11 +3,14 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <map>
+#include <tuple>
 #include <mutex>
 #include <thread>
 
 #include "kvsim/error.hpp"
 #include "kvsim/experiment.hpp"
+#include "kvsim/objectives.hpp"
 #include "kvsim/reference.hpp"
 #include "kvsim/rng.hpp"
 
@@ -16,13 +19,17 @@ namespace kvsim {
 const std::vector<std::string>& metric_names() {
   static const std::vector<std::string> n{"rel_err",     "eps_spectral", "tau_rel_err",  "kept_mass",
                                           "oracle_mass", "mass_ratio",   "attention_loss", "cache_tokens",
-                                          "cache_bytes", "clusters",     "policy_ns"};
+                                          "cache_bytes", "clusters",     "policy_ns",  "log_value",
+                                          "log_opt",     "fl_value",     "fl_greedy",    "fl_opt",
+                                          "fl_ratio",    "thm44"};
   return n;
 }
 
 double metric_value(const MetricRow& r, size_t i) {
   const double v[] = {r.rel_err,    r.eps_spectral,   r.tau_rel_err,  r.kept_mass, r.oracle_mass,
-                      r.mass_ratio, r.attention_loss, r.cache_tokens, r.cache_bytes, r.clusters, r.policy_ns};
+                      r.mass_ratio, r.attention_loss, r.cache_tokens, r.cache_bytes, r.clusters, r.policy_ns,
+                      r.log_value,  r.log_opt,        r.fl_value,     r.fl_greedy, r.fl_opt,
+                      r.fl_ratio,   r.thm44};
   return v[i];
 }
 
@@ -124,6 +131,20 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
     }
   }
 
+  // Full causal attention of the first T_obj queries (for the facility-location objective).
+  const int64_t t_obj = ex.eval.objectives ? std::min(n, ex.eval.objectives_max_t) : 0;
+  std::vector<MatD> attn_all(G);
+  if (t_obj > 0) {
+    std::vector<int64_t> all(t_obj);
+    for (int64_t t = 0; t < t_obj; ++t) all[t] = t + 1;
+    ReferenceBlock blk;
+    for (int g = 0; g < G; ++g) {
+      exact_attention(Q[g], K, V, scale, all, blk);
+      attn_all[g] = std::move(blk.probs);
+    }
+  }
+  std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>> greedy_cache;  // (g, t, m) -> greedy, opt
+
   const std::vector<int64_t> steps = eval_steps(ex.eval, n);
   OperatorNormTracker opn(d);
   int64_t opn_t = 0;
@@ -211,6 +232,25 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
           m.cache_bytes = bytes;
           m.clusters = inst.clusters();
           m.policy_ns = run.ns_since_eval / double(run.steps_since_eval);
+          if (ex.eval.objectives) {
+            if (a.has_kept) m.log_value = std::log1p(m.kept_mass);
+            m.log_opt = std::log1p(m.oracle_mass);
+            const bool due = t <= t_obj && (t % ex.eval.objectives_every == 0 || t == n);
+            if (due && a.has_kept) {
+              m.fl_value = facility_value(attn_all[g], t, a.kept);
+              const int64_t size = int64_t(a.kept.size());
+              auto key = std::make_tuple(g, t, size);
+              auto it = greedy_cache.find(key);
+              if (it == greedy_cache.end())
+                it = greedy_cache.emplace(key, std::make_pair(facility_greedy(attn_all[g], t, size),
+                                                              facility_brute(attn_all[g], t, size))).first;
+              m.fl_greedy = it->second.first;
+              m.fl_opt = it->second.second;
+              m.fl_ratio = m.fl_greedy > 0 ? m.fl_value / m.fl_greedy : NAN;
+              m.thm44 = theorem44_verdict(m.fl_value, m.fl_greedy, m.fl_opt, ex.eval.theorem44_alpha,
+                                          ex.eval.theorem44_beta);
+            }
+          }
           out[p].push_back(m);
         }
         run.ns_since_eval = 0;

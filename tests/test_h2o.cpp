@@ -10,7 +10,9 @@
 
 #include "helpers.hpp"
 #include "submodular.hpp"
+#include "kvsim/experiment.hpp"
 #include "kvsim/policy.hpp"
+#include "kvsim/objectives.hpp"
 #include "kvsim/reference.hpp"
 
 using namespace kvsim;
@@ -166,4 +168,84 @@ TEST_CASE("h2o oracle: global scores are attention column sums and eviction keep
   std::set<int64_t> want(old.begin(), old.begin() + (B - recent));
   for (int64_t j = 120 - recent; j < 120; ++j) want.insert(j);
   CHECK(kept == want);
+}
+
+TEST_CASE("h2o objectives: lazy greedy equals plain greedy and respects the brute-force optimum", "[h2o][submodular]") {
+  for (int trial = 0; trial < 8; ++trial) {
+    auto p = test::small_synth(trial % 2 ? "heavy_hitter" : "gaussian", 18, 8, 1, 1, 1);
+    p.seed = 300 + trial;
+    SynthSource src(p);
+    MatF Q = src.read(0, Tensor::q, 0);
+    MatD K = src.read(0, Tensor::k, 0).cast<double>(), V = src.read(0, Tensor::v, 0).cast<double>();
+    std::vector<int64_t> steps;
+    for (int t = 1; t <= 18; ++t) steps.push_back(t);
+    ReferenceBlock ref;
+    exact_attention(Q, K, V, src.meta().softmax_scale, steps, ref);
+    for (int64_t t : {6, 12, 18}) {
+      SetFn f = facility_location(ref.probs, int(t));
+      for (int64_t m = 1; m <= 5; ++m) {
+        const double lazy = facility_greedy(ref.probs, t, m);
+        const double plain = greedy(f, int(t), int(m));
+        const double opt = facility_brute(ref.probs, t, m);
+        REQUIRE(lazy == Approx(plain).epsilon(1e-12));
+        REQUIRE(opt == Approx(brute(f, int(t), int(m))).epsilon(1e-12));
+        REQUIRE(lazy <= opt + 1e-12);
+        REQUIRE(lazy >= (1 - std::exp(-1.0)) * opt - 1e-12);
+        std::vector<int64_t> S;
+        for (int64_t j = 0; j < m; ++j) S.push_back(j);
+        REQUIRE(facility_value(ref.probs, t, S) <= opt + 1e-12);
+      }
+    }
+  }
+  CHECK(std::isnan(facility_brute(MatD::Zero(200, 200), 200, 10)));  // C(200, 10) is beyond the limit
+}
+
+TEST_CASE("h2o objectives: Theorem 4.4 verdicts", "[h2o]") {
+  const double c = 1 - std::exp(-1.0);
+  CHECK(theorem44_verdict(1.0, 1.0, NAN, 0, 0) == 1.0);          // f ≥ greedy ≥ (1-1/e)·OPT always
+  CHECK(theorem44_verdict(0.5 * c, 1.0, NAN, 0, 0) == 0.0);      // f < (1-1/e)·greedy ≤ (1-1/e)·OPT
+  CHECK(std::isnan(theorem44_verdict(0.8, 1.0, NAN, 0, 0)));     // depends on where OPT lies
+  CHECK(theorem44_verdict(0.8, 1.0, 1.2, 0, 0) == 1.0);          // OPT known: 0.8 ≥ 0.632·1.2
+  CHECK(theorem44_verdict(0.7, 1.0, 1.2, 0.2, 0) == 1.0);        // α loosens the bound
+  CHECK(theorem44_verdict(0.1, 1.0, 1.2, 0, 0.05) == 0.0);
+}
+
+TEST_CASE("h2o objectives: engine reports them per evaluated step", "[h2o][engine]") {
+  SynthSource src(test::small_synth("heavy_hitter", 96, 8, 1, 2, 1));
+  Experiment ex;
+  ex.eval.every = 4;
+  ex.eval.from = 4;  // evaluated steps 4, 8, ..., 96; objectives at the multiples of 8
+  ex.eval.gqa = "query_head";
+  ex.eval.objectives = true;
+  ex.eval.objectives_every = 8;
+  ex.policies = {PolicySpec{"h2o", "h2o", h2o(12)}, PolicySpec{"oracle_topk", "oracle", [] {
+                               Params p;
+                               p.set("budget", int64_t(12));
+                               return p;
+                             }()},
+                 PolicySpec{"window", "window", [] {
+                               Params p;
+                               p.set("budget", int64_t(12));
+                               return p;
+                             }()}};
+  RunResult r = run_experiment(ex, src, 1);
+  int due = 0;
+  for (const auto& pr : r.policies) {
+    for (const auto& row : pr.rows) {
+      REQUIRE(row.log_value <= row.log_opt + 1e-12);
+      if (pr.spec.name == "oracle_topk") REQUIRE(row.log_value == Approx(row.log_opt).epsilon(1e-12));
+      const bool is_due = row.step % 8 == 0 || row.step == 96;
+      REQUIRE(std::isnan(row.fl_value) != is_due);
+      if (!is_due) continue;
+      ++due;
+      REQUIRE(row.fl_value <= row.step + 1e-9);  // each query contributes at most 1
+      REQUIRE(row.fl_greedy > 0);
+      if (!std::isnan(row.fl_opt)) {
+        REQUIRE(row.fl_value <= row.fl_opt + 1e-12);
+        REQUIRE(row.fl_greedy >= (1 - std::exp(-1.0)) * row.fl_opt - 1e-12);
+      }
+      REQUIRE(row.fl_ratio == Approx(row.fl_value / row.fl_greedy));
+    }
+  }
+  CHECK(due == 3 * 2 * 12);  // 3 policies × 2 heads × steps {8, 16, ..., 96}
 }

@@ -1,5 +1,6 @@
 // kvsim: an experiment (what to replay, when to evaluate, which policies) and the replay engine.
 #pragma once
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -31,6 +32,12 @@ struct EvalSpec {
   int64_t from = 1;              ///< ... starting at step `from`; the last step is always evaluated
   std::string gqa = "kv_head";   ///< "kv_head" (one cache per KV head) or "query_head"
   std::string group_agg = "mean";
+  // H2O objectives (include/kvsim/objectives.hpp), off by default: computed at evaluated steps t that
+  // are multiples of objectives_every (and the last), for t ≤ objectives_max_t.
+  bool objectives = false;
+  int64_t objectives_every = 16;
+  int64_t objectives_max_t = 1024;
+  double theorem44_alpha = 0.0, theorem44_beta = 0.0;
 };
 
 struct Experiment {
@@ -48,6 +55,11 @@ struct MetricRow {
   int64_t step = 0;
   double rel_err, eps_spectral, tau_rel_err, kept_mass, oracle_mass, mass_ratio, attention_loss;
   double cache_tokens, cache_bytes, clusters, policy_ns;
+  // H2O objectives (NaN unless [eval] objectives = true and this step is one where they are computed).
+  double log_value = NAN, log_opt = NAN;               ///< g_t(S), and its optimum g_t(top-|S|)
+  double fl_value = NAN, fl_greedy = NAN, fl_opt = NAN; ///< facility location of S, greedy, brute-force OPT
+  double fl_ratio = NAN;                               ///< fl_value / fl_greedy
+  double thm44 = NAN;                                  ///< Theorem 4.4 verdict: 1 holds, 0 fails, NaN unknown
 };
 
 /// Column names of MetricRow's metrics (after layer, head, step) in order.
