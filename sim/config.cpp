@@ -5,6 +5,7 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "kvsim/closed_loop.hpp"
 #include "kvsim/clustering.hpp"
 #include "kvsim/error.hpp"
 
@@ -121,6 +122,103 @@ void apply_override(TV& root, const std::string& spec) {
   go(root, 0);
 }
 
+void parse_eval(const TV& root, EvalSpec& e) {
+  if (root.contains("eval")) {
+    const TV& ev = root.at("eval");
+    if (!ev.is_table()) fail_at(ev, "[eval] must be a table");
+    check_keys(ev, {"every", "from", "gqa", "group_agg", "objectives", "objectives_every", "objectives_max_t",
+                    "theorem44_alpha", "theorem44_beta"},
+               "[eval]");
+    if (ev.contains("objectives")) {
+      if (!ev.at("objectives").is_boolean()) fail_at(ev.at("objectives"), "eval.objectives must be true or false");
+      e.objectives = ev.at("objectives").as_boolean();
+    }
+    e.objectives_every = get_int(ev, "objectives_every", e.objectives_every, "eval.");
+    if (e.objectives_every < 1) fail_at(ev.at("objectives_every"), "eval.objectives_every must be ≥ 1");
+    e.objectives_max_t = get_int(ev, "objectives_max_t", e.objectives_max_t, "eval.");
+    if (e.objectives_max_t < 1 || e.objectives_max_t > 16384)
+      fail_at(ev.at("objectives_max_t"), "eval.objectives_max_t must be in [1, 16384] (memory is t² doubles per head)");
+    e.theorem44_alpha = get_double(ev, "theorem44_alpha", 0.0, "eval.");
+    e.theorem44_beta = get_double(ev, "theorem44_beta", 0.0, "eval.");
+    if (!(e.theorem44_alpha >= 0 && e.theorem44_alpha < 1))
+      fail_at(ev.at("theorem44_alpha"), "eval.theorem44_alpha must be in [0, 1)");
+    e.every = get_int(ev, "every", 1, "eval.");
+    if (e.every < 1) fail_at(ev.at("every"), "eval.every must be ≥ 1");
+    e.from = get_int(ev, "from", 1, "eval.");
+    if (e.from < 1) fail_at(ev.at("from"), "eval.from must be ≥ 1");
+    e.gqa = get_string(ev, "gqa", "kv_head", "eval.");
+    if (e.gqa != "kv_head" && e.gqa != "query_head") fail_at(ev.at("gqa"), "eval.gqa must be \"kv_head\" or \"query_head\"");
+    e.group_agg = get_string(ev, "group_agg", "mean", "eval.");
+    if (e.group_agg != "mean" && e.group_agg != "max" && e.group_agg != "sum")
+      fail_at(ev.at("group_agg"), "eval.group_agg must be \"mean\", \"max\" or \"sum\"");
+  }
+
+}
+
+std::vector<PolicySpec> parse_policies(const TV& root, const std::string& origin) {
+  std::vector<PolicySpec> out;
+  if (!root.contains("policy") || !root.at("policy").is_array() || root.at("policy").as_array().empty())
+    throw Error(origin + ": no [[policy]] entries");
+  std::set<std::string> labels;
+  for (const auto& pe : root.at("policy").as_array()) {
+    if (!pe.is_table()) fail_at(pe, "each [[policy]] must be a table");
+    if (!pe.contains("name")) fail_at(pe, "[[policy]] entry without 'name'");
+    std::string name = get_string(pe, "name", "", "policy.");
+    std::string label = get_string(pe, "label", "", "policy.");
+    // Expand list-valued parameters (cartesian product, in key order).
+    std::vector<std::pair<std::string, std::vector<std::pair<ParamValue, std::string>>>> axes;
+    for (const auto& [k, v] : pe.as_table()) {
+      if (k == "name" || k == "label") continue;
+      std::vector<std::pair<ParamValue, std::string>> vals;
+      if (v.is_array()) {
+        if (v.as_array().empty()) fail_at(v, "policy parameter '" + k + "' is an empty list");
+        for (const auto& e : v.as_array()) vals.emplace_back(to_param(e, k), where_of(e));
+      } else {
+        vals.emplace_back(to_param(v, k), where_of(v));
+      }
+      axes.emplace_back(k, std::move(vals));
+    }
+    std::sort(axes.begin(), axes.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    size_t total = 1;
+    for (auto& a : axes) total *= a.second.size();
+    for (size_t combo = 0; combo < total; ++combo) {
+      PolicySpec spec;
+      spec.name = name;
+      size_t rest = combo;
+      bool swept = false;
+      std::string sweep_part;
+      for (auto& [k, vals] : axes) {
+        const auto& [val, where] = vals[rest % vals.size()];
+        if (vals.size() > 1) {
+          swept = true;
+          sweep_part += (sweep_part.empty() ? "" : ",") + k + "=" + param_to_string(val);
+        }
+        rest /= vals.size();
+        spec.params.set(k, val, where);
+      }
+      std::string pstr = spec.params.to_string();
+      if (!label.empty()) spec.label = swept ? label + "(" + sweep_part + ")" : label;
+      else spec.label = pstr.empty() ? name : name + "(" + pstr + ")";
+      if (!labels.insert(spec.label).second)
+        fail_at(pe, "duplicate policy label '" + spec.label + "' (give each [[policy]] a distinct 'label')");
+      out.push_back(std::move(spec));
+    }
+  }
+  // Validate the policy names and parameters now, so a typo fails before any data is read.
+  for (const auto& p : out) {
+    StreamInfo info;
+    info.n = 4096;
+    info.head_dim = 1;
+    info.n_queries = 1;
+    try {
+      make_policy(p.name, p.params, info);
+    } catch (const Error& e) {
+      throw Error(origin + ": " + e.what());
+    }
+  }
+  return out;
+}
+
 Experiment interpret(const TV& root, const std::string& origin) {
   Experiment ex;
   check_keys(root, {"name", "seed", "data", "eval", "policy"}, origin + " (top level)");
@@ -169,99 +267,56 @@ Experiment interpret(const TV& root, const std::string& origin) {
     s.validate(origin + ": data.");
   }
 
-  if (root.contains("eval")) {
-    const TV& ev = root.at("eval");
-    if (!ev.is_table()) fail_at(ev, "[eval] must be a table");
-    check_keys(ev, {"every", "from", "gqa", "group_agg", "objectives", "objectives_every", "objectives_max_t",
-                    "theorem44_alpha", "theorem44_beta"},
-               "[eval]");
-    if (ev.contains("objectives")) {
-      if (!ev.at("objectives").is_boolean()) fail_at(ev.at("objectives"), "eval.objectives must be true or false");
-      ex.eval.objectives = ev.at("objectives").as_boolean();
-    }
-    ex.eval.objectives_every = get_int(ev, "objectives_every", ex.eval.objectives_every, "eval.");
-    if (ex.eval.objectives_every < 1) fail_at(ev.at("objectives_every"), "eval.objectives_every must be ≥ 1");
-    ex.eval.objectives_max_t = get_int(ev, "objectives_max_t", ex.eval.objectives_max_t, "eval.");
-    if (ex.eval.objectives_max_t < 1 || ex.eval.objectives_max_t > 16384)
-      fail_at(ev.at("objectives_max_t"), "eval.objectives_max_t must be in [1, 16384] (memory is t² doubles per head)");
-    ex.eval.theorem44_alpha = get_double(ev, "theorem44_alpha", 0.0, "eval.");
-    ex.eval.theorem44_beta = get_double(ev, "theorem44_beta", 0.0, "eval.");
-    if (!(ex.eval.theorem44_alpha >= 0 && ex.eval.theorem44_alpha < 1))
-      fail_at(ev.at("theorem44_alpha"), "eval.theorem44_alpha must be in [0, 1)");
-    ex.eval.every = get_int(ev, "every", 1, "eval.");
-    if (ex.eval.every < 1) fail_at(ev.at("every"), "eval.every must be ≥ 1");
-    ex.eval.from = get_int(ev, "from", 1, "eval.");
-    if (ex.eval.from < 1) fail_at(ev.at("from"), "eval.from must be ≥ 1");
-    ex.eval.gqa = get_string(ev, "gqa", "kv_head", "eval.");
-    if (ex.eval.gqa != "kv_head" && ex.eval.gqa != "query_head") fail_at(ev.at("gqa"), "eval.gqa must be \"kv_head\" or \"query_head\"");
-    ex.eval.group_agg = get_string(ev, "group_agg", "mean", "eval.");
-    if (ex.eval.group_agg != "mean" && ex.eval.group_agg != "max" && ex.eval.group_agg != "sum")
-      fail_at(ev.at("group_agg"), "eval.group_agg must be \"mean\", \"max\" or \"sum\"");
-  }
-
-  if (!root.contains("policy") || !root.at("policy").is_array() || root.at("policy").as_array().empty())
-    throw Error(origin + ": no [[policy]] entries");
-  std::set<std::string> labels;
-  for (const auto& pe : root.at("policy").as_array()) {
-    if (!pe.is_table()) fail_at(pe, "each [[policy]] must be a table");
-    if (!pe.contains("name")) fail_at(pe, "[[policy]] entry without 'name'");
-    std::string name = get_string(pe, "name", "", "policy.");
-    std::string label = get_string(pe, "label", "", "policy.");
-    // Expand list-valued parameters (cartesian product, in key order).
-    std::vector<std::pair<std::string, std::vector<std::pair<ParamValue, std::string>>>> axes;
-    for (const auto& [k, v] : pe.as_table()) {
-      if (k == "name" || k == "label") continue;
-      std::vector<std::pair<ParamValue, std::string>> vals;
-      if (v.is_array()) {
-        if (v.as_array().empty()) fail_at(v, "policy parameter '" + k + "' is an empty list");
-        for (const auto& e : v.as_array()) vals.emplace_back(to_param(e, k), where_of(e));
-      } else {
-        vals.emplace_back(to_param(v, k), where_of(v));
-      }
-      axes.emplace_back(k, std::move(vals));
-    }
-    std::sort(axes.begin(), axes.end(), [](auto& a, auto& b) { return a.first < b.first; });
-    size_t total = 1;
-    for (auto& a : axes) total *= a.second.size();
-    for (size_t combo = 0; combo < total; ++combo) {
-      PolicySpec spec;
-      spec.name = name;
-      size_t rest = combo;
-      bool swept = false;
-      std::string sweep_part;
-      for (auto& [k, vals] : axes) {
-        const auto& [val, where] = vals[rest % vals.size()];
-        if (vals.size() > 1) {
-          swept = true;
-          sweep_part += (sweep_part.empty() ? "" : ",") + k + "=" + param_to_string(val);
-        }
-        rest /= vals.size();
-        spec.params.set(k, val, where);
-      }
-      std::string pstr = spec.params.to_string();
-      if (!label.empty()) spec.label = swept ? label + "(" + sweep_part + ")" : label;
-      else spec.label = pstr.empty() ? name : name + "(" + pstr + ")";
-      if (!labels.insert(spec.label).second)
-        fail_at(pe, "duplicate policy label '" + spec.label + "' (give each [[policy]] a distinct 'label')");
-      ex.policies.push_back(std::move(spec));
-    }
-  }
-  // Validate the policy names and parameters now, so a typo fails before any data is read.
-  for (const auto& p : ex.policies) {
-    StreamInfo info;
-    info.n = 4096;
-    info.head_dim = 1;
-    info.n_queries = 1;
-    try {
-      make_policy(p.name, p.params, info);
-    } catch (const Error& e) {
-      throw Error(origin + ": " + e.what());
-    }
-  }
+  parse_eval(root, ex.eval);
+  ex.policies = parse_policies(root, origin);
   return ex;
 }
 
 }  // namespace
+
+ParamValue parse_param_value(const std::string& text) {
+  TV v = parse_override_value(text);
+  if (v.is_array()) throw Error("--param " + text + ": lists are not allowed here (one value per run)");
+  return to_param(v, text);
+}
+
+ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open config file");
+  TV root;
+  try {
+    root = toml::parse(in, path);
+  } catch (const toml::syntax_error& e) {
+    throw Error(std::string("config syntax error: ") + e.what());
+  }
+  for (const auto& o : overrides) apply_override(root, o);
+  try {
+    ClosedLoopConfig c;
+    check_keys(root, {"name", "seed", "model", "eval", "policy"}, path + " (top level)");
+    c.name = get_string(root, "name", c.name, "");
+    int64_t seed = get_int(root, "seed", 1, "");
+    if (seed < 0) fail_at(root.at("seed"), "seed must be ≥ 0");
+    c.seed = uint64_t(seed);
+    if (!root.contains("model") || !root.at("model").is_table()) throw Error(path + ": missing [model] table");
+    const TV& m = root.at("model");
+    check_keys(m, {"checkpoint", "tokenizer", "text", "tokens", "windows", "generate"}, "[model]");
+    c.checkpoint = get_string(m, "checkpoint", "", "model.");
+    c.tokenizer = get_string(m, "tokenizer", "", "model.");
+    c.text = get_string(m, "text", "", "model.");
+    if (c.checkpoint.empty() || c.tokenizer.empty() || c.text.empty())
+      throw Error(path + ": [model] needs 'checkpoint', 'tokenizer' and 'text'");
+    c.tokens = int(get_int(m, "tokens", c.tokens, "model."));
+    c.windows = int(get_int(m, "windows", c.windows, "model."));
+    c.generate = int(get_int(m, "generate", 0, "model."));
+    if (c.windows < 1) fail_at(m.at("windows"), "model.windows must be ≥ 1");
+    if (c.generate < 0) fail_at(m.at("generate"), "model.generate must be ≥ 0");
+    parse_eval(root, c.eval);
+    c.policies = parse_policies(root, path);
+    return c;
+  } catch (const toml::exception& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
 
 ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);

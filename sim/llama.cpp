@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "kvsim/error.hpp"
+#include "kvsim/policy.hpp"
 
 namespace kvsim {
 namespace {
@@ -42,6 +43,14 @@ double mean_of(const std::vector<float>& v) {
   double s = 0;
   for (float x : v) s += x;
   return s / double(v.size());
+}
+
+float token_cross_entropy(const std::vector<float>& logits, int target) {
+  double mx = -INFINITY;
+  for (float x : logits) mx = std::max(mx, double(x));
+  double s = 0;
+  for (float x : logits) s += std::exp(double(x) - mx);
+  return static_cast<float>(mx + std::log(s) - logits[target]);
 }
 
 LlamaModel::LlamaModel(const std::string& path) : path_(path) {
@@ -91,8 +100,8 @@ LlamaModel::LlamaModel(const std::string& path) : path_(path) {
   wcls_ = cfg_.shared_classifier ? emb_ : p;
   x_.resize(D); xb_.resize(D); q_.resize(D); k_.resize(KV); v_.resize(KV); att_out_.resize(D);
   hb_.resize(Hd); hb2_.resize(Hd); logits_.resize(V);
-  key_cache_.assign(L * S * KV, 0.f);
-  value_cache_.assign(L * S * KV, 0.f);
+  key_cache_.assign(L * cfg_.n_kv_heads, MatD::Zero(S, hs));
+  value_cache_.assign(L * cfg_.n_kv_heads, MatD::Zero(S, hs));
 }
 
 const std::vector<float>& LlamaModel::forward(int token, int pos,
@@ -104,7 +113,6 @@ const std::vector<float>& LlamaModel::forward(int token, int pos,
     throw Error(path_ + ": position " + std::to_string(pos) + " is beyond the model's seq_len " + std::to_string(S));
   std::copy(emb_ + int64_t(token) * D, emb_ + int64_t(token + 1) * D, x_.begin());
   const double scale = 1.0 / std::sqrt(double(hs));
-  std::vector<double> att(pos + 1);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     rmsnorm(xb_.data(), x_.data(), rms_att_ + int64_t(l) * D, D);
     matvec(q_.data(), wq_ + int64_t(l) * D * D, xb_.data(), D, D);
@@ -112,28 +120,21 @@ const std::vector<float>& LlamaModel::forward(int token, int pos,
     matvec(v_.data(), wv_ + int64_t(l) * D * KV, xb_.data(), KV, D);
     rope(q_.data(), D, hs, pos);
     rope(k_.data(), KV, hs, pos);
-    float* kc = key_cache_.data() + (int64_t(l) * S) * KV;
-    float* vc = value_cache_.data() + (int64_t(l) * S) * KV;
-    std::copy(k_.begin(), k_.end(), kc + int64_t(pos) * KV);
-    std::copy(v_.begin(), v_.end(), vc + int64_t(pos) * KV);
-    for (int h = 0; h < cfg_.n_heads; ++h) {
-      const float* q = q_.data() + h * hs;
-      const int kvo = (h / G) * hs;
-      double mx = -INFINITY;
-      for (int t = 0; t <= pos; ++t) {
-        const float* k = kc + int64_t(t) * KV + kvo;
-        double s = 0;
-        for (int i = 0; i < hs; ++i) s += double(q[i]) * k[i];
-        att[t] = s * scale;
-        mx = std::max(mx, att[t]);
+    if (override_) {
+      override_->attend(l, pos, q_.data(), k_.data(), v_.data(), att_out_.data());
+    } else {
+      for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+        const size_t c = size_t(l) * cfg_.n_kv_heads + h;
+        key_cache_[c].row(pos) = Eigen::Map<const VecF>(k_.data() + h * hs, hs).cast<double>().transpose();
+        value_cache_[c].row(pos) = Eigen::Map<const VecF>(v_.data() + h * hs, hs).cast<double>().transpose();
       }
-      double sum = 0;
-      for (int t = 0; t <= pos; ++t) sum += (att[t] = std::exp(att[t] - mx));
-      float* out = att_out_.data() + h * hs;
-      for (int i = 0; i < hs; ++i) {
-        double acc = 0;
-        for (int t = 0; t <= pos; ++t) acc += att[t] * vc[int64_t(t) * KV + kvo + i];
-        out[i] = static_cast<float>(acc / sum);
+      VecD z;
+      double log_sum;
+      for (int h = 0; h < cfg_.n_heads; ++h) {
+        const size_t c = size_t(l) * cfg_.n_kv_heads + h / G;
+        const VecD q = Eigen::Map<const VecF>(q_.data() + h * hs, hs).cast<double>() * scale;
+        attend_cached(key_cache_[c], value_cache_[c], pos + 1, q, z, log_sum);
+        Eigen::Map<VecF>(att_out_.data() + h * hs, hs) = z.cast<float>();
       }
     }
     if (trace) trace(l, LayerTrace{q_.data(), k_.data(), v_.data(), att_out_.data()});

@@ -2,9 +2,11 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <cmath>
 #include <iostream>
 #include <thread>
 
+#include "kvsim/closed_loop.hpp"
 #include "kvsim/clustering.hpp"
 #include "kvsim/config.hpp"
 #include "kvsim/error.hpp"
@@ -83,6 +85,20 @@ int main(int argc, char** argv) {
   record->add_option("--prompt", ro.prompt, "generation prompt (default: BOS only)");
   record->add_option("--out", ro.out, "output .h5");
   record->add_flag("!--no-attn", ro.with_attn, "do not store the model's attention output");
+  std::vector<std::string> policy_params;
+  record->add_option("--policy", ro.policy, "closed loop: a policy manages every (layer, KV head) cache");
+  record->add_option("--param", policy_params, "policy parameter key=value (repeatable), e.g. --param budget=0.25");
+  record->add_option("--gqa", ro.gqa, "closed loop: kv_head (default) or query_head")->check(CLI::IsMember({"kv_head", "query_head"}));
+  record->add_option("--seed", ro.seed, "closed loop: policy seed");
+
+  auto* closed = app.add_subcommand("closed-loop", "closed-loop model quality for every policy of a config (and open-loop error on the same text)");
+  std::string cl2_config, cl2_out;
+  std::vector<std::string> cl2_sets;
+  int cl2_threads = 0;
+  closed->add_option("config", cl2_config, "closed-loop TOML (e.g. experiments/closed_loop.toml)")->required();
+  closed->add_option("--out", cl2_out, "output folder (default results/<name>)");
+  closed->add_option("--threads", cl2_threads, "threads for the open-loop replay");
+  closed->add_option("--set", cl2_sets, "override a config key (repeatable)");
   text_opt->excludes(gen_opt);
 
   auto* clusters = app.add_subcommand("clusters", "SubGen Fig. 1-style clusterability of a recording's keys and values");
@@ -113,6 +129,12 @@ int main(int argc, char** argv) {
     }
     if (*record) {
       if (ro.text_path.empty() && ro.generate <= 0) throw Error("kvsim record: give --text FILE or --generate N");
+      if (!policy_params.empty() && ro.policy.empty()) throw Error("kvsim record: --param needs --policy");
+      for (const auto& kv : policy_params) {
+        auto eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0) throw Error("kvsim record: --param '" + kv + "': expected key=value");
+        ro.policy_params.set(kv.substr(0, eq), parse_param_value(kv.substr(eq + 1)), "--param " + kv);
+      }
       RecordResult r = record_model(ro);
       std::cout << "recorded " << r.tokens.size() << " tokens";
       if (!ro.out.empty()) std::cout << " into " << ro.out;
@@ -120,7 +142,28 @@ int main(int argc, char** argv) {
       if (!r.cross_entropy.empty())
         std::cout << "mean cross-entropy: " << r.mean_cross_entropy << " nats/token over " << r.cross_entropy.size()
                   << " predictions\n";
+      if (!ro.policy.empty() && !std::isnan(r.exact_cross_entropy))
+        std::cout << "closed loop (" << ro.policy << "): cross-entropy " << r.mean_cross_entropy << " vs exact cache "
+                  << r.exact_cross_entropy << " (increase " << r.mean_cross_entropy - r.exact_cross_entropy << " nats/token)\n";
+      if (!ro.policy.empty() && ro.generate > 0)
+        std::cout << "closed loop (" << ro.policy << "): greedy output "
+                  << (r.diverge_at < 0 ? std::string("never differs from the exact cache's")
+                                       : "first differs from the exact cache's at token " + std::to_string(r.diverge_at))
+                  << "\n";
       std::cout << "text: " << r.text << "\n";
+      return 0;
+    }
+    if (*closed) {
+      ClosedLoopConfig c = load_closed_loop(cl2_config, cl2_sets);
+      if (cl2_threads <= 0) cl2_threads = std::max(1u, std::thread::hardware_concurrency());
+      const std::string out = cl2_out.empty() ? "results/" + c.name : cl2_out;
+      auto rows = run_closed_loop(c, out, cl2_threads);
+      std::printf("%-44s %6s %9s %9s %11s %11s %9s %8s\n", "policy", "window", "ce_exact", "ce", "ce_increase",
+                  "open_relerr", "cache_tok", "diverge");
+      for (const auto& r : rows)
+        std::printf("%-44s %6d %9.4f %9.4f %11.4f %11.4g %9.1f %8d\n", r.label.substr(0, 44).c_str(), r.window, r.ce_exact,
+                    r.ce_policy, r.ce_increase, r.open_rel_err, r.cache_tokens, r.diverge_at);
+      std::cout << "wrote " << out << "/closed_loop.csv\n";
       return 0;
     }
     if (*clusters) {

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
+#include "kvsim/closed_loop.hpp"
 #include "kvsim/error.hpp"
 #include "kvsim/llama.hpp"
 #include "kvsim/recording.hpp"
@@ -23,6 +25,9 @@ RecordResult record_model(const RecordOptions& opt) {
   if (generate) {
     input = opt.prompt.empty() ? std::vector<int>{Tokenizer::kBos} : tok.encode(opt.prompt, true, false);
     n = opt.generate;
+  } else if (!opt.token_ids.empty()) {
+    input = opt.token_ids;
+    n = int(input.size());
   } else {
     if (opt.text_path.empty()) throw Error("kvsim record: give --text FILE (teacher-forced) or --generate N");
     std::ifstream in(opt.text_path, std::ios::binary);
@@ -53,6 +58,12 @@ RecordResult record_model(const RecordOptions& opt) {
   // Buffers [layer][head] of [n, hs]; resized to the actual length at the end (generation can stop at BOS).
   std::vector<std::vector<MatF>> Q(L, std::vector<MatF>(H, MatF(n, hs))), A(L, std::vector<MatF>(H, MatF(n, hs)));
   std::vector<std::vector<MatF>> K(L, std::vector<MatF>(KVH, MatF(n, hs))), Vv(L, std::vector<MatF>(KVH, MatF(n, hs)));
+  std::unique_ptr<PolicyKVAttention> attn;
+  if (!opt.policy.empty()) {
+    PolicySpec spec{opt.policy, opt.policy + "(" + opt.policy_params.to_string() + ")", opt.policy_params};
+    attn = std::make_unique<PolicyKVAttention>(cfg, spec, n, opt.seed, opt.gqa);
+    model.set_attention(attn.get());
+  }
   int pos = 0;
   int token = input[0];
   std::string text;
@@ -71,13 +82,7 @@ RecordResult record_model(const RecordOptions& opt) {
     int next;
     if (!generate) {
       next = input[std::min<size_t>(pos + 1, input.size() - 1)];
-      if (pos + 1 < n) {
-        double mx = -INFINITY;
-        for (float x : logits) mx = std::max(mx, double(x));
-        double s = 0;
-        for (float x : logits) s += std::exp(double(x) - mx);
-        res.cross_entropy.push_back(static_cast<float>(mx + std::log(s) - logits[next]));
-      }
+      if (pos + 1 < n) res.cross_entropy.push_back(token_cross_entropy(logits, next));
     } else if (pos + 1 < int(input.size())) {
       next = input[pos + 1];  // still inside the prompt
     } else {
@@ -95,12 +100,27 @@ RecordResult record_model(const RecordOptions& opt) {
   res.text = text;
   const int n_rec = pos;
   if (!res.cross_entropy.empty()) res.mean_cross_entropy = mean_of(res.cross_entropy);
+  if (attn) {  // the exact cache on the same tokens, for the closed-loop comparison
+    model.set_attention(nullptr);
+    if (generate) {
+      std::vector<int> prompt(input.begin(), input.end());
+      auto exact = greedy_tokens(model, prompt, n_rec, nullptr);
+      for (int i = 0; i < n_rec && i < int(exact.size()); ++i)
+        if (exact[i] != res.tokens[i]) {
+          res.diverge_at = i;
+          break;
+        }
+    } else {
+      res.exact_cross_entropy = teacher_forced_ce(model, std::vector<int>(input.begin(), input.begin() + n_rec), nullptr);
+    }
+  }
 
   if (!opt.out.empty()) {
     RecordingMeta meta;
     meta.model = opt.checkpoint;
     std::ostringstream src;
     src << "kvsim record --checkpoint " << opt.checkpoint << " --tokenizer " << opt.tokenizer;
+    if (!opt.policy.empty()) src << " --policy " << opt.policy << " (" << opt.policy_params.to_string() << ")";
     if (generate) src << " --generate " << opt.generate << (opt.prompt.empty() ? "" : " --prompt '" + opt.prompt + "'");
     else src << " --text " << opt.text_path << " --tokens " << opt.tokens;
     meta.source = src.str();

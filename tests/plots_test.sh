@@ -30,6 +30,16 @@ run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b" --set "data.path=$TMP/r
 "$KVSIM" clusters "$SRC/experiments/clusterability.toml" --out "$TMP/c" --set "data.path=$TMP/rec.h5" >/dev/null \
   || { echo "FAIL: kvsim clusters"; fails=$((fails+1)); }
 "$PY" "$SRC/plots/clusterability.py" "$TMP/c" >/dev/null && check "$TMP/c/clusterability"
+DATA=${KVSIM_SHARED_DATA:-$SRC/../shared/data}
+if [ -f "$DATA/stories260K/stories260K.bin" ]; then
+  "$KVSIM" closed-loop "$SRC/experiments/closed_loop.toml" --out "$TMP/cl2" --set model.tokens=128 --set model.windows=1 \
+    --set model.generate=8 --set "model.checkpoint=$DATA/stories260K/stories260K.bin" \
+    --set "model.tokenizer=$DATA/stories260K/tok512.bin" --set "model.text=$DATA/tinystories-sample/tinystories.txt" >/dev/null \
+    || { echo "FAIL: kvsim closed-loop"; fails=$((fails+1)); }
+  "$PY" "$SRC/plots/closed_loop.py" "$TMP/cl2" >/dev/null && check "$TMP/cl2/closed_loop"
+else
+  echo "SKIPPED: closed-loop figure ($DATA absent)"
+fi
 # A missing results folder is a clear error, not a traceback.
 "$PY" "$SRC/plots/error_vs_step.py" "$TMP/none" 2>"$TMP/err" && { echo "FAIL: no error for a missing folder"; fails=$((fails+1)); }
 grep -q "results.h5 not found" "$TMP/err" && passes=$((passes+1)) || { echo "FAIL: message: $(cat "$TMP/err")"; fails=$((fails+1)); }

@@ -164,3 +164,42 @@ TEST_CASE("real: greedy reaches (1 - 1/e) OPT on attention objectives from stori
   }
   CHECK(instances == 60);
 }
+
+TEST_CASE("real: closed loop with the exact policy reproduces teacher-forced cross-entropy bit for bit", "[real]") {
+  RecordOptions o;
+  o.checkpoint = model();
+  o.tokenizer = tok();
+  o.text_path = text();
+  o.tokens = 256;
+  RecordResult plain = record_model(o);
+  o.policy = "exact";
+  RecordResult closed = record_model(o);
+  REQUIRE(closed.tokens == plain.tokens);
+  CHECK(closed.mean_cross_entropy == plain.mean_cross_entropy);  // bit for bit
+  CHECK(closed.exact_cross_entropy == plain.mean_cross_entropy);
+  for (size_t i = 0; i < plain.cross_entropy.size(); ++i) REQUIRE(closed.cross_entropy[i] == plain.cross_entropy[i]);
+  // A window holding the whole stream is the exact cache too, through the ring-buffer code path.
+  o.policy = "window";
+  o.policy_params.set("budget", int64_t(256));
+  CHECK(record_model(o).mean_cross_entropy == plain.mean_cross_entropy);
+  // A small window changes later tokens' computation: the loop is really closed.
+  Params small;
+  small.set("budget", int64_t(16));
+  o.policy_params = small;
+  RecordResult w = record_model(o);
+  CHECK(w.mean_cross_entropy > plain.mean_cross_entropy + 0.01);
+  // Greedy generation: the exact policy never diverges; a 16-token window does, after its prompt.
+  RecordOptions g;
+  g.checkpoint = model();
+  g.tokenizer = tok();
+  g.generate = 120;
+  g.policy = "exact";
+  CHECK(record_model(g).diverge_at == -1);
+  g.policy = "window";
+  g.policy_params = small;
+  int d = record_model(g).diverge_at;
+  CHECK(d > 16);
+  // Non-causal oracles are refused by name.
+  g.policy = "oracle_topk";
+  CHECK_THROWS_WITH(record_model(g), Catch::Contains("non-causal oracle"));
+}

@@ -31,6 +31,10 @@
 
 namespace kvsim {
 
+/// A policy parameter from text, read as a TOML value (integer, float, boolean, string; a bare word
+/// is a string) — for `--param key=value`.
+ParamValue parse_param_value(const std::string& text);
+
 /// Parse a config file with overrides; throws kvsim::Error naming the file, key and line.
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides = {});
 /// Same, from text (`origin` names it in errors).

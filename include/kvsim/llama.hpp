@@ -34,6 +34,17 @@ struct LayerTrace {
   const float* attn;
 };
 
+/// Who computes attention inside the model. The default (no override) is exact attention over the
+/// model's own cache; `kvsim record --policy` installs a cache policy instead (closed loop: later
+/// tokens are computed from the compressed attention, as a deployed cache would behave).
+class KVAttention {
+ public:
+  virtual ~KVAttention() = default;
+  /// Token `pos` (0-based) of `layer`: q is [n_heads·hd] (post-rotary), k and v are [n_kv_heads·hd];
+  /// write the per-head attention output [n_heads·hd] into `out`.
+  virtual void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) = 0;
+};
+
 class LlamaModel {
  public:
   /// Loads and validates a checkpoint (header sanity, file size matches the header exactly).
@@ -46,6 +57,9 @@ class LlamaModel {
   /// layer with that layer's tensors.
   const std::vector<float>& forward(int token, int pos,
                                     const std::function<void(int layer, const LayerTrace&)>& trace = {});
+  /// Install (or with nullptr remove) an attention override; not owned. Positions restart at 0
+  /// with a fresh exact cache whenever forward(·, 0) is called.
+  void set_attention(KVAttention* a) { override_ = a; }
 
  private:
   LlamaConfig cfg_;
@@ -55,10 +69,17 @@ class LlamaModel {
   const float *emb_, *rms_att_, *wq_, *wk_, *wv_, *wo_, *rms_ffn_, *w1_, *w2_, *w3_, *rms_final_, *wcls_;
   // Activations and cache.
   std::vector<float> x_, xb_, q_, k_, v_, att_out_, hb_, hb2_, logits_;
-  std::vector<float> key_cache_, value_cache_;  // [L, seq_len, kv_dim]
+  // Exact cache in double, one [seq_len, head_dim] matrix per (layer, kv head): the same arithmetic
+  // as the `exact` policy (attend_cached), so a closed loop with `exact` reproduces it bit for bit.
+  std::vector<MatD> key_cache_, value_cache_;
+  KVAttention* override_ = nullptr;
 };
 
 /// Mean of a vector (helper for cross-entropy reports).
 double mean_of(const std::vector<float>& v);
+
+/// Cross-entropy (nats) of `target` under `logits`, log-sum-exp in double, stored as float — the one
+/// definition `kvsim record` and the closed loop share, so their means agree bit for bit.
+float token_cross_entropy(const std::vector<float>& logits, int target);
 
 }  // namespace kvsim

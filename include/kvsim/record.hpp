@@ -2,7 +2,10 @@
 // layer and head (plus the model's own per-head attention output) in the recording schema.
 #pragma once
 #include <string>
+#include <cmath>
 #include <vector>
+
+#include "kvsim/policy.hpp"
 
 namespace kvsim {
 
@@ -15,6 +18,12 @@ struct RecordOptions {
   std::string prompt;       ///< generation mode: optional prompt (else BOS only)
   std::string out;          ///< output .h5 (written atomically); empty = do not write
   bool with_attn = true;    ///< also store /layer_*/attn (the model's attention output)
+  std::vector<int> token_ids;  ///< teacher-forced: use these tokens instead of encoding text_path
+  /// Closed loop: a policy manages every (layer, KV head) cache while recording (`--policy`).
+  std::string policy;
+  Params policy_params;
+  std::string gqa = "kv_head";
+  uint64_t seed = 1;
 };
 
 struct RecordResult {
@@ -22,6 +31,10 @@ struct RecordResult {
   std::vector<float> cross_entropy;  ///< teacher-forced: nats, size tokens-1
   double mean_cross_entropy = 0;
   std::string text;                  ///< decoded text of the recorded tokens
+  /// Closed loop only: the exact run's mean cross-entropy (teacher-forced) and, when generating, the
+  /// first position where the policy's greedy tokens differ from exact ones (-1 = never).
+  double exact_cross_entropy = NAN;
+  int diverge_at = -1;
 };
 
 /// Runs the model; throws kvsim::Error naming the file at fault.

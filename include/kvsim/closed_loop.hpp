@@ -1,0 +1,66 @@
+// kvsim: closed-loop model quality — a llama2.c model whose every (layer, KV head) cache is managed
+// by a policy, so later tokens are computed from compressed attention exactly as a deployed cache
+// would behave (beyond what the papers measure: how attention error turns into model quality).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvsim/experiment.hpp"
+#include "kvsim/llama.hpp"
+
+namespace kvsim {
+
+/// A KVAttention that routes each layer's attention through one policy per KV head (gqa = kv_head)
+/// or per query head (query_head). Non-causal oracles (oracle_topk, h2o score = "oracle") are
+/// refused: they need the future. Seeds derive from (seed, layer, head, 0) like the replay engine.
+class PolicyKVAttention final : public KVAttention {
+ public:
+  PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
+                    const std::string& gqa = "kv_head", const std::string& group_agg = "mean");
+  void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override;
+  /// Mean cached tokens per (layer, cache) now.
+  double mean_cache_tokens() const;
+
+ private:
+  LlamaConfig cfg_;
+  bool per_query_;
+  std::vector<std::unique_ptr<Policy>> pol_;  // [layer][kv head or query head]
+  std::vector<Answer> answers_;
+};
+
+struct ClosedLoopConfig {
+  std::string name = "closed_loop";
+  uint64_t seed = 1;
+  std::string checkpoint, tokenizer, text;
+  int tokens = 512;       ///< tokens per window (≤ the model's seq_len)
+  int windows = 1;        ///< consecutive windows of the tokenized text
+  int generate = 0;       ///< > 0: also greedy-generate this many tokens from each window's first 16
+  EvalSpec eval;          ///< gqa, group_agg (and open-loop evaluation cadence)
+  std::vector<PolicySpec> policies;
+};
+
+/// TOML: name, seed, [model] checkpoint, tokenizer, text, tokens, windows, generate; [eval]; [[policy]].
+ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std::string>& overrides = {});
+
+struct ClosedLoopRow {
+  std::string name, label;
+  int window = 0;
+  double ce_exact = 0, ce_policy = 0, ce_increase = 0;  ///< nats/token, teacher-forced
+  double open_rel_err = NAN, open_eps = NAN;            ///< open-loop means on the exact recording
+  double cache_tokens = NAN;                            ///< mean cached tokens per cache at the end
+  int diverge_at = -1;                                  ///< generation: first differing token (-1: none / not run)
+};
+
+/// Runs every policy on every window closed-loop (and open-loop on the window's exact recording);
+/// writes closed_loop.csv into out_dir (atomically) and returns the rows.
+std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std::string& out_dir, int threads);
+
+/// Teacher-forced mean cross-entropy of `tokens` (predicting tokens[i+1] at position i) with an
+/// optional attention override.
+double teacher_forced_ce(LlamaModel& model, const std::vector<int>& tokens, KVAttention* attn);
+
+/// Greedy continuation: feed `prompt`, then generate until `total` tokens; returns all tokens.
+std::vector<int> greedy_tokens(LlamaModel& model, const std::vector<int>& prompt, int total, KVAttention* attn);
+
+}  // namespace kvsim
