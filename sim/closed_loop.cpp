@@ -87,6 +87,9 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
   const auto& cfg = model.config();
   if (c.tokens < 2 || c.tokens > cfg.seq_len)
     throw Error("model.tokens must be in [2, " + std::to_string(cfg.seq_len) + "] (the model's seq_len)");
+  if (c.generate > 0 && std::min(16, c.tokens) + c.generate > c.tokens)
+    throw Error("model.generate (" + std::to_string(c.generate) + ") + the 16-token prompt must fit in model.tokens (" +
+                std::to_string(c.tokens) + ")");
   Tokenizer tok(c.tokenizer, cfg.vocab_size);
   std::ifstream in(c.text, std::ios::binary);
   if (!in) throw Error(c.text + ": cannot open text file");
@@ -110,7 +113,7 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
     std::vector<int> gen_exact;
     const int prompt_len = std::min(16, c.tokens);
     const std::vector<int> prompt(win.begin(), win.begin() + prompt_len);
-    if (c.generate > 0) gen_exact = greedy_tokens(model, prompt, std::min(cfg.seq_len, prompt_len + c.generate), nullptr);
+    if (c.generate > 0) gen_exact = greedy_tokens(model, prompt, prompt_len + c.generate, nullptr);
     // Open loop: the window's exact recording through the same policies (oracles allowed there).
     const std::string rec_path = (fs::path(out_dir) / ("window_" + std::to_string(w) + ".h5")).string();
     {
@@ -152,7 +155,8 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
         r.ce_increase = r.ce_policy - ce_exact;
         r.cache_tokens = attn.mean_cache_tokens();
         if (c.generate > 0) {
-          PolicyKVAttention gen_attn(cfg, spec, int64_t(gen_exact.size()), c.seed, c.eval.gqa, c.eval.group_agg);
+          // Same stream length (and so the same token budgets) as the teacher-forced run.
+          PolicyKVAttention gen_attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg);
           auto gen = greedy_tokens(model, prompt, int(gen_exact.size()), &gen_attn);
           for (size_t i = 0; i < gen.size(); ++i)
             if (gen[i] != gen_exact[i]) {

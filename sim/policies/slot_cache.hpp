@@ -4,6 +4,7 @@
 #pragma once
 #include <vector>
 
+#include "kvsim/error.hpp"
 #include "kvsim/policy.hpp"
 
 namespace kvsim::policies {
@@ -13,7 +14,11 @@ class SlotCache {
   SlotCache(int64_t capacity, int d) : keys_(capacity, d), values_(capacity, d), pos_(capacity, -1) {}
   int64_t size() const { return size_; }
   int64_t capacity() const { return static_cast<int64_t>(pos_.size()); }
-  void append(int64_t t, const float* k, const float* v) { put(size_++, t, k, v); }
+  void append(int64_t t, const float* k, const float* v) {
+    if (size_ >= capacity())
+      throw Error("policy cache overflow: the stream is longer than the declared n (" + std::to_string(capacity()) + ")");
+    put(size_++, t, k, v);
+  }
   void put(int64_t slot, int64_t t, const float* k, const float* v) {
     const auto d = keys_.cols();
     keys_.row(slot) = Eigen::Map<const VecF>(k, d).cast<double>().transpose();
