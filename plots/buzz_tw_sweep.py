@@ -20,11 +20,11 @@ def predicted(s):
     return (s * s + 1) / (s + 1) if s % 2 else s - 1
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     rows, strides = [], set()
     with open_results(a.results_dir) as f:
         for _, grp in policies(f):
@@ -51,7 +51,7 @@ def main():
     ax.set_title("BUZZ at fixed stride and cache size")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    save(fig, a.results_dir, a.out, "buzz_tw_sweep.png")
+    return save(fig, a.results_dir, a.out, "buzz_tw_sweep.png")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from collections import defaultdict
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import save
+from kvsim_results import color, save
 
 
 def budget_of(label):
@@ -37,11 +37,11 @@ def spearman(x, y):
     return np.corrcoef(rx, ry)[0, 1]
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     path = os.path.join(a.results_dir, "closed_loop.csv")
     if not os.path.exists(path):
         sys.exit(f"error: {path} not found (run `kvsim closed-loop CONFIG --out {a.results_dir}` first)")
@@ -52,7 +52,7 @@ def main():
     by_policy = defaultdict(lambda: defaultdict(list))
     xs, ys, cs = [], [], []
     names = sorted({r["policy"] for r in rows})
-    colors = {n: plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10] for i, n in enumerate(names)}
+    colors = {n: color(n) for n in names}
     for r in rows:
         inc = float(r["ce_increase"])
         if not np.isfinite(inc):
@@ -84,7 +84,7 @@ def main():
     ax2.set_title(f"Does attention error predict quality? Spearman ρ = {rho:.2f}")
     ax2.grid(alpha=0.3, which="both")
     ax2.legend(fontsize=8)
-    save(fig, a.results_dir, a.out, "closed_loop.png")
+    return save(fig, a.results_dir, a.out, "closed_loop.png")
 
 
 if __name__ == "__main__":

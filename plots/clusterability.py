@@ -27,12 +27,12 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
     ap.add_argument("--layer", type=int, default=0)
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     counts = read_csv(os.path.join(a.results_dir, "clusters.csv"))
     fit = {(int(r["layer"]), r["tensor"]): r for r in read_csv(os.path.join(a.results_dir, "clusters_fit.csv"))}
     pca = read_csv(os.path.join(a.results_dir, "pca.csv"))
@@ -78,7 +78,7 @@ def main():
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.colorbar(sc, ax=ax3, label="token index")
-    save(fig, a.results_dir, a.out, "clusterability.png")
+    return save(fig, a.results_dir, a.out, "clusterability.png")
 
 
 if __name__ == "__main__":

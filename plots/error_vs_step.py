@@ -12,17 +12,18 @@ import sys
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import open_results, policies, save, text
+from kvsim_results import color, open_results, policies, save, text
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
     ap.add_argument("--metric", default="rel_err")
     ap.add_argument("--out", default=None, help="output .png (default RESULTS_DIR/<metric>_vs_step.png)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     spans = []
+    seen = {}  # policies sharing a name share a colour and differ in line style
     with open_results(a.results_dir) as f:
         for g, grp in policies(f):
             if a.metric not in grp:
@@ -35,7 +36,9 @@ def main():
             steps = np.unique(step[ok])
             mean = np.array([y[ok & (step == s)].mean() for s in steps])
             label = text(grp.attrs["label"])
-            ax.plot(steps, mean, label=label, lw=1.2)
+            name = text(grp.attrs["name"])
+            seen[name] = seen.get(name, -1) + 1
+            ax.plot(steps, mean, label=label, lw=1.2, color=color(name), ls=["-", "--", ":", "-."][seen[name] % 4])
             pos = mean[mean > 0]
             if pos.size:
                 spans.append((pos.min(), pos.max()))
@@ -50,7 +53,7 @@ def main():
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save(fig, a.results_dir, a.out, f"{a.metric}_vs_step.png")
+    return save(fig, a.results_dir, a.out, f"{a.metric}_vs_step.png")
 
 
 if __name__ == "__main__":

@@ -39,3 +39,20 @@ def save(fig, results_dir, out, default_name):
     pdf = os.path.splitext(out)[0] + ".pdf"
     fig.savefig(pdf)
     print(f"wrote {out} and {pdf}")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return out
+
+
+# One colour per policy, the same in every figure (matplotlib's tab10 order).
+POLICY_COLORS = {
+    "exact": "#7f7f7f", "window": "#9467bd", "sink": "#ff7f0e", "h2o": "#1f77b4", "buzz": "#8c564b",
+    "subgen": "#e377c2", "subgen_kcenter": "#2ca02c", "uniform": "#d62728", "oracle_topk": "#17becf",
+}
+
+
+def color(policy_name):
+    """The figure colour of a policy (by registry name; variants share it)."""
+    base = policy_name.split(" ")[0].split("(")[0]
+    return POLICY_COLORS.get(base, "#bcbd22")

@@ -16,14 +16,14 @@ from collections import defaultdict
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import open_results, params, policies, save, text
+from kvsim_results import color, open_results, params, policies, save, text
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     series = defaultdict(list)
     with open_results(a.results_dir) as f:
         for _, grp in policies(f):
@@ -37,14 +37,15 @@ def main():
                 name += f" ({p['score']})"
             series[name].append(
                 (float(p["budget"]), np.nanmean(mr) if np.isfinite(mr).any() else np.nan, np.mean(re)))
-    if not series:
-        sys.exit(f"error: {a.results_dir}/results.h5: no policy has a 'budget' parameter")
+    if not any(len(v) >= 2 for v in series.values()):
+        sys.exit(f"error: {a.results_dir}/results.h5: no policy is swept over 'budget' (need 2+ budgets)")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for name, rows in sorted(series.items()):
         rows.sort()
         x = [r[0] for r in rows]
-        ax1.plot(x, [r[1] for r in rows], "o-", label=name)
-        ax2.plot(x, [r[2] for r in rows], "o-", label=name)
+        style = "s--" if "oracle)" in name else "o-"  # the non-causal variant of a policy
+        ax1.plot(x, [r[1] for r in rows], style, color=color(name), label=name)
+        ax2.plot(x, [r[2] for r in rows], style, color=color(name), label=name)
     ax1.axhline(1 - 1 / math.e, color="k", ls="--", lw=1, label="1 − 1/e")
     ax1.set_xlabel("cache budget (fraction of n)")
     ax1.set_ylabel("mass_ratio = kept mass / best mass of same size")
@@ -56,7 +57,7 @@ def main():
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    save(fig, a.results_dir, a.out, "metric_vs_budget.png")
+    return save(fig, a.results_dir, a.out, "metric_vs_budget.png")
 
 
 if __name__ == "__main__":

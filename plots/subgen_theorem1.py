@@ -34,11 +34,11 @@ def quantile_panel(ax, rows, reference, xlabel, ylabel, title):
     ax.grid(alpha=0.3, which="both")
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     eps_rows, t_rows, s_rows = [], [], []
     with open_results(a.results_dir) as f:
         d = int(f.attrs["head_dim"])
@@ -79,7 +79,7 @@ def main():
         x = np.array([r[0] for r in rows], dtype=float)
         quantile_panel(ax2, rows, (rows[0][1] * np.sqrt(x[0] / x), "k:", "∝ 1/√t"),
                        "samples per cluster t", "|τ̂ − τ| / τ", "Partition function (Eq. 5) vs t")
-    save(fig, a.results_dir, a.out, "subgen_theorem1.png")
+    return save(fig, a.results_dir, a.out, "subgen_theorem1.png")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,14 @@ if [ -f "$DATA/stories260K/stories260K.bin" ]; then
 else
   echo "SKIPPED: closed-loop figure ($DATA absent)"
 fi
+# One command for every figure + report.md over all the tiny runs.
+dirs="$TMP/q $TMP/s $TMP/s2 $TMP/h $TMP/b $TMP/c"; [ -d "$TMP/cl2" ] && dirs="$dirs $TMP/cl2"
+if "$PY" "$SRC/plots/make_figures.py" $dirs --report "$TMP/report.md" >/dev/null 2>"$TMP/err"; then
+  n=$(grep -c '^!\[' "$TMP/report.md"); [ "$n" -ge 8 ] && passes=$((passes+1)) || { echo "FAIL: report.md embeds only $n figures"; fails=$((fails+1)); }
+  grep -q '^| policy |' "$TMP/report.md" && passes=$((passes+1)) || { echo "FAIL: report.md has no summary table"; fails=$((fails+1)); }
+else
+  echo "FAIL: make_figures.py: $(cat "$TMP/err")"; fails=$((fails+1))
+fi
 # A missing results folder is a clear error, not a traceback.
 "$PY" "$SRC/plots/error_vs_step.py" "$TMP/none" 2>"$TMP/err" && { echo "FAIL: no error for a missing folder"; fails=$((fails+1)); }
 grep -q "results.h5 not found" "$TMP/err" && passes=$((passes+1)) || { echo "FAIL: message: $(cat "$TMP/err")"; fails=$((fails+1)); }

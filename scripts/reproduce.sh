@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Reproduces every README figure and table from scratch (after scripts/setup.sh), then regenerates
+# all figures and results/report.md with plots/make_figures.py. Needs ../shared/data beside the
+# checkout for the real-model experiments. Usage: bash scripts/reproduce.sh [THREADS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=${1:-$(nproc)}
+K=./build/kvsim
+D=${KVSIM_SHARED_DATA:-../shared/data}
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+mkdir -p results/recordings
+$K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories260K/tok512.bin" \
+  --text "$D/tinystories-sample/tinystories.txt" --tokens 512 --out results/recordings/stories260k_tinystories.h5
+for cfg in quickstart stories260k policies_stories260k subgen_theorem1 subgen_theorem1_stories260k \
+           h2o_submodular h2o_buzz_20pct buzz_tw_sweep; do
+  $K run "experiments/$cfg.toml" --threads "$T" --quiet > "results/$cfg.txt"
+done
+$K clusters experiments/clusterability.toml > results/clusterability.txt
+$K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop.txt
+$PY plots/make_figures.py results/stories260k results/policies_stories260k results/subgen_theorem1 \
+  results/subgen_theorem1_stories260k results/h2o_submodular results/h2o_buzz_20pct results/buzz_tw_sweep \
+  results/clusterability results/closed_loop --report results/report.md
