@@ -28,7 +28,8 @@ def main(argv=None):
     with open_results(a.results_dir) as f:
         for _, grp in policies(f):
             p = params(grp)
-            if "budget" not in p:
+            key = "budget" if "budget" in p else "memory" if "memory" in p else None
+            if key is None:
                 continue
             mr = grp["mass_ratio"][:]
             re = grp["rel_err"][:]
@@ -36,9 +37,9 @@ def main(argv=None):
             if "score" in p:
                 name += f" ({p['score']})"
             series[name].append(
-                (float(p["budget"]), np.nanmean(mr) if np.isfinite(mr).any() else np.nan, np.mean(re)))
+                (float(p[key]), np.nanmean(mr) if np.isfinite(mr).any() else np.nan, np.mean(re)))
     if not any(len(v) >= 2 for v in series.values()):
-        sys.exit(f"error: {a.results_dir}/results.h5: no policy is swept over 'budget' (need 2+ budgets)")
+        sys.exit(f"error: {a.results_dir}/results.h5: no policy is swept over 'budget' (need 2+ values of 'budget' or 'memory')")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for name, rows in sorted(series.items()):
         rows.sort()
@@ -47,10 +48,10 @@ def main(argv=None):
         ax1.plot(x, [r[1] for r in rows], style, color=color(name), label=name)
         ax2.plot(x, [r[2] for r in rows], style, color=color(name), label=name)
     ax1.axhline(1 - 1 / math.e, color="k", ls="--", lw=1, label="1 − 1/e")
-    ax1.set_xlabel("cache budget (fraction of n)")
+    ax1.set_xlabel("cache budget or matched memory (fraction of n)")
     ax1.set_ylabel("mass_ratio = kept mass / best mass of same size")
     ax1.set_title("Attention mass kept vs the best set")
-    ax2.set_xlabel("cache budget (fraction of n)")
+    ax2.set_xlabel("cache budget or matched memory (fraction of n)")
     ax2.set_ylabel("rel_err = ‖z − Attn‖ / ‖Attn‖")
     ax2.set_yscale("log")
     ax2.set_title("Output error")

@@ -11,12 +11,23 @@ PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
 mkdir -p results/recordings
 $K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories260K/tok512.bin" \
   --text "$D/tinystories-sample/tinystories.txt" --tokens 512 --out results/recordings/stories260k_tinystories.h5
-for cfg in quickstart stories260k policies_stories260k subgen_theorem1 subgen_theorem1_stories260k \
+$K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories260K/tok512.bin" \
+  --generate 512 --out results/recordings/stories260k_generate.h5 > /dev/null
+$K record --checkpoint "$D/aidreams260K/aidreams260K.bin" --tokenizer "$D/aidreams260K/tok512.bin" \
+  --generate 128 --out results/recordings/aidreams_generate.h5 > /dev/null
+$K run experiments/budget_sweep.toml --threads "$T" --quiet --out results/budget_sweep_generate \
+  --set data.path=results/recordings/stories260k_generate.h5 > results/budget_sweep_generate.txt
+$K run experiments/budget_sweep.toml --threads "$T" --quiet --out results/budget_sweep_aidreams \
+  --set data.path=results/recordings/aidreams_generate.h5 > results/budget_sweep_aidreams.txt
+$K run experiments/budget_sweep_synthetic.toml --threads "$T" --quiet --out results/budget_sweep_clustered \
+  --set data.synthetic=clustered > results/budget_sweep_clustered.txt
+for cfg in budget_sweep_synthetic quickstart stories260k policies_stories260k budget_sweep subgen_theorem1 subgen_theorem1_stories260k \
            h2o_submodular h2o_buzz_20pct buzz_tw_sweep; do
   $K run "experiments/$cfg.toml" --threads "$T" --quiet > "results/$cfg.txt"
 done
 $K clusters experiments/clusterability.toml > results/clusterability.txt
 $K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop.txt
 $PY plots/make_figures.py results/stories260k results/policies_stories260k results/subgen_theorem1 \
-  results/subgen_theorem1_stories260k results/h2o_submodular results/h2o_buzz_20pct results/buzz_tw_sweep \
+  results/subgen_theorem1_stories260k results/budget_sweep results/budget_sweep_generate results/budget_sweep_aidreams \
+  results/budget_sweep_synthetic results/budget_sweep_clustered results/h2o_submodular results/h2o_buzz_20pct results/buzz_tw_sweep \
   results/clusterability results/closed_loop --report results/report.md

@@ -75,6 +75,7 @@ struct PolicyRun {
   std::vector<std::unique_ptr<Policy>> inst;
   bool every = false, oracle = false;
   int64_t t = 0;                 // tokens observed so far
+  int64_t memory_tokens = -1;    // equal-memory target (param `memory`), -1 = none
   double ns_since_eval = 0;
   int64_t steps_since_eval = 0;
 };
@@ -110,6 +111,7 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
       runs[p].inst.push_back(make_policy(ex.policies[p].name, ex.policies[p].params, info));
     }
     runs[p].every = runs[p].inst[0]->needs_every_query();
+    runs[p].memory_tokens = memory_target_tokens(ex.policies[p].params, n);
     runs[p].oracle = runs[p].inst[0]->needs_exact_probs();
   }
 
@@ -199,6 +201,15 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
         if (!is_eval) continue;
         double bytes = 0;
         for (auto& inst : run.inst) bytes += double(inst->cache_vectors()) * d * sizeof(float);
+        if (run.memory_tokens > 0) {
+          const double target = double(std::min(run.memory_tokens, t)) * 2 * d * sizeof(float) * double(run.inst.size());
+          if (std::abs(bytes - target) > 0.02 * target)
+            throw Error("policy '" + ex.policies[p].label + "' cannot be matched on memory at every step: at step " +
+                        std::to_string(t) + " (layer " + std::to_string(cell.layer) + ", KV head " +
+                        std::to_string(cell.kv_head) + ") it stores " + std::to_string(int64_t(bytes)) +
+                        " bytes vs the target " + std::to_string(int64_t(target)) +
+                        " (±2%); compare it with 'budget'-style parameters instead");
+        }
         for (int g = 0; g < G; ++g) {
           const Answer& a = answers[g];
           const Policy& inst = *run.inst[per_query ? g : 0];

@@ -4,6 +4,7 @@
 #include <functional>
 #include <sstream>
 
+#include "kvsim/buzz.hpp"
 #include "kvsim/error.hpp"
 #include "policies/factories.hpp"
 
@@ -141,11 +142,59 @@ const std::vector<std::string>& policy_names() {
   return names;
 }
 
-std::unique_ptr<Policy> make_policy(const std::string& name, const Params& params, const StreamInfo& info) {
+int64_t memory_target_tokens(const Params& params, int64_t n) {
+  if (!params.has("memory")) return -1;
+  Params copy = params;  // reading marks keys used; keep the caller's bookkeeping untouched
+  return copy.get_budget("memory", n);
+}
+
+Params translate_memory(const std::string& name, const Params& params, const StreamInfo& info) {
+  if (!params.has("memory")) return params;
+  const int64_t M = memory_target_tokens(params, info.n);
+  Params out;
+  for (const auto& [k, v] : params.values())
+    if (k != "memory") out.set(k, v, params.where(k));
+  auto refuse_both = [&](const char* key) {
+    if (params.has(key))
+      throw Error("give 'memory' (matched cache size) or '" + std::string(key) + "', not both" + params.where(key));
+  };
+  const std::string where = params.where("memory");
+  if (name == "window" || name == "sink" || name == "uniform" || name == "oracle_topk" || name == "h2o") {
+    refuse_both("budget");
+    out.set("budget", M, where);
+  } else if (name == "buzz") {
+    refuse_both("window");
+    refuse_both("threshold");
+    // Capacity sink + window + T = memory, with T/w at Theorem 3.1's value for the stride.
+    Params probe = params;  // typed reads with the usual errors, without touching the caller's copy
+    const int64_t sink = probe.get_int("sink", 4);
+    const int64_t s = probe.get_int("stride", 5);
+    const double r = buzz_predicted_T_over_w(s);
+    const int64_t w = std::max<int64_t>(1, std::llround(double(M - sink) / (1 + r)));
+    out.set("window", w, where);
+    out.set("threshold", std::max<int64_t>(s, M - sink - w), where);
+  } else if (name == "subgen_kcenter") {
+    refuse_both("recent");
+    refuse_both("centers");
+    const int64_t centers = M / 2;
+    out.set("centers", centers, where);
+    out.set("recent", std::max<int64_t>(1, M - centers), where);
+    if (!params.has("mode")) out.set("mode", std::string("streaming"), where);
+  } else {
+    throw Error("'memory' cannot be matched for '" + name + "': " +
+                (name == "subgen" ? std::string("its memory, m'(1+t) + 2s vectors, grows with the clusters it finds")
+                                  : std::string("it keeps the whole stream")) +
+                where);
+  }
+  return out;
+}
+
+std::unique_ptr<Policy> make_policy(const std::string& name, const Params& given, const StreamInfo& info) {
   for (auto& [n, f] : registry()) {
     if (n != name) continue;
     std::unique_ptr<Policy> p;
     try {
+      const Params params = translate_memory(name, given, info);
       p = f(params, info);
       params.check_all_used("policy '" + name + "'");
     } catch (const Error& e) {

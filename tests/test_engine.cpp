@@ -208,3 +208,55 @@ TEST_CASE("results: summarize skips NaN and interpolates quantiles", "[results]"
   CHECK(s.p95 == Approx(4.8));
   CHECK(std::isnan(summarize({NAN}).mean));
 }
+
+TEST_CASE("engine: equal-memory matching holds cache_bytes at the target or refuses", "[engine][memory]") {
+  const char* cfg = R"(
+name = "m"
+[data]
+synthetic = "heavy_hitter"
+n = 200
+d = 8
+n_heads = 4
+n_kv_heads = 2
+[eval]
+every = 3
+[[policy]]
+name = "window"
+memory = [0.1, 0.3]
+[[policy]]
+name = "sink"
+memory = 0.3
+[[policy]]
+name = "h2o"
+memory = 0.3
+[[policy]]
+name = "uniform"
+memory = 0.3
+[[policy]]
+name = "oracle_topk"
+memory = 0.3
+)";
+  for (std::string gqa : {"kv_head", "query_head"}) {
+    Experiment ex = parse_experiment(cfg, "inline", {"eval.gqa=" + gqa});
+    auto src = open_source(ex.data);
+    RunResult r = run_experiment(ex, *src, 2);
+    const double copies = gqa == "query_head" ? 2 : 1;  // group size 2
+    for (const auto& pr : r.policies) {
+      const int64_t M = memory_target_tokens(pr.spec.params, 200);
+      REQUIRE((M == 20 || M == 60));
+      for (const auto& row : pr.rows) {
+        const double target = double(std::min<int64_t>(M, row.step)) * 2 * 8 * 4 * copies;
+        REQUIRE(std::abs(row.cache_bytes - target) <= 0.02 * target);
+      }
+    }
+  }
+  // BUZZ's cache oscillates below its capacity: the run refuses it by name.
+  Experiment bz = parse_experiment("[data]\nsynthetic='gaussian'\nn=200\nd=8\n[[policy]]\nname='buzz'\nmemory=0.3\n", "b.toml");
+  auto src = open_source(bz.data);
+  CHECK_THROWS_WITH(run_experiment(bz, *src, 1), Contains("cannot be matched on memory at every step"));
+  // SubGen's memory grows with its clusters: refused when the config is read.
+  CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\n[[policy]]\nname='subgen'\nmemory=0.3\ndelta=1.0\n", "s.toml"),
+                    Contains("'memory' cannot be matched for 'subgen'"));
+  CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\n[[policy]]\nname='window'\nmemory=0.3\nbudget=0.2\n", "w.toml"),
+                    Contains("give 'memory'"));
+}

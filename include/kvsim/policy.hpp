@@ -95,6 +95,15 @@ class Policy {
 /// Throws kvsim::Error naming the policy and parameter on bad input.
 std::unique_ptr<Policy> make_policy(const std::string& name, const Params& params, const StreamInfo& info);
 
+/// Equal-memory matching (DESIGN §4, issue "headline comparison"): a policy given `memory = M`
+/// (tokens, or a fraction of n) instead of its own size parameters is sized so that its cache holds
+/// min(M, t) tokens' worth of key/value vectors at step t: window/sink/uniform/oracle_topk/h2o get
+/// budget = M; buzz gets sink + window + threshold = M with T/w from Theorem 3.1; subgen_kcenter gets
+/// recent + centers = M (streaming). subgen and exact are refused. The replay engine then checks
+/// cache_bytes against the target at every evaluated step (2% tolerance) and refuses a policy whose
+/// cache cannot be held there. Returns −1 when `memory` is not given.
+int64_t memory_target_tokens(const Params& params, int64_t n);
+
 /// Names accepted by make_policy.
 const std::vector<std::string>& policy_names();
 
