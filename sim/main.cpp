@@ -6,6 +6,7 @@
 #include <iostream>
 #include <thread>
 
+#include "kvsim/bench.hpp"
 #include "kvsim/closed_loop.hpp"
 #include "kvsim/clustering.hpp"
 #include "kvsim/config.hpp"
@@ -108,6 +109,12 @@ int main(int argc, char** argv) {
   clusters->add_option("--out", cl_out, "output folder (default results/<name>)");
   clusters->add_option("--set", cl_sets, "override a config key, e.g. --set clusters.delta_rel=0.3");
 
+  auto* bench = app.add_subcommand("bench", "throughput figures against this machine's GEMM rate");
+  BenchOptions bo;
+  bench->add_flag("--quick", bo.quick, "small sizes (seconds)");
+  bench->add_option("--threads", bo.threads, "N for the 1-vs-N threads comparison (default: all cores)");
+  bench->add_option("--json", bo.json, "also write the figures as JSON");
+
   auto* inspect = app.add_subcommand("inspect", "print schema, shapes, norms and logit ranges of a recording");
   std::string inspect_path;
   inspect->add_option("file", inspect_path, "recording .h5")->required();
@@ -169,6 +176,10 @@ int main(int argc, char** argv) {
     if (*clusters) {
       ClusterStudy st = load_cluster_study(cl_config, cl_sets);
       std::cout << run_cluster_study(st, cl_out.empty() ? "results/" + st.name : cl_out);
+      return 0;
+    }
+    if (*bench) {
+      std::cout << run_bench(bo);
       return 0;
     }
     if (*inspect) {

@@ -48,6 +48,10 @@ ls "$TMP/run" | grep -q tmp && bad "temporary files left in $TMP/run" || ok
   && [ -s "$TMP/cl/clusters.csv" ] && [ -s "$TMP/cl/clusters_fit.csv" ] && [ -s "$TMP/cl/pca.csv" ] && ok || bad "kvsim clusters"
 [ "$(awk -F, 'NR>1 && $6==1' "$TMP/cl/pca.csv" | wc -l)" -eq 16 ] && ok || bad "pca.csv should flag 4 centers x 2 tensors x 2 layers"
 
+# kvsim bench --quick prints its figures and writes JSON with them.
+out=$("$KVSIM" bench --quick --json "$TMP/bench.json" 2>&1) && grep -q "roofline" <<<"$out" && grep -q "results identical" <<<"$out" \
+  && grep -q '"sgemm_gflops"' "$TMP/bench.json" && grep -q '"peak_rss_mb"' "$TMP/bench.json" && ok || bad "bench: $out"
+
 # The README's main job.
 (cd "$TMP" && "$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet >/dev/null) && [ -s "$TMP/results/quickstart/summary.csv" ] && ok \
   || bad "quickstart failed"

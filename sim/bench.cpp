@@ -1,0 +1,198 @@
+#include "kvsim/bench.hpp"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "kvsim/error.hpp"
+#include "kvsim/experiment.hpp"
+#include "kvsim/reference.hpp"
+#include "kvsim/synth.hpp"
+
+namespace kvsim {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;  // Linux: kilobytes
+}
+
+/// Best-of-3 single-precision GEMM rate of Eigen on n×n×n (GFLOP/s): the roofline of this run.
+double gemm_rate(int n) {
+  MatF A = MatF::Random(n, n), B = MatF::Random(n, n), C(n, n);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    auto t0 = Clock::now();
+    C.noalias() = A * B;
+    best = std::min(best, seconds_since(t0));
+  }
+  volatile float sink = C(0, 0);
+  (void)sink;
+  return 2.0 * n * n * double(n) / best / 1e9;
+}
+
+/// The exact reference pass over every step of one head (as the engine does it): seconds.
+double exact_pass_seconds(int64_t n, int d) {
+  MatF Q = MatF::Random(n, d);
+  MatD K = MatD::Random(n, d), V = MatD::Random(n, d);
+  ReferenceBlock blk;
+  auto t0 = Clock::now();
+  for (int64_t t0s = 1; t0s <= n;) {
+    std::vector<int64_t> rows;
+    for (int64_t t = t0s; t <= n && rows.size() < 256 && int64_t(rows.size() + 1) * t <= (int64_t(1) << 22); ++t)
+      rows.push_back(t);
+    exact_attention(Q, K, V, 1.0 / std::sqrt(double(d)), rows, blk);
+    t0s = rows.back() + 1;
+  }
+  return seconds_since(t0);
+}
+
+struct Json {
+  std::ostringstream s;
+  bool first = true;
+  void add(const std::string& key, double v) {
+    s << (first ? "" : ",\n") << "  \"" << key << "\": " << (std::isfinite(v) ? std::to_string(v) : "null");
+    first = false;
+  }
+};
+
+}  // namespace
+
+std::string run_bench(const BenchOptions& o) {
+  std::ostringstream out;
+  Json js;
+  char buf[256];
+  const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+
+  const double gemm = gemm_rate(o.quick ? 256 : 1024);
+  out << "machine: " << std::thread::hardware_concurrency() << " hardware threads\n";
+  std::snprintf(buf, sizeof buf, "Eigen SGEMM %d^3 (1 thread): %.1f GFLOP/s  <- roofline for this run\n\n",
+                o.quick ? 256 : 1024, gemm);
+  out << buf;
+  js.add("sgemm_gflops", gemm);
+
+  out << "exact reference pass (one head, every step, double precision, blocked GEMMs):\n";
+  out << "      n    d     seconds   GFLOP/s  of SGEMM\n";
+  const std::vector<int64_t> ns = o.quick ? std::vector<int64_t>{512} : std::vector<int64_t>{2048, 8192, 32768};
+  for (int64_t n : ns)
+    for (int d : {64, 128}) {
+      const double s = exact_pass_seconds(n, d);
+      const double flops = 2.0 * double(n) * double(n) * d;  // causal: 2 matmuls × n²/2 × d × 2
+      const double rate = flops / s / 1e9;
+      std::snprintf(buf, sizeof buf, "%7lld %4d %11.3f %9.2f %8.1f%%\n", (long long)n, d, s, rate, 100 * rate / gemm);
+      out << buf;
+      js.add("exact_gflops_n" + std::to_string(n) + "_d" + std::to_string(d), rate);
+    }
+
+  // Per policy: one cell (n tokens, head_dim 128, group of 2 query heads), 25% budgets.
+  const int64_t n = o.quick ? 512 : 4096;
+  Experiment ex;
+  ex.data.synthetic = true;
+  ex.data.synth.preset = "heavy_hitter";
+  ex.data.synth.n = n;
+  ex.data.synth.head_dim = 128;
+  ex.data.synth.n_layers = 1;
+  ex.data.synth.n_heads = 2;
+  ex.data.synth.n_kv_heads = 1;
+  ex.eval.every = 1;  // every policy answers every step, so the per-step bound below is uniform
+  auto P = [](std::initializer_list<std::pair<std::string, ParamValue>> kv) {
+    Params p;
+    for (auto& [k, v] : kv) p.set(k, v);
+    return p;
+  };
+  ex.policies = {
+      {"window", "window", P({{"budget", 0.25}})},
+      {"sink", "sink", P({{"budget", 0.25}})},
+      {"h2o", "h2o", P({{"budget", 0.25}})},
+      {"buzz", "buzz", P({{"window", 0.05}, {"threshold", 0.2}})},
+      {"uniform", "uniform", P({{"budget", 0.25}})},
+      {"subgen", "subgen", P({{"delta", 8.0}, {"s", int64_t(256)}, {"t", int64_t(4)}})},
+      {"subgen_kcenter", "subgen_kcenter", P({{"recent", 0.125}, {"centers", 0.125}, {"mode", std::string("streaming")}})},
+  };
+  SynthSource src(ex.data.synth);
+  RunResult r = run_experiment(ex, src, 1);
+  std::snprintf(buf, sizeof buf, "\npolicy steps (n = %lld, head_dim 128, GQA group of 2, kv_head mode, answer every step, 1 thread):\n",
+                (long long)n);
+  out << buf << "policy            ns/step  head-steps/s  cached tok  ns/step/token  vs FMA bound\n";
+  const double fma_per_ns = gemm / 2.0;  // multiply-adds per ns at the SGEMM rate (GFLOP/s / 2)
+  for (const auto& pr : r.policies) {
+    std::vector<double> ns_step, tok;
+    for (const auto& row : pr.rows) {
+      ns_step.push_back(row.policy_ns);
+      tok.push_back(row.cache_tokens);
+    }
+    double mean_ns = 0, mean_tok = 0;
+    for (size_t i = 0; i < ns_step.size(); ++i) {
+      mean_ns += ns_step[i];
+      mean_tok += tok[i];
+    }
+    mean_ns /= double(ns_step.size());
+    mean_tok /= double(tok.size());
+    // Arithmetic lower bound of one step: for each of the 2 query heads, q·k and a·v over the cached
+    // tokens = 2 × tokens × head_dim multiply-adds, at the measured SGEMM rate.
+    const double bound_ns = 2.0 * mean_tok * 128 * 2 / fma_per_ns;
+    std::snprintf(buf, sizeof buf, "%-16s %8.0f %13.0f %11.1f %14.2f %11.1fx\n", pr.spec.name.c_str(), mean_ns,
+                  1e9 / mean_ns, mean_tok, mean_ns / std::max(1.0, mean_tok), mean_ns / bound_ns);
+    out << buf;
+    js.add("policy_ns_" + pr.spec.name, mean_ns);
+  }
+
+  // Threads: a multi-cell run at 1 and N threads, identical results.
+  Experiment mc = ex;
+  mc.data.synth.n = o.quick ? 256 : 2048;
+  mc.data.synth.n_layers = 4;
+  mc.data.synth.n_heads = 8;
+  mc.data.synth.n_kv_heads = 4;
+  mc.data.synth.head_dim = 64;
+  mc.policies.resize(3);
+  SynthSource msrc(mc.data.synth);
+  auto t1 = Clock::now();
+  RunResult one = run_experiment(mc, msrc, 1);
+  const double s1 = seconds_since(t1);
+  auto tn = Clock::now();
+  RunResult many = run_experiment(mc, msrc, N);
+  const double sn = seconds_since(tn);
+  bool same = true;
+  for (size_t p = 0; p < one.policies.size(); ++p)
+    for (size_t i = 0; i < one.policies[p].rows.size(); ++i)
+      same &= one.policies[p].rows[i].rel_err == many.policies[p].rows[i].rel_err;
+  std::snprintf(buf, sizeof buf,
+                "\nmulti-cell run (4 layers x 4 KV heads, n = %lld, 3 policies): 1 thread %.2f s, %d threads %.2f s, "
+                "speed-up %.2fx, results %s\n",
+                (long long)mc.data.synth.n, s1, N, sn, s1 / sn, same ? "identical" : "DIFFERENT");
+  out << buf;
+  js.add("threads", N);
+  js.add("speedup", s1 / sn);
+  js.add("identical", same ? 1 : 0);
+  const double rss = peak_rss_mb();
+  std::snprintf(buf, sizeof buf, "peak resident memory: %.0f MB\n", rss);
+  out << buf;
+  js.add("peak_rss_mb", rss);
+
+  if (!o.json.empty()) {
+    const std::string tmp = o.json + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << "{\n" << js.s.str() << "\n}\n";
+      if (!f) throw Error(o.json + ": cannot write");
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, o.json, ec);
+    if (ec) throw Error(o.json + ": cannot move into place: " + ec.message());
+    out << "wrote " << o.json << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace kvsim
