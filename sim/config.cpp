@@ -272,6 +272,24 @@ Experiment interpret(const TV& root, const std::string& origin) {
   return ex;
 }
 
+/// Parse TOML from `in` (named `origin` in errors) and apply `--set` overrides.
+TV parse_root(std::istream& in, const std::string& origin, const std::vector<std::string>& overrides) {
+  TV root;
+  try {
+    root = toml::parse(in, origin);
+  } catch (const toml::syntax_error& e) {
+    throw Error(std::string("config syntax error: ") + e.what());
+  }
+  for (const auto& o : overrides) apply_override(root, o);
+  return root;
+}
+
+TV load_root(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open config file");
+  return parse_root(in, path, overrides);
+}
+
 }  // namespace
 
 ParamValue parse_param_value(const std::string& text) {
@@ -281,15 +299,7 @@ ParamValue parse_param_value(const std::string& text) {
 }
 
 ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open config file");
-  TV root;
-  try {
-    root = toml::parse(in, path);
-  } catch (const toml::syntax_error& e) {
-    throw Error(std::string("config syntax error: ") + e.what());
-  }
-  for (const auto& o : overrides) apply_override(root, o);
+  TV root = load_root(path, overrides);
   try {
     ClosedLoopConfig c;
     check_keys(root, {"name", "seed", "model", "eval", "policy"}, path + " (top level)");
@@ -319,15 +329,7 @@ ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std
 }
 
 ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open config file");
-  TV root;
-  try {
-    root = toml::parse(in, path);
-  } catch (const toml::syntax_error& e) {
-    throw Error(std::string("config syntax error: ") + e.what());
-  }
-  for (const auto& o : overrides) apply_override(root, o);
+  TV root = load_root(path, overrides);
   try {
     ClusterStudy s;
     check_keys(root, {"name", "data", "clusters"}, path + " (top level)");
@@ -352,14 +354,8 @@ ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::
 }
 
 Experiment parse_experiment(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
-  TV root;
-  try {
-    std::istringstream in(text);
-    root = toml::parse(in, origin);
-  } catch (const toml::syntax_error& e) {
-    throw Error(std::string("config syntax error: ") + e.what());
-  }
-  for (const auto& o : overrides) apply_override(root, o);
+  std::istringstream in(text);
+  TV root = parse_root(in, origin, overrides);
   try {
     Experiment ex = interpret(root, origin);
     std::ostringstream s;
