@@ -124,6 +124,7 @@ Experiment experiment_for(const std::string& gqa) {
   add("sink", params({{"budget", int64_t(12)}, {"sink", int64_t(2)}}));
   add("uniform", params({{"budget", int64_t(12)}}));
   add("oracle_topk", params({{"budget", int64_t(12)}}));
+  add("h2o", params({{"budget", int64_t(12)}}));
   return ex;
 }
 
@@ -144,7 +145,7 @@ TEST_CASE("policies: exact keeps all mass and oracle_topk beats every policy of 
       REQUIRE(row.cache_tokens == double(row.step));
     }
     const auto& oracle = r.policies[4].rows;
-    for (size_t p = 1; p < 4; ++p) {
+    for (size_t p : {size_t(1), size_t(2), size_t(3), size_t(5)}) {  // window, sink, uniform, h2o
       const auto& rows = r.policies[p].rows;
       REQUIRE(rows.size() == oracle.size());
       for (size_t i = 0; i < rows.size(); ++i) {
