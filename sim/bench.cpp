@@ -48,14 +48,14 @@ double gemm_rate(int n) {
 double exact_pass_seconds(int64_t n, int d) {
   MatF Q = MatF::Random(n, d);
   MatD K = MatD::Random(n, d), V = MatD::Random(n, d);
+  std::vector<int64_t> steps(n);
+  for (int64_t t = 0; t < n; ++t) steps[t] = t + 1;
   ReferenceBlock blk;
   auto t0 = Clock::now();
-  for (int64_t t0s = 1; t0s <= n;) {
-    std::vector<int64_t> rows;
-    for (int64_t t = t0s; t <= n && rows.size() < 256 && int64_t(rows.size() + 1) * t <= (int64_t(1) << 22); ++t)
-      rows.push_back(t);
-    exact_attention(Q, K, V, 1.0 / std::sqrt(double(d)), rows, blk);
-    t0s = rows.back() + 1;
+  for (size_t b0 = 0; b0 < steps.size();) {
+    const size_t b1 = reference_block_end(steps, b0);
+    exact_attention(Q, K, V, 1.0 / std::sqrt(double(d)), std::vector<int64_t>(steps.begin() + b0, steps.begin() + b1), blk);
+    b0 = b1;
   }
   return seconds_since(t0);
 }

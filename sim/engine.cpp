@@ -159,8 +159,7 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
   size_t b0 = 0;
   while (b0 < steps.size()) {
     // Block of evaluated steps so that rows × t_max stays ≤ 4M doubles per query head.
-    size_t b1 = b0 + 1;
-    while (b1 < steps.size() && b1 - b0 < 256 && int64_t(b1 - b0 + 1) * steps[b1] <= (int64_t(1) << 22)) ++b1;
+    const size_t b1 = reference_block_end(steps, b0);
     std::vector<int64_t> block(steps.begin() + b0, steps.begin() + b1);
     for (int g = 0; g < G; ++g) exact_attention(Q[g], K, V, scale, block, ref[g]);
     std::vector<double> opnorm(block.size());

@@ -35,19 +35,24 @@ void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, 
   out.out.noalias() = out.probs * V.topRows(t_max);
 }
 
+size_t reference_block_end(const std::vector<int64_t>& steps, size_t begin) {
+  size_t end = begin + 1;
+  while (end < steps.size() && end - begin < 256 && int64_t(end - begin + 1) * steps[end] <= (int64_t(1) << 22)) ++end;
+  return end;
+}
+
 VecD global_attention_scores(const MatF& Q, const MatD& K, double scale) {
   const int64_t n = Q.rows();
   VecD g = VecD::Zero(n);
   const MatD V = MatD::Zero(n, 1);  // outputs are not needed
+  std::vector<int64_t> steps(n);
+  for (int64_t t = 0; t < n; ++t) steps[t] = t + 1;
   ReferenceBlock blk;
-  for (int64_t t0 = 1; t0 <= n;) {
-    std::vector<int64_t> rows;
-    for (int64_t t = t0; t <= n && rows.size() < 256 && int64_t(rows.size() + 1) * t <= (int64_t(1) << 22); ++t)
-      rows.push_back(t);
-    if (rows.empty()) rows.push_back(t0);
-    exact_attention(Q, K, V, scale, rows, blk);
+  for (size_t b0 = 0; b0 < steps.size();) {
+    const size_t b1 = reference_block_end(steps, b0);
+    exact_attention(Q, K, V, scale, std::vector<int64_t>(steps.begin() + b0, steps.begin() + b1), blk);
     g.head(blk.probs.cols()) += blk.probs.colwise().sum().transpose();
-    t0 = rows.back() + 1;
+    b0 = b1;
   }
   return g;
 }

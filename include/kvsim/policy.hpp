@@ -91,6 +91,26 @@ class Policy {
   virtual double clusters() const { return std::numeric_limits<double>::quiet_NaN(); }
 };
 
+/// Combines a KV group's per-query-head vectors (attention, scores) by `group_agg` (DESIGN §4):
+/// "sum" and "mean" add them ("mean" divides by the count in result()), "max" takes the elementwise
+/// maximum. ranking() is the undivided accumulator, ordered like result().
+class GroupAggregate {
+ public:
+  GroupAggregate(const std::string& agg, Eigen::Index size) : max_(agg == "max"), mean_(agg == "mean"), acc_(VecD::Zero(size)) {}
+  void add(const Eigen::Ref<const VecD>& p) {
+    if (max_) acc_ = acc_.cwiseMax(p);
+    else acc_ += p;
+    ++count_;
+  }
+  VecD result() const { return mean_ && count_ > 0 ? VecD(acc_ / double(count_)) : acc_; }
+  const VecD& ranking() const { return acc_; }
+
+ private:
+  bool max_, mean_;
+  VecD acc_;
+  int count_ = 0;
+};
+
 /// Builds a policy by name. Known: exact, window, sink, oracle_topk, uniform.
 /// Throws kvsim::Error naming the policy and parameter on bad input.
 std::unique_ptr<Policy> make_policy(const std::string& name, const Params& params, const StreamInfo& info);

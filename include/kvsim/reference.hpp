@@ -23,6 +23,10 @@ struct ReferenceBlock {
 void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, const std::vector<int64_t>& steps,
                      ReferenceBlock& out);
 
+/// End (exclusive) of the block of `steps` starting at index `begin` that one exact_attention call
+/// handles: at most 256 rows and rows × t_max ≤ 2^22 doubles (32 MiB), at least one row.
+size_t reference_block_end(const std::vector<int64_t>& steps, size_t begin);
+
 /// Column sums of the full causal attention matrix: g(j) = Σ_{t ≥ j} a_t(j) over all n queries of
 /// Q ([n, d], unscaled) — H2O's "global" heavy-hitter score (seeds/004 §3, Fig. 2). O(n²d), blocked.
 VecD global_attention_scores(const MatF& Q, const MatD& K, double scale);

@@ -70,9 +70,9 @@ class OracleTopK final : public Policy {
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>* probs) override {
     if (!out) return;
     if (!probs) throw Error("oracle_topk: the engine did not pass exact attention");
-    std::vector<double> score(t, 0.0);
-    for (const double* p : *probs)
-      for (int64_t j = 0; j < t; ++j) score[j] = agg_ == "max" ? std::max(score[j], p[j]) : score[j] + p[j];
+    GroupAggregate agg(agg_, t);
+    for (const double* p : *probs) agg.add(Eigen::Map<const VecD>(p, t));
+    const VecD& score = agg.ranking();  // ordering only: the mean's division is not needed
     std::vector<int64_t> idx(t);
     std::iota(idx.begin(), idx.end(), 0);
     const int64_t b = std::min(budget_, t);

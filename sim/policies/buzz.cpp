@@ -65,15 +65,14 @@ class BuzzPolicy final : public Policy {
     for (auto& x : window_) all.push_back(&x);
     const double lambda = log_scale_ ? std::log(double(std::max<int64_t>(t, 1))) / std::log(512.0) : 1.0;
     const int64_t m = int64_t(all.size());
-    VecD agg = VecD::Zero(m);
+    GroupAggregate agg(agg_, m);
     for (Eigen::Index i = 0; i < q.rows(); ++i) {
       VecD logits(m);
       for (int64_t j = 0; j < m; ++j) logits[j] = all[j]->k.dot(q.row(i).transpose());
       // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits.
       VecD p = (logits.array() - logits.maxCoeff()).exp().matrix();
       p /= p.sum();
-      if (agg_ == "max") agg = agg.cwiseMax(p);
-      else agg += p;
+      agg.add(p);
       if (out) {
         VecD ps = (lambda * (logits.array() - logits.maxCoeff())).exp().matrix();
         ps /= ps.sum();
@@ -85,8 +84,8 @@ class BuzzPolicy final : public Policy {
         for (int64_t j = 0; j < m; ++j) a.kept[j] = all[j]->pos;
       }
     }
-    if (agg_ == "mean") agg /= double(q.rows());
-    for (int64_t j = 0; j < m; ++j) all[j]->score += agg[j];
+    const VecD step = agg.result();
+    for (int64_t j = 0; j < m; ++j) all[j]->score += step[j];
   }
 
   int64_t cache_tokens() const override { return int64_t(sink_tokens_.size() + old_.size() + new_.size() + window_.size()); }

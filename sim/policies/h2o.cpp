@@ -30,10 +30,9 @@ class H2OPolicy final : public Policy {
   bool needs_every_query() const override { return !global_; }
   bool needs_global_scores() const override { return global_; }
   void set_global_scores(const std::vector<const VecD*>& per_head) override {
-    // Group aggregation as for the accumulated scores.
-    global_score_ = VecD::Zero(per_head.at(0)->size());
-    for (const VecD* g : per_head) global_score_ = agg_ == "max" ? global_score_.cwiseMax(*g) : VecD(global_score_ + *g);
-    if (agg_ == "mean") global_score_ /= double(per_head.size());
+    GroupAggregate agg(agg_, per_head.at(0)->size());  // as for the accumulated scores
+    for (const VecD* g : per_head) agg.add(*g);
+    global_score_ = agg.result();
   }
 
   void observe(int64_t t, const float* k, const float* v) override {
@@ -59,14 +58,13 @@ class H2OPolicy final : public Policy {
 
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     const int64_t m = cache_.size();
-    VecD agg = VecD::Zero(m);
+    GroupAggregate agg(agg_, m);
     for (Eigen::Index i = 0; i < q.rows(); ++i) {
       VecD logits = cache_.keys().topRows(m) * q.row(i).transpose();
       VecD p = (logits.array() - logits.maxCoeff()).exp().matrix();
       const double sum = p.sum();
       p /= sum;
-      if (agg_ == "max") agg = agg.cwiseMax(p);
-      else agg += p;
+      agg.add(p);
       if (out) {
         Answer& a = (*out)[i];
         a.z = cache_.values().topRows(m).transpose() * p;
@@ -76,8 +74,8 @@ class H2OPolicy final : public Policy {
       }
     }
     if (global_) return;  // oracle scores are fixed
-    if (agg_ == "mean") agg /= double(q.rows());
-    for (int64_t s = 0; s < m; ++s) score_[s] += agg[s];
+    const VecD step = agg.result();
+    for (int64_t s = 0; s < m; ++s) score_[s] += step[s];
   }
 
   int64_t cache_tokens() const override { return cache_.size(); }
