@@ -3,10 +3,11 @@
 
 Usage: python3 plots/metric_vs_budget.py RESULTS_DIR [--out FIG.png]
 
-Groups the run's policies by name and reads each one's `budget` parameter (a fraction of n, or
-tokens); y = mean over all evaluated (layer, head, step) rows. Left: mass_ratio (kept attention
-mass / best mass of the same size) with the (1 − 1/e) greedy guarantee marked; right: rel_err (log
-scale). Writes PNG and PDF.
+Groups the run's policies by name and variant (H2O score, BUZZ log n scaling, weighted k-center)
+and reads each one's `budget` or `memory` parameter (a fraction of n, or tokens); y = mean over all
+evaluated (layer, head, step) rows. Left: mass_ratio (kept attention mass / best mass of the same
+size) with the (1 − 1/e) greedy guarantee marked; middle: rel_err; right: eps_spectral (both log
+scale, means above --ymax drawn as ▲ on the edge and listed under the figure). Writes PNG and PDF.
 """
 import argparse
 import math
@@ -19,10 +20,31 @@ import numpy as np
 from kvsim_results import color, open_results, params, policies, save, text
 
 
+def variant_name(grp, p):
+    """Series label: the policy name plus the variants swept beside the budget."""
+    name = text(grp.attrs["name"])
+    if "score" in p:
+        name += f" ({p['score']})"
+    if str(p.get("log_scale", "false")).lower() in ("true", "1"):
+        name += " (log n)"
+    if str(p.get("weighted", "false")).lower() in ("true", "1"):
+        name += " (weighted)"
+    if "mode" in p and name.startswith("subgen_kcenter"):
+        name += f" ({p['mode']})"
+    return name
+
+
+def finite_mean(a):
+    a = np.asarray(a, dtype=float)
+    return float(np.nanmean(a)) if np.isfinite(a).any() else float("nan")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ymax", type=float, default=1e2,
+                    help="top of the error axes; means above it are drawn as ▲ on the edge (default 100)")
     a = ap.parse_args(argv)
     series = defaultdict(list)
     with open_results(a.results_dir) as f:
@@ -31,33 +53,45 @@ def main(argv=None):
             key = "budget" if "budget" in p else "memory" if "memory" in p else None
             if key is None:
                 continue
-            mr = grp["mass_ratio"][:]
-            re = grp["rel_err"][:]
-            name = text(grp.attrs["name"])
-            if "score" in p:
-                name += f" ({p['score']})"
-            series[name].append(
-                (float(p[key]), np.nanmean(mr) if np.isfinite(mr).any() else np.nan, np.mean(re)))
+            series[variant_name(grp, p)].append(
+                (float(p[key]), finite_mean(grp["mass_ratio"][:]), finite_mean(grp["rel_err"][:]),
+                 finite_mean(grp["eps_spectral"][:])))
     if not any(len(v) >= 2 for v in series.values()):
         sys.exit(f"error: {a.results_dir}/results.h5: no policy is swept over 'budget' (need 2+ values of 'budget' or 'memory')")
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    ax1, ax2, ax3 = axes
+    off_scale = []
     for name, rows in sorted(series.items()):
         rows.sort()
         x = [r[0] for r in rows]
-        style = "s--" if "oracle)" in name else "o-"  # the non-causal variant of a policy
-        ax1.plot(x, [r[1] for r in rows], style, color=color(name), label=name)
-        ax2.plot(x, [r[2] for r in rows], style, color=color(name), label=name)
+        style = "s--" if ("oracle)" in name or "(log n)" in name or "(weighted)" in name) else "o-"
+        if any(np.isfinite(r[1]) for r in rows):
+            ax1.plot(x, [r[1] for r in rows], style, color=color(name), label=name)
+        for ax, col in ((ax2, 2), (ax3, 3)):
+            y = np.array([r[col] for r in rows])
+            shown = np.minimum(y, a.ymax)
+            ax.plot(x, shown, style, color=color(name), label=name)
+            hi = y > a.ymax
+            if hi.any():
+                ax.plot(np.array(x)[hi], shown[hi], "^", color=color(name), ms=9)
+                off_scale.append(f"{name} (max {y.max():.2g})")
     ax1.axhline(1 - 1 / math.e, color="k", ls="--", lw=1, label="1 − 1/e")
-    ax1.set_xlabel("cache budget or matched memory (fraction of n)")
     ax1.set_ylabel("mass_ratio = kept mass / best mass of same size")
     ax1.set_title("Attention mass kept vs the best set")
-    ax2.set_xlabel("cache budget or matched memory (fraction of n)")
-    ax2.set_ylabel("rel_err = ‖z − Attn‖ / ‖Attn‖")
-    ax2.set_yscale("log")
+    ax2.set_ylabel("rel_err = ‖z − Attn‖ / ‖Attn‖ (mean)")
     ax2.set_title("Output error")
-    for ax in (ax1, ax2):
+    ax3.set_ylabel("ε = ‖z − Attn‖ / (‖softmax(Kq)‖·‖V‖_op) (mean)")
+    ax3.set_title("Spectral error (SubGen Eq. 3)")
+    for ax in (ax2, ax3):
+        ax.set_yscale("log")
+    if off_scale:
+        fig.text(0.5, 0.005, "▲ = mean above the axis: " + "; ".join(sorted(set(off_scale))), ha="center", fontsize=8)
+    for ax in axes:
+        ax.set_xlabel("cache budget or matched memory (fraction of n)")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+    ax1.legend(fontsize=7)
+    ax3.legend(fontsize=7)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     return save(fig, a.results_dir, a.out, "metric_vs_budget.png")
 
 

@@ -201,10 +201,13 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
         double bytes = 0;
         for (auto& inst : run.inst) bytes += double(inst->cache_vectors()) * d * sizeof(float);
         if (run.memory_tokens > 0) {
-          const double target = double(std::min(run.memory_tokens, t)) * 2 * d * sizeof(float) * double(run.inst.size());
-          if (std::abs(bytes - target) > 0.02 * target)
-            throw Error("policy '" + ex.policies[p].label + "' cannot be matched on memory at every step: at step " +
-                        std::to_string(t) + " (layer " + std::to_string(cell.layer) + ", KV head " +
+          const bool capacity = run.inst[0]->capacity_matched();
+          const double per_token = 2.0 * d * sizeof(float) * double(run.inst.size());
+          const double target = double(capacity ? run.memory_tokens : std::min(run.memory_tokens, t)) * per_token;
+          if (capacity ? bytes > 1.02 * target : std::abs(bytes - target) > 0.02 * target)
+            throw Error("policy '" + ex.policies[p].label + "' cannot be matched on memory" +
+                        (capacity ? std::string(" (capacity rule: never above the target)") : std::string(" at every step")) +
+                        ": at step " + std::to_string(t) + " (layer " + std::to_string(cell.layer) + ", KV head " +
                         std::to_string(cell.kv_head) + ") it stores " + std::to_string(int64_t(bytes)) +
                         " bytes vs the target " + std::to_string(int64_t(target)) +
                         " (±2%); compare it with 'budget'-style parameters instead");

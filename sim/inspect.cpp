@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <sstream>
 
+#include "kvsim/error.hpp"
 #include "kvsim/recording.hpp"
+#include "kvsim/reference.hpp"
 
 namespace kvsim {
 
@@ -69,6 +71,46 @@ std::string inspect_recording(const std::string& path, int64_t max_tokens) {
   }
   if (n < m.n_tokens) o << "(logit statistics over the first " << n << " tokens)\n";
   return o.str();
+}
+
+AttentionCheck check_recorded_attention(const std::string& path, const std::vector<int>& layers) {
+  RecordingReader rec(path);
+  const auto& m = rec.meta();
+  AttentionCheck res;
+  res.layers = layers;
+  if (res.layers.empty())
+    for (int l = 0; l < m.n_layers; ++l) res.layers.push_back(l);
+  std::vector<int64_t> all_steps(m.n_tokens);
+  for (int64_t t = 0; t < m.n_tokens; ++t) all_steps[t] = t + 1;
+  for (int l : res.layers) {
+    if (l < 0 || l >= m.n_layers)
+      throw Error(path + ": layer " + std::to_string(l) + " out of range [0, " + std::to_string(m.n_layers) + ")");
+    if (!rec.has(l, Tensor::attn))
+      throw Error(path + ": /layer_" + std::to_string(l) +
+                  " has no 'attn' dataset (record or export with the attention output to check fidelity)");
+    double worst = 0;
+    for (int kvh = 0; kvh < m.n_kv_heads; ++kvh) {
+      const MatD K = rec.read(l, Tensor::k, kvh).cast<double>();
+      const MatD V = rec.read(l, Tensor::v, kvh).cast<double>();
+      for (int h = 0; h < m.n_heads; ++h) {
+        if (m.kv_head_of(h) != kvh) continue;
+        const MatF Q = rec.read(l, Tensor::q, h), A = rec.read(l, Tensor::attn, h);
+        for (size_t b = 0; b < all_steps.size();) {
+          const size_t e = reference_block_end(all_steps, b);
+          ReferenceBlock ref;
+          exact_attention(Q, K, V, m.softmax_scale, std::vector<int64_t>(all_steps.begin() + b, all_steps.begin() + e), ref);
+          for (size_t r = 0; r + b < e; ++r) {
+            const int64_t t = all_steps[b + r] - 1;
+            const double dn = (ref.out.row(r) - A.row(t).cast<double>()).norm(), an = ref.out.row(r).norm();
+            worst = std::max(worst, an > 0 ? dn / an : dn);
+          }
+          b = e;
+        }
+      }
+    }
+    res.worst.push_back(worst);
+  }
+  return res;
 }
 
 }  // namespace kvsim

@@ -118,6 +118,13 @@ int main(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "print schema, shapes, norms and logit ranges of a recording");
   std::string inspect_path;
   inspect->add_option("file", inspect_path, "recording .h5")->required();
+  bool check_attn = false;
+  double attn_tol = 1e-4;
+  std::vector<int> check_layers;
+  inspect->add_flag("--check-attn", check_attn,
+                    "replay exact attention and compare it with the recording's /layer_*/attn (exit 1 above --attn-tol)");
+  inspect->add_option("--attn-tol", attn_tol, "relative tolerance for --check-attn (default 1e-4)");
+  inspect->add_option("--layers", check_layers, "layers for --check-attn (default: all)");
 
   try {
     app.parse(argc, argv);
@@ -183,8 +190,20 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*inspect) {
-      std::cout << inspect_recording(inspect_path);
-      return 0;
+      if (!check_attn) {
+        std::cout << inspect_recording(inspect_path);
+        return 0;
+      }
+      const AttentionCheck c = check_recorded_attention(inspect_path, check_layers);
+      bool ok = true;
+      for (size_t i = 0; i < c.layers.size(); ++i) {
+        const bool pass = c.worst[i] <= attn_tol;
+        ok &= pass;
+        std::printf("layer %d: max relative difference %.3g between kvsim's exact attention and the recorded attn (%s %.1g)\n",
+                    c.layers[i], c.worst[i], pass ? "within" : "ABOVE", attn_tol);
+      }
+      std::cout << (ok ? "attention check: PASS\n" : "attention check: FAIL\n");
+      return ok ? 0 : 1;
     }
   } catch (const Error& e) {
     std::cerr << "kvsim: error: " << e.what() << "\n";

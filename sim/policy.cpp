@@ -180,11 +180,23 @@ Params translate_memory(const std::string& name, const Params& params, const Str
     out.set("centers", centers, where);
     out.set("recent", std::max<int64_t>(1, M - centers), where);
     if (!params.has("mode")) out.set("mode", std::string("streaming"), where);
+  } else if (name == "subgen") {
+    refuse_both("s");
+    refuse_both("max_clusters");
+    refuse_both("eps");
+    Params probe = params;
+    const int64_t t = probe.get_int("t", 3);
+    if (t < 1) throw Error("parameter 't' must be ≥ 1" + params.where("t"));
+    const int64_t s = M / 2;
+    const int64_t cap = M / (1 + t);
+    if (s < 1 || cap < 1)
+      throw Error("'memory' = " + std::to_string(M) + " tokens is too small for subgen with t = " + std::to_string(t) +
+                  " (needs s = ⌊M/2⌋ ≥ 1 and ⌊M/(1+t)⌋ ≥ 1 clusters)" + where);
+    out.set("s", s, where);
+    out.set("t", t, where);
+    out.set("max_clusters", cap, where);
   } else {
-    throw Error("'memory' cannot be matched for '" + name + "': " +
-                (name == "subgen" ? std::string("its memory, m'(1+t) + 2s vectors, grows with the clusters it finds")
-                                  : std::string("it keeps the whole stream")) +
-                where);
+    throw Error("'memory' cannot be matched for '" + name + "': it keeps the whole stream" + where);
   }
   return out;
 }

@@ -21,10 +21,11 @@ int64_t theorem1_t(double eps, double delta, double r, int64_t n, double c_t) {
 }
 
 SubGen::SubGen(const SubGenConfig& cfg, int d, uint64_t seed)
-    : cfg_(cfg), d_(d), eng_(seed), reps_(16, d), rep_sqnorm_(16), mk_(cfg.s, d), mv_(cfg.s, d),
+    : cfg_(cfg), d_(d), eng_(seed), delta_(cfg.delta), reps_(16, d), rep_sqnorm_(16), mk_(cfg.s, d), mv_(cfg.s, d),
       mv_sqnorm_(VecD::Zero(cfg.s)), m_index_(cfg.s, -1) {
   if (!(cfg.delta >= 0)) throw Error("subgen: delta must be ≥ 0");
   if (cfg.s < 1 || cfg.t < 1) throw Error("subgen: s and t must be ≥ 1");
+  if (cfg.max_clusters < 0) throw Error("subgen: max_clusters must be ≥ 0");
   mk_.setZero();
   mv_.setZero();
 }
@@ -46,10 +47,10 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
     best_d2 = std::max(0.0, d2.minCoeff(&arg));
     best = arg;
     // Guard the expansion's cancellation near the δ boundary with a direct distance.
-    if (std::abs(std::sqrt(best_d2) - cfg_.delta) < 1e-6 * (1 + cfg_.delta))
+    if (std::abs(std::sqrt(best_d2) - delta_) < 1e-6 * (1 + delta_))
       best_d2 = (reps_.row(best).transpose() - k).squaredNorm();
   }
-  if (best >= 0 && std::sqrt(best_d2) <= cfg_.delta) {  // line 13
+  if (best >= 0 && std::sqrt(best_d2) <= delta_) {  // line 13
     count_[best] += 1;                                  // line 14
     const double p = 1.0 / double(count_[best]);
     for (int64_t j = 0; j < cfg_.t; ++j) {              // lines 16-17
@@ -72,6 +73,7 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
     samples_.back().rowwise() = k.transpose();
     sample_index_.emplace_back(cfg_.t, index);
     assign_.push_back(int32_t(m));
+    while (cfg_.max_clusters > 0 && clusters() > cfg_.max_clusters) merge_clusters();
   }
 
   // Line 5: UPDATEMATRIXPRODUCT(M, s, μ, k, v); line 6: μ += ‖v‖².
@@ -87,6 +89,63 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
     }
   }
   mu_ += w;
+}
+
+void SubGen::merge_clusters() {
+  if (!(delta_ > 0)) {  // δ = 0: start from half the closest pair of representatives
+    const int64_t m = clusters();
+    double md = INFINITY;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < i; ++j) md = std::min(md, (reps_.row(i) - reps_.row(j)).norm());
+    delta_ = std::max(md / 2, 1e-12);
+  }
+  delta_ *= 2;
+  boost::random::uniform_01<double> u01;
+  const int64_t m = clusters();
+  std::vector<int64_t> kept;         // surviving cluster ids, in order
+  std::vector<int32_t> into(m, -1);  // old id -> new id
+  for (int64_t i = 0; i < m; ++i) {
+    int64_t best = -1;
+    double bd = INFINITY;
+    for (size_t j = 0; j < kept.size(); ++j) {
+      double dist = (reps_.row(kept[j]) - reps_.row(i)).norm();
+      if (dist < bd) {
+        bd = dist;
+        best = int64_t(j);
+      }
+    }
+    if (best >= 0 && bd <= delta_) {
+      const int64_t a = kept[best];
+      const double pa = double(count_[a]) / double(count_[a] + count_[i]);
+      for (int64_t j = 0; j < cfg_.t; ++j) {
+        if (!(u01(eng_) < pa)) {
+          samples_[a].row(j) = samples_[i].row(j);
+          sample_index_[a][j] = sample_index_[i][j];
+        }
+      }
+      count_[a] += count_[i];
+      into[i] = int32_t(best);
+    } else {
+      into[i] = int32_t(kept.size());
+      kept.push_back(i);
+    }
+  }
+  for (size_t j = 0; j < kept.size(); ++j) {
+    const int64_t i = kept[j];
+    if (int64_t(j) == i) continue;
+    reps_.row(j) = reps_.row(i);
+    rep_sqnorm_[j] = rep_sqnorm_[i];
+    count_[j] = count_[i];
+    rep_index_[j] = rep_index_[i];
+    samples_[j] = std::move(samples_[i]);
+    sample_index_[j] = std::move(sample_index_[i]);
+  }
+  const size_t mk = kept.size();
+  count_.resize(mk);
+  rep_index_.resize(mk);
+  samples_.resize(mk);
+  sample_index_.resize(mk);
+  for (auto& a : assign_) a = into[a];
 }
 
 double SubGen::query(const Eigen::Ref<const VecD>& q, VecD& out) const {

@@ -38,6 +38,8 @@ expect_fail "unknown key 'delta_rell'" "$KVSIM" clusters "$TMP/cl.toml" --out "$
 # Good path: synth -> inspect -> run on the recording with overrides.
 "$KVSIM" synth --preset clustered --n 256 --d 16 --layers 2 --heads 4 --kv-heads 2 --seed 3 --out "$TMP/c.h5" >/dev/null || bad "synth failed"
 "$KVSIM" inspect "$TMP/c.h5" | grep -q "heads:         4 query, 2 kv" && ok || bad "inspect output"
+expect_fail "has no 'attn' dataset" "$KVSIM" inspect --check-attn "$TMP/c.h5"
+expect_fail "layer 5 out of range" "$KVSIM" inspect --check-attn --layers 5 "$TMP/c.h5"
 sed "s|^synthetic = .*|path = \"$TMP/c.h5\"|; /^n = \|^d = \|^n_layers\|^n_heads\|^n_kv_heads\|^n_heavy\|^heavy_strength/d" \
   "$SRC/experiments/quickstart.toml" > "$TMP/rec.toml"
 out=$("$KVSIM" run "$TMP/rec.toml" --out "$TMP/run" --threads 2 --set eval.every=16 --quiet 2>&1) || bad "run on recording failed: $out"
@@ -61,6 +63,8 @@ if [ -f "$DATA/stories260K/stories260K.bin" ]; then
   rec=$("$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" --tokenizer "$DATA/stories260K/tok512.bin" \
         --text "$DATA/tinystories-sample/tinystories.txt" --tokens 512 --out "$TMP/st.h5") || bad "record failed"
   grep -q "mean cross-entropy" <<<"$rec" && ok || bad "record output: $rec"
+  "$KVSIM" inspect --check-attn --layers 0 4 "$TMP/st.h5" | grep -q "attention check: PASS" && ok || bad "check-attn on a recording"
+  expect_fail "" "$KVSIM" inspect --check-attn --attn-tol 1e-12 --layers 0 "$TMP/st.h5"
   expect_fail "seq_len is 512" "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" \
         --tokenizer "$DATA/stories260K/tok512.bin" --text "$DATA/tinystories-sample/tinystories.txt" --tokens 600 --out "$TMP/x.h5"
   expect_fail "does not match the model's vocab_size" "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" \

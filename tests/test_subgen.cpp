@@ -3,6 +3,7 @@
 // rate ≤ 1e-3 and a negative control that the same check rejects.
 #include <boost/math/distributions/binomial.hpp>
 #include <boost/math/distributions/chi_squared.hpp>
+#include <boost/random/normal_distribution.hpp>
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -209,6 +210,63 @@ Th1 theorem1_trials(double eps, double s_scale, double t_scale, int seeds) {
 }
 
 }  // namespace
+
+TEST_CASE("subgen max_clusters: doubling merges keep m' <= cap and merged samples uniform (chi-square)", "[subgen][memory]") {
+  // Three groups of 4 keys, 0.8 apart on one axis; δ starts at 0.5, so each group opens a cluster and
+  // with cap 1 the merges double δ (0.5 -> 1 -> 2) until one cluster holds all 12 keys.
+  const int n = 12, d = 4;
+  MatF K = MatF::Zero(n, d), V = MatF::Ones(n, d);
+  for (int i = 0; i < n; ++i) K(i, 0) = 0.8f * float(i / 4) + 0.01f * float(i % 4);
+  SubGenConfig c;
+  c.delta = 0.5;
+  c.s = 1;
+  c.t = 3;
+  c.max_clusters = 1;
+  std::vector<double> counts(n, 0), uniform(n, 1.0 / n);
+  for (int seed = 0; seed < 3000; ++seed) {
+    SubGen sg(c, d, derive_seed({2003, uint64_t(seed)}));
+    for (int i = 0; i < n; ++i) {
+      sg.update(i, K.row(i).data(), V.row(i).data());
+      REQUIRE(sg.clusters() == 1);
+    }
+    REQUIRE(sg.cluster_count(0) == n);
+    REQUIRE(sg.delta() == Approx(2.0));
+    for (int32_t a : sg.assignment()) REQUIRE(a == 0);
+    for (int64_t s : sg.cluster_samples(0)) counts[s] += 1;
+  }
+  const double crit = chi_critical(n - 1);
+  const double x2 = chi_square(counts, uniform);
+  INFO("chi-square " << x2 << " vs " << crit);
+  CHECK(x2 < crit);
+  // Negative control: keeping the surviving cluster's samples at a merge (no n_A/(n_A+n_B) draw)
+  // would leave the slots uniform over the first group only.
+  std::vector<double> first_group(n, 0);
+  for (int i = 0; i < 4; ++i) first_group[i] = 3.0 * 3000 / 4;
+  CHECK(chi_square(first_group, uniform) > crit);
+
+  // On a Gaussian stream: m' ≤ cap after every token, memory ≤ cap(1+t) + 2s vectors, and the
+  // partition stays consistent (counts sum to the tokens seen, assignments point at live clusters).
+  Engine eng(7);
+  boost::random::normal_distribution<float> normal;
+  MatF G(500, 8);
+  for (Eigen::Index i = 0; i < G.size(); ++i) G.data()[i] = normal(eng);
+  SubGenConfig g;
+  g.delta = 0.1;
+  g.s = 8;
+  g.t = 2;
+  g.max_clusters = 10;
+  SubGen sg(g, 8, 11);
+  for (int i = 0; i < 500; ++i) {
+    sg.update(i, G.row(i).data(), G.row(i).data());
+    REQUIRE(sg.clusters() <= 10);
+    REQUIRE(sg.stored_vectors() <= 10 * 3 + 16);
+    int64_t total = 0;
+    for (int64_t j = 0; j < sg.clusters(); ++j) total += sg.cluster_count(j);
+    REQUIRE(total == i + 1);
+  }
+  CHECK(sg.delta() > 0.1);
+  for (int32_t a : sg.assignment()) REQUIRE((a >= 0 && a < sg.clusters()));
+}
 
 TEST_CASE("subgen Theorem 1: Eq. (3) in >= 99% and Eq. (5)/(6) in >= 99.5% of seeds", "[subgen][theorem1]") {
   const int seeds = 300;

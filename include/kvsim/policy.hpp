@@ -89,6 +89,12 @@ class Policy {
   virtual int64_t cache_vectors() const { return 2 * cache_tokens(); }
   /// Number of key clusters the policy maintains (SubGen's m', k-center's centers); NaN if none.
   virtual double clusters() const { return std::numeric_limits<double>::quiet_NaN(); }
+  /// Equal-memory matching rule under `memory = M`: false (default) — the cache holds exactly
+  /// min(M, t) tokens' worth of vectors at every step (±2%); true — the policy's size oscillates by
+  /// design (BUZZ's batch evictions, k-center's merges, SubGen's cluster merges), so it is matched
+  /// on *capacity*: it never stores more than M tokens' worth (+2%), and its mean occupancy
+  /// (summary cache_bytes) shows how much of M it actually uses.
+  virtual bool capacity_matched() const { return false; }
 };
 
 /// Combines a KV group's per-query-head vectors (attention, scores) by `group_agg` (DESIGN §4):
@@ -118,10 +124,13 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const Params& param
 /// Equal-memory matching (DESIGN §4, issue "headline comparison"): a policy given `memory = M`
 /// (tokens, or a fraction of n) instead of its own size parameters is sized so that its cache holds
 /// min(M, t) tokens' worth of key/value vectors at step t: window/sink/uniform/oracle_topk/h2o get
-/// budget = M; buzz gets sink + window + threshold = M with T/w from Theorem 3.1; subgen_kcenter gets
-/// recent + centers = M (streaming). subgen and exact are refused. The replay engine then checks
-/// cache_bytes against the target at every evaluated step (2% tolerance) and refuses a policy whose
-/// cache cannot be held there. Returns −1 when `memory` is not given.
+/// budget = M and are checked at every evaluated step (cache_bytes within 2% of the target). Policies
+/// whose size oscillates by design are matched on capacity (Policy::capacity_matched: never above M
+/// tokens' worth +2%): buzz gets sink + window + threshold = M with T/w from Theorem 3.1;
+/// subgen_kcenter gets recent + centers = M (streaming); subgen gets s = ⌊M/2⌋ matrix-product
+/// samples (2s vectors) and at most ⌊M/(1+t)⌋ clusters (SubGenConfig::max_clusters, t default 3).
+/// exact is refused. The engine refuses a policy that breaks its rule, naming the step and head.
+/// Returns −1 when `memory` is not given.
 int64_t memory_target_tokens(const Params& params, int64_t n);
 
 /// Names accepted by make_policy.

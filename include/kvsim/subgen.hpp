@@ -30,6 +30,14 @@ struct SubGenConfig {
   /// Negative control for Lemma 1: sample M ∝ ‖k‖² (the typo in the paper's §2.2 prose) instead of
   /// ∝ ‖v‖². Never use for results.
   bool sample_by_key = false;
+  /// 0 = Algorithm 1 as published (m' grows with the stream). > 0 = kvsim's fixed-memory variant
+  /// for equal-memory comparisons (not in the paper): when a new cluster would make m' exceed it,
+  /// δ doubles and clusters whose representatives lie within the new δ of an earlier kept one merge
+  /// into it (the doubling step of Charikar et al., SubGen ref. [3]), repeated until m' ≤ cap.
+  /// Merging keeps Lemma 2's per-slot uniformity: slot j of the merged cluster is A's slot j w.p.
+  /// n_A/(n_A+n_B), else B's — uniform over A ∪ B because each input slot is uniform over its own
+  /// cluster. Members then lie within 1.5·δ of their representative (δ/2 + δ), not δ.
+  int64_t max_clusters = 0;
 };
 
 /// Theorem 1's sample sizes with kvsim's documented constants: s = ⌈c_s·ε⁻²·d⌉,
@@ -60,6 +68,8 @@ class SubGen {
   /// Cluster assignment of every token so far (the partition C_1..C_m of Lemma 2).
   const std::vector<int32_t>& assignment() const { return assign_; }
   double mu() const { return mu_; }
+  /// Current cluster radius: cfg.delta, doubled at each merge round when max_clusters > 0.
+  double delta() const { return delta_; }
   /// Stored d-vectors: m representatives + m·t cluster samples + s keys + s values.
   int64_t stored_vectors() const { return clusters() * (1 + cfg_.t) + 2 * cfg_.s; }
   const SubGenConfig& config() const { return cfg_; }
@@ -68,6 +78,8 @@ class SubGen {
   SubGenConfig cfg_;
   int d_;
   Engine eng_;
+  double delta_;
+  void merge_clusters();  // one doubling round (max_clusters > 0)
   // D
   MatD reps_;                 // [capacity, d] representatives
   VecD rep_sqnorm_;

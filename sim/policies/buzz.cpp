@@ -44,6 +44,7 @@ class BuzzPolicy final : public Policy {
       : sink_(sink), w_(window), T_(T), s_(stride), log_scale_(log_scale), agg_(s.group_agg), d_(s.head_dim) {}
 
   bool needs_every_query() const override { return true; }
+  bool capacity_matched() const override { return true; }
 
   void observe(int64_t t, const float* k, const float* v) override {
     Tok x{t, Eigen::Map<const VecF>(k, d_).cast<double>(), Eigen::Map<const VecF>(v, d_).cast<double>(), 0};

@@ -80,6 +80,7 @@ class KCenterPolicy final : public Policy {
 
   int64_t cache_tokens() const override { return int64_t(centers_.size() + window_.size()); }
   double clusters() const override { return double(centers_.size()); }
+  bool capacity_matched() const override { return true; }
 
  private:
   size_t nearest(const VecD& k) const {

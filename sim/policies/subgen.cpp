@@ -23,6 +23,7 @@ class SubGenPolicy final : public Policy {
   int64_t cache_tokens() const override { return (sg_.stored_vectors() + 1) / 2; }
   int64_t cache_vectors() const override { return sg_.stored_vectors(); }
   double clusters() const override { return double(sg_.clusters()); }
+  bool capacity_matched() const override { return true; }
 
  private:
   SubGen sg_;
@@ -32,9 +33,15 @@ class SubGenPolicy final : public Policy {
 
 std::unique_ptr<Policy> make_subgen(const Params& p, const StreamInfo& s) {
   SubGenConfig c;
-  c.delta = p.get_double("delta", -1);
-  if (!(c.delta > 0)) throw Error("parameter 'delta' (cluster radius in key units) is required and must be > 0" + p.where("delta"));
   c.sample_by_key = p.get_bool("sample_by_key", false);
+  c.max_clusters = p.get_int("max_clusters", 0);
+  if (c.max_clusters < 0) throw Error("parameter 'max_clusters' must be ≥ 0 (0 = no cap, Algorithm 1 as published)" + p.where("max_clusters"));
+  // With a cluster cap δ adapts (doubling), so it may start at 0: every distinct key opens a cluster
+  // until the cap, then δ starts from half the closest pair of representatives.
+  c.delta = p.get_double("delta", c.max_clusters > 0 ? 0.0 : -1.0);
+  if (c.max_clusters > 0 ? !(c.delta >= 0) : !(c.delta > 0))
+    throw Error(std::string("parameter 'delta' (cluster radius in key units) ") +
+                (c.max_clusters > 0 ? "must be ≥ 0" : "is required and must be > 0") + p.where("delta"));
   if (p.has("eps")) {
     // Theorem 1 mode: s and t from ε, δ, r and n with kvsim's constants (overridable).
     double eps = p.get_double("eps", 0);
