@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Tests of datasets/export_hf.py (issue "Export q/k/v from Hugging Face models").
+
+  export_hf_test.py writer KVSIM SRC DATA   the recording writer against kvsim's reader and exact replay
+                                            (needs numpy + h5py)
+  export_hf_test.py models KVSIM SRC DATA   tiny randomly initialised Llama (GQA) and Mistral built from
+                                            configs: export, then `kvsim inspect --check-attn` must
+                                            reproduce the model's own attention output of layer 0 to 1e-4
+                                            (needs torch + transformers + h5py)
+Exit 0 = passed, 1 = failed, 77 = SKIPPED (ctest SKIP_RETURN_CODE) with the reason printed.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def kvsim_check_attn(kvsim, path, tol, layers=None):
+    cmd = [kvsim, "inspect", "--check-attn", "--attn-tol", str(tol), path]
+    if layers is not None:
+        cmd[3:3] = ["--layers"] + [str(l) for l in layers]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def text_of(data_dir):
+    p = os.path.join(data_dir, "tinystories-sample", "tinystories.txt")
+    if os.path.exists(p):
+        with open(p, encoding="utf-8") as f:
+            return f.read()
+    print("note: ../shared/data/tinystories-sample absent; using a built-in sentence")
+    return "Once upon a time, there was a little girl who loved to play outside in the sun. " * 8
+
+
+def test_writer(kvsim, src, data_dir):
+    try:
+        import numpy as np
+        import h5py  # noqa: F401
+    except ImportError as e:
+        print(f"SKIPPED: {e.name} not importable (scripts/install-deps.sh installs python3-numpy, python3-h5py)")
+        return SKIP
+    sys.path.insert(0, os.path.join(src, "datasets"))
+    import export_hf as ex
+
+    rng = np.random.default_rng(5)
+    H, Hkv, n, d = 4, 2, 48, 16
+    scale = 0.3
+    q = rng.standard_normal((H, n, d)).astype(np.float32)
+    k = rng.standard_normal((Hkv, n, d)).astype(np.float32)
+    v = rng.standard_normal((Hkv, n, d)).astype(np.float32)
+
+    def attention(kv_of):
+        out = np.zeros((H, n, d))
+        for h in range(H):
+            kk, vv = k[kv_of(h)].astype(np.float64), v[kv_of(h)].astype(np.float64)
+            logits = scale * q[h].astype(np.float64) @ kk.T
+            logits[np.triu_indices(n, 1)] = -np.inf
+            p = np.exp(logits - logits.max(axis=1, keepdims=True))
+            out[h] = (p / p.sum(axis=1, keepdims=True)) @ vv
+        return out
+
+    right = attention(lambda h: h // (H // Hkv))  # DESIGN §2: query head h uses KV head h / group
+    wrong = attention(lambda h: h % Hkv)          # the other common convention: must be caught
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype, tol in (("float32", 1e-5), ("float16", 2e-2)):
+            for name, attn, expect in (("right", right, 0), ("wrong", wrong, 1)):
+                path = os.path.join(tmp, f"{dtype}_{name}.h5")
+                rec = ex.RecordingFile(path, 1, H, Hkv, d, n, scale, "test", "export_hf_test", dtype, True)
+                rec.write(0, "q", q)
+                rec.write(0, "k", k)
+                rec.write(0, "v", v)
+                rec.write(0, "attn", attn.astype(np.float32))
+                rec.write_tokens(list(range(n)), [f"t{i}" for i in range(n)])
+                rec.close()
+                check(os.path.exists(path) and not os.path.exists(path + ".tmp"), f"{dtype}: file renamed into place")
+                rc, out = kvsim_check_attn(kvsim, path, tol)
+                check(rc == expect, f"{dtype} {name} GQA mapping: kvsim --check-attn exit {rc} (want {expect}): {out.strip()}")
+        # Refusals: non-finite values name the dataset and index; an aborted file leaves nothing.
+        path = os.path.join(tmp, "bad.h5")
+        rec = ex.RecordingFile(path, 1, H, Hkv, d, n, scale, "test", "export_hf_test", "float32", False)
+        bad = k.copy()
+        bad[1, 7, 3] = np.nan
+        try:
+            rec.write(0, "k", bad)
+            check(False, "NaN key rejected")
+        except ex.ExportError as e:
+            check("/layer_000/k" in str(e) and "(1, 7, 3)" in str(e), f"NaN key rejected by name: {e}")
+        try:
+            rec.close()
+            check(False, "close() with unwritten datasets refused")
+        except ex.ExportError as e:
+            check("never written" in str(e), f"close() with unwritten datasets refused: {e}")
+        rec.abort()
+        check(not os.path.exists(path) and not os.path.exists(path + ".tmp"), "aborted export leaves no file")
+        try:
+            ex.RecordingFile(path, 1, 6, 4, d, n, scale, "m", "s")
+            check(False, "n_heads not a multiple of n_kv_heads refused")
+        except ex.ExportError as e:
+            check("multiple" in str(e), f"head counts refused: {e}")
+        for spec, want in (("0,2-3", [0, 2, 3]), (None, [0, 1, 2, 3])):
+            check(ex.parse_layers(spec, 4) == want, f"--layers {spec} -> {want}")
+        for spec in ("5", "2,1", "x"):
+            try:
+                ex.parse_layers(spec, 4)
+                check(False, f"--layers {spec} refused")
+            except ex.ExportError as e:
+                check("--layers" in str(e), f"--layers {spec} refused: {e}")
+    return 0
+
+
+def test_models(kvsim, src, data_dir):
+    try:
+        import torch
+        import transformers
+        import h5py  # noqa: F401
+    except ImportError as e:
+        print(f"SKIPPED: {e.name} is not importable here (Debian 12's Python has torch and h5py but not "
+              "transformers; run this test where `import transformers` works, e.g. a GPU workstation)")
+        return SKIP
+    sys.path.insert(0, os.path.join(src, "datasets"))
+    import export_hf as ex
+
+    text = text_of(data_dir)
+    n = 96
+    ids = list(text.encode("utf-8"))[:n]
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    models = [("llama (GQA 4/2)", transformers.LlamaConfig(**common)),
+              ("mistral (GQA 4/2, window 4096)", transformers.MistralConfig(sliding_window=4096, **common))]
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, cfg in models:
+            torch.manual_seed(0)
+            cfg._attn_implementation = "eager"
+            model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+            path = os.path.join(tmp, label.split()[0] + ".h5")
+            info = ex.export_model(model, torch.tensor([ids]), path, dtype="float32", model_name=label)
+            check(info["key_check"] < 1e-5, f"{label}: exporter's rotated keys match the KV cache ({info['key_check']:.2g})")
+            rc, out = kvsim_check_attn(kvsim, path, 1e-4, layers=[0])
+            check(rc == 0, f"{label}: kvsim's exact replay of layer 0 reproduces the model's attention to 1e-4: {out.strip()}")
+            rc, out = kvsim_check_attn(kvsim, path, 1e-4)
+            check(rc == 0, f"{label}: every layer within 1e-4: {out.strip()}")
+        # The CLI end to end on a saved tiny Llama (byte tokens: no tokenizer files needed).
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(**common)
+        model = transformers.LlamaForCausalLM(cfg)
+        mdir = os.path.join(tmp, "tiny-llama")
+        model.save_pretrained(mdir)
+        tfile = os.path.join(tmp, "text.txt")
+        with open(tfile, "w", encoding="utf-8") as f:
+            f.write(text[:4000])
+        out = os.path.join(tmp, "cli.h5")
+        r = subprocess.run([sys.executable, os.path.join(src, "datasets", "export_hf.py"), "--model", mdir, "--text", tfile,
+                            "--tokens", "64", "--byte-tokens", "--model-dtype", "float32", "--dtype", "float16",
+                            "--device", "cpu", "--out", out], capture_output=True, text=True)
+        check(r.returncode == 0 and os.path.exists(out), f"CLI export: {r.stdout.strip()} {r.stderr.strip()[-400:]}")
+        rc, msg = kvsim_check_attn(kvsim, out, 2e-2)
+        check(rc == 0, f"CLI export (float16 storage) replays within 2e-2: {msg.strip()}")
+        r = subprocess.run([sys.executable, os.path.join(src, "datasets", "export_hf.py"), "--model", mdir, "--text", tfile,
+                            "--tokens", "100000", "--byte-tokens", "--out", out + "2"], capture_output=True, text=True)
+        check(r.returncode == 2 and "tokens" in r.stderr and not os.path.exists(out + "2"),
+              f"too few tokens refused: {r.stderr.strip()}")
+        # Refusal: a sliding window shorter than the sequence (kvsim replays full causal attention).
+        torch.manual_seed(0)
+        cfg = transformers.MistralConfig(sliding_window=16, **common)
+        cfg._attn_implementation = "eager"
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        path = os.path.join(tmp, "window.h5")
+        try:
+            ex.export_model(model, torch.tensor([ids]), path)
+            check(False, "sliding window 16 < 96 tokens refused")
+        except ex.ExportError as e:
+            check("sliding-window" in str(e) and not os.path.exists(path), f"sliding window refused: {e}")
+    return 0
+
+
+def main():
+    if len(sys.argv) != 5 or sys.argv[1] not in ("writer", "models"):
+        print(__doc__)
+        return 2
+    mode, kvsim, src, data_dir = sys.argv[1:]
+    rc = (test_writer if mode == "writer" else test_models)(kvsim, src, data_dir)
+    if rc == SKIP:
+        return SKIP
+    print(f"export_hf {mode}: {'FAILED ' + str(len(failures)) if failures else 'all passed'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
