@@ -31,11 +31,13 @@ def main(argv=None):
             if text(grp.attrs["name"]) != "buzz":
                 continue
             p = params(grp)
+            if "threshold" not in p or "window" not in p:
+                continue  # equal-memory runs (memory = ...) belong to metric_vs_budget
             strides.add(int(p.get("stride", 5)))
             rows.append((float(p["threshold"]) / float(p["window"]), np.mean(grp["rel_err"][:]),
                          np.mean(grp["eps_spectral"][:])))
     if not rows:
-        sys.exit(f"error: {a.results_dir}/results.h5: no buzz policies")
+        sys.exit(f"error: {a.results_dir}/results.h5: no buzz policies with threshold and window")
     rows.sort()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     x = [r[0] for r in rows]

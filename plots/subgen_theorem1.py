@@ -49,6 +49,8 @@ def main(argv=None):
                 continue
             e = grp["eps_spectral"][:]
             tau = grp["tau_rel_err"][:]
+            if "memory" in p or not ("eps" in p or ("s" in p and "t" in p)):
+                continue  # equal-memory runs belong to metric_vs_budget
             if "eps" in p:
                 eps_rows.append((float(p["eps"]), np.median(e), np.percentile(e, 99)))
             else:

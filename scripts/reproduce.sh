@@ -18,10 +18,12 @@ $K record --checkpoint "$D/aidreams260K/aidreams260K.bin" --tokenizer "$D/aidrea
 $K run experiments/budget_sweep.toml --threads "$T" --quiet --out results/budget_sweep_generate \
   --set data.path=results/recordings/stories260k_generate.h5 > results/budget_sweep_generate.txt
 $K run experiments/budget_sweep.toml --threads "$T" --quiet --out results/budget_sweep_aidreams \
-  --set data.path=results/recordings/aidreams_generate.h5 > results/budget_sweep_aidreams.txt
+  --set data.path=results/recordings/aidreams_generate.h5 --set 'policy.memory=[0.1,0.2,0.3,0.4,0.6]' > results/budget_sweep_aidreams.txt
 $K run experiments/budget_sweep_synthetic.toml --threads "$T" --quiet --out results/budget_sweep_clustered \
   --set data.synthetic=clustered > results/budget_sweep_clustered.txt
-for cfg in budget_sweep_synthetic quickstart stories260k policies_stories260k budget_sweep subgen_theorem1 subgen_theorem1_stories260k \
+$K run experiments/budget_sweep_long.toml --threads "$T" --quiet --out results/budget_sweep_long_clustered \
+  --set data.synthetic=clustered > results/budget_sweep_long_clustered.txt
+for cfg in budget_sweep_long budget_sweep_synthetic quickstart stories260k policies_stories260k budget_sweep subgen_theorem1 subgen_theorem1_stories260k \
            h2o_submodular h2o_buzz_20pct buzz_tw_sweep; do
   $K run "experiments/$cfg.toml" --threads "$T" --quiet > "results/$cfg.txt"
 done
@@ -29,5 +31,5 @@ $K clusters experiments/clusterability.toml > results/clusterability.txt
 $K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop.txt
 $PY plots/make_figures.py results/stories260k results/policies_stories260k results/subgen_theorem1 \
   results/subgen_theorem1_stories260k results/budget_sweep results/budget_sweep_generate results/budget_sweep_aidreams \
-  results/budget_sweep_synthetic results/budget_sweep_clustered results/h2o_submodular results/h2o_buzz_20pct results/buzz_tw_sweep \
+  results/budget_sweep_synthetic results/budget_sweep_clustered results/budget_sweep_long results/budget_sweep_long_clustered results/h2o_submodular results/h2o_buzz_20pct results/buzz_tw_sweep \
   results/clusterability results/closed_loop --report results/report.md

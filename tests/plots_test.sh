@@ -25,6 +25,8 @@ run "$SRC/experiments/subgen_theorem1_stories260k.toml" --out "$TMP/s2" --set "d
 "$PY" "$SRC/plots/subgen_theorem1.py" "$TMP/s2" >/dev/null && check "$TMP/s2/subgen_theorem1"
 run "$SRC/experiments/h2o_submodular.toml" --out "$TMP/h" --set "data.path=$TMP/rec.h5"
 "$PY" "$SRC/plots/metric_vs_budget.py" "$TMP/h" >/dev/null && check "$TMP/h/metric_vs_budget"
+run "$SRC/experiments/budget_sweep.toml" --out "$TMP/m" --set "data.path=$TMP/rec.h5" --set 'policy.memory=[0.2,0.6]' --set eval.every=8
+"$PY" "$SRC/plots/metric_vs_budget.py" "$TMP/m" >/dev/null && check "$TMP/m/metric_vs_budget"
 run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b" --set "data.path=$TMP/rec.h5"
 "$PY" "$SRC/plots/buzz_tw_sweep.py" "$TMP/b" >/dev/null && check "$TMP/b/buzz_tw_sweep"
 "$KVSIM" clusters "$SRC/experiments/clusterability.toml" --out "$TMP/c" --set "data.path=$TMP/rec.h5" >/dev/null \
@@ -41,7 +43,7 @@ else
   echo "SKIPPED: closed-loop figure ($DATA absent)"
 fi
 # One command for every figure + report.md over all the tiny runs.
-dirs="$TMP/q $TMP/s $TMP/s2 $TMP/h $TMP/b $TMP/c"; [ -d "$TMP/cl2" ] && dirs="$dirs $TMP/cl2"
+dirs="$TMP/q $TMP/s $TMP/s2 $TMP/h $TMP/m $TMP/b $TMP/c"; [ -d "$TMP/cl2" ] && dirs="$dirs $TMP/cl2"
 if "$PY" "$SRC/plots/make_figures.py" $dirs --report "$TMP/report.md" >/dev/null 2>"$TMP/err"; then
   n=$(grep -c '^!\[' "$TMP/report.md"); [ "$n" -ge 8 ] && passes=$((passes+1)) || { echo "FAIL: report.md embeds only $n figures"; fails=$((fails+1)); }
   grep -q '^| policy |' "$TMP/report.md" && passes=$((passes+1)) || { echo "FAIL: report.md has no summary table"; fails=$((fails+1)); }

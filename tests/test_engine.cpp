@@ -294,6 +294,9 @@ memory = [0.1, 0.3]
                                    "memory=0.1\nmode='prefill'\n", "k.toml");
   auto ksrc = open_source(kp.data);
   CHECK_THROWS_WITH(run_experiment(kp, *ksrc, 1), Contains("capacity rule"));
+  Experiment tiny = parse_experiment("[data]\nsynthetic='gaussian'\nn=128\nd=8\n[[policy]]\nname='buzz'\nmemory=0.05\n", "z.toml");
+  auto tsrc = open_source(tiny.data);
+  CHECK_THROWS_WITH(run_experiment(tiny, *tsrc, 1), Contains("too small for buzz"));
   CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\n[[policy]]\nname='exact'\nmemory=0.3\n", "e.toml"),
                     Contains("'memory' cannot be matched for 'exact'"));
   CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\n[[policy]]\nname='subgen'\nmemory=0.3\ndelta=1\ns=4\n", "s.toml"),

@@ -141,4 +141,10 @@ const std::vector<std::string>& policy_names();
 void attend_cached(const MatD& keys, const MatD& values, int64_t m, const Eigen::Ref<const VecD>& q, VecD& z,
                    double& log_sum);
 
+/// The same for a group of G queries sharing one cache (a KV head's query group): q is [G, d];
+/// on return P is [m, G] (column g = softmax of query g's logits), Z is [G, d] and log_sum[g] =
+/// log Σ exp(logits of query g). m = 0 gives Z = 0 and log_sum = −∞.
+void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const MatD& q, MatD& P, MatD& Z,
+                         VecD& log_sum);
+
 }  // namespace kvsim

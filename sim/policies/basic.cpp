@@ -49,13 +49,14 @@ class SinkWindowPolicy final : public Policy {
   }
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     if (!out) return;
-    for (Eigen::Index i = 0; i < q.rows(); ++i) cache_.answer(q.row(i).transpose(), (*out)[i]);
+    cache_.answer_group(q, out, P_);
   }
   int64_t cache_tokens() const override { return cache_.size(); }
 
  private:
   int64_t sink_, window_;
   SlotCache cache_;
+  MatD P_;
 };
 
 /// `oracle_topk` (H2O Fig. 2 "oracle"): for each evaluated query, the B tokens of largest exact

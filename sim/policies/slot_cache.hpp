@@ -38,6 +38,18 @@ class SlotCache {
     a.kept.assign(pos_.begin(), pos_.begin() + size_);
     return ls;
   }
+  /// Answers for a query group [G, d] in one pass (attend_cached_group); P receives the [m, G]
+  /// attention of each query over the slots (for score-keeping policies). `out` may be null.
+  void answer_group(const MatD& q, std::vector<Answer>* out, MatD& P) {
+    attend_cached_group(keys_, values_, size_, q, P, Z_, ls_);
+    if (!out) return;
+    for (Eigen::Index g = 0; g < q.rows(); ++g) {
+      Answer& a = (*out)[g];
+      a.z = Z_.row(g).transpose();
+      a.has_kept = true;
+      a.kept.assign(pos_.begin(), pos_.begin() + size_);
+    }
+  }
   const MatD& keys() const { return keys_; }
   const MatD& values() const { return values_; }
 
@@ -45,6 +57,8 @@ class SlotCache {
   MatD keys_, values_;
   std::vector<int64_t> pos_;
   int64_t size_ = 0;
+  MatD Z_;   // scratch for answer_group
+  VecD ls_;
 };
 
 }  // namespace kvsim::policies
