@@ -126,7 +126,7 @@ void parse_eval(const TV& root, EvalSpec& e) {
   if (root.contains("eval")) {
     const TV& ev = root.at("eval");
     if (!ev.is_table()) fail_at(ev, "[eval] must be a table");
-    check_keys(ev, {"every", "from", "gqa", "group_agg", "objectives", "objectives_every", "objectives_max_t",
+    check_keys(ev, {"every", "from", "gqa", "group_agg", "policy_precision", "objectives", "objectives_every", "objectives_max_t",
                     "theorem44_alpha", "theorem44_beta"},
                "[eval]");
     if (ev.contains("objectives")) {
@@ -151,6 +151,9 @@ void parse_eval(const TV& root, EvalSpec& e) {
     e.group_agg = get_string(ev, "group_agg", "mean", "eval.");
     if (e.group_agg != "mean" && e.group_agg != "max" && e.group_agg != "sum")
       fail_at(ev.at("group_agg"), "eval.group_agg must be \"mean\", \"max\" or \"sum\"");
+    e.policy_precision = get_string(ev, "policy_precision", "float64", "eval.");
+    if (e.policy_precision != "float64" && e.policy_precision != "float32")
+      fail_at(ev.at("policy_precision"), "eval.policy_precision must be \"float64\" or \"float32\"");
   }
 
 }

@@ -103,6 +103,7 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
     info.n = n;
     info.head_dim = d;
     info.group_agg = ex.eval.group_agg;
+    info.policy_f32 = ex.eval.policy_precision == "float32";
     int n_inst = per_query ? G : 1;
     info.n_queries = per_query ? 1 : G;
     for (int i = 0; i < n_inst; ++i) {

@@ -213,3 +213,34 @@ TEST_CASE("policies: hand-made stream - a far sink token is lost by window and k
   CHECK(w.rel_err == Approx(a0 / std::sqrt(1 + a0 * a0)).epsilon(1e-12));
   CHECK(s.rel_err == Approx((b0 - a0) / std::sqrt(1 + a0 * a0)).epsilon(1e-9));
 }
+
+TEST_CASE("policies: float32 policy arithmetic stays within 1e-5 of float64 with the same kept sets", "[policies][precision]") {
+  // The documented accuracy of `[eval] policy_precision = "float32"` (sim/policies/slot_cache.hpp).
+  SynthSource src(test::small_synth("heavy_hitter", 160, 64, 1, 4, 2));
+  Experiment ex = experiment_for("kv_head");
+  ex.policies.push_back({"window", "window_all", Params()});
+  ex.policies.back().params.set("budget", int64_t(160));  // keeps everything: rel_err is pure rounding
+  RunResult d = run_experiment(ex, src, 1);
+  ex.eval.policy_precision = "float32";
+  RunResult f = run_experiment(ex, src, 1);
+  double worst = 0;
+  for (size_t p = 0; p < d.policies.size(); ++p) {
+    INFO(d.policies[p].spec.label);
+    REQUIRE(d.policies[p].rows.size() == f.policies[p].rows.size());
+    for (size_t i = 0; i < d.policies[p].rows.size(); ++i) {
+      const auto &x = d.policies[p].rows[i], &y = f.policies[p].rows[i];
+      REQUIRE(x.kept_mass == Approx(y.kept_mass).margin(1e-12));  // same kept set (probabilities from the reference)
+      const double diff = std::abs(x.rel_err - y.rel_err);        // ≤ ‖z32 − z64‖ / ‖Attn‖
+      worst = std::max(worst, diff);
+      REQUIRE(diff <= 1e-5);
+      if (!std::isnan(x.tau_rel_err)) REQUIRE(std::abs(x.tau_rel_err - y.tau_rel_err) <= 1e-5);
+    }
+  }
+  // The full-budget window is exact up to rounding in both modes; float32 rounding is visible but small.
+  for (const auto& row : f.policies.back().rows) REQUIRE(row.rel_err <= 1e-5);
+  double max32 = 0;
+  for (const auto& row : f.policies.back().rows) max32 = std::max(max32, row.rel_err);
+  for (const auto& row : d.policies.back().rows) REQUIRE(row.rel_err <= 1e-12);
+  INFO("worst |rel_err(float32) − rel_err(float64)| = " << worst << ", full window float32 rel_err " << max32);
+  CHECK(max32 > 1e-12);  // float32 arithmetic is really in use
+}

@@ -32,6 +32,9 @@ struct EvalSpec {
   int64_t from = 1;              ///< ... starting at step `from`; the last step is always evaluated
   std::string gqa = "kv_head";   ///< "kv_head" (one cache per KV head) or "query_head"
   std::string group_agg = "mean";
+  /// "float64" (default) or "float32": arithmetic of the window, sink, h2o and uniform policies
+  /// (sim/policies/slot_cache.hpp). The exact reference and metrics are always double.
+  std::string policy_precision = "float64";
   // H2O objectives (include/kvsim/objectives.hpp), off by default: computed at evaluated steps t that
   // are multiples of objectives_every (and the last), for t ≤ objectives_max_t.
   bool objectives = false;

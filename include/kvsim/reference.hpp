@@ -32,8 +32,9 @@ size_t reference_block_end(const std::vector<int64_t>& steps, size_t begin);
 VecD global_attention_scores(const MatF& Q, const MatD& K, double scale);
 
 /// Incremental operator norm ‖V_t‖_op = sqrt(λ_max(V_tᵀV_t)) (DESIGN §5, for SubGen Eq. 3's ε).
-/// `add` is a rank-1 update of the d×d Gram matrix (O(d²)); `op_norm` runs power iteration warm-started
-/// from the previous top eigenvector (O(d²) per iteration, a handful of iterations per step).
+/// `add` is a rank-1 update of the d×d Gram matrix (O(d²)); `op_norm` runs restarted Lanczos (≤ 24
+/// O(d²) matrix-vector products per restart) warm-started from the previous top Ritz vector, to a
+/// Ritz residual ≤ 1e-9·λ. last_iterations() = matrix-vector products of the last call.
 class OperatorNormTracker {
  public:
   explicit OperatorNormTracker(int d);
@@ -44,6 +45,7 @@ class OperatorNormTracker {
 
  private:
   MatD G_;   // upper triangle maintained, mirrored on demand
+  MatD S_, Q_;  // scratch: mirrored Gram matrix, Lanczos basis
   VecD x_;   // warm-start vector
   int d_;
   int iters_ = 0;

@@ -37,7 +37,8 @@ class ExactPolicy final : public Policy {
 /// `sink` tokens plus the most recent ones; BUZZ §2, SubGen §3.2). Budget B = sink + window.
 class SinkWindowPolicy final : public Policy {
  public:
-  SinkWindowPolicy(int64_t sink, int64_t window, int d) : sink_(sink), window_(window), cache_(sink + window, d) {}
+  SinkWindowPolicy(int64_t sink, int64_t window, int d, bool f32)
+      : sink_(sink), window_(window), cache_(sink + window, d, f32) {}
   void observe(int64_t t, const float* k, const float* v) override {
     if (t < sink_ || cache_.size() < cache_.capacity()) {
       cache_.append(t, k, v);
@@ -109,7 +110,7 @@ class OracleTopK final : public Policy {
 /// (unbiased); the output is the softmax over the sample.
 class UniformPolicy final : public Policy {
  public:
-  UniformPolicy(int64_t budget, const StreamInfo& s) : budget_(budget), cache_(budget, s.head_dim), eng_(s.seed) {}
+  UniformPolicy(int64_t budget, const StreamInfo& s) : budget_(budget), cache_(budget, s.head_dim, s.policy_f32), eng_(s.seed) {}
   void observe(int64_t t, const float* k, const float* v) override {
     if (cache_.size() < budget_) {
       cache_.append(t, k, v);
@@ -142,7 +143,7 @@ std::unique_ptr<Policy> make_exact(const Params&, const StreamInfo& s) { return 
 std::unique_ptr<Policy> make_window(const Params& p, const StreamInfo& s) {
   int64_t b = p.get_budget("budget", s.n);
   if (b < 1) throw Error("parameter 'budget' must be at least 1 token" + p.where("budget"));
-  return std::make_unique<SinkWindowPolicy>(0, b, s.head_dim);
+  return std::make_unique<SinkWindowPolicy>(0, b, s.head_dim, s.policy_f32);
 }
 
 std::unique_ptr<Policy> make_sink(const Params& p, const StreamInfo& s) {
@@ -152,7 +153,7 @@ std::unique_ptr<Policy> make_sink(const Params& p, const StreamInfo& s) {
   if (b <= sink)
     throw Error("budget (" + std::to_string(b) + " tokens) must exceed 'sink' (" + std::to_string(sink) +
                 ") to leave room for a window" + p.where("budget"));
-  return std::make_unique<SinkWindowPolicy>(sink, b - sink, s.head_dim);
+  return std::make_unique<SinkWindowPolicy>(sink, b - sink, s.head_dim, s.policy_f32);
 }
 
 std::unique_ptr<Policy> make_oracle_topk(const Params& p, const StreamInfo& s) {

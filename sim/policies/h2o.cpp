@@ -24,7 +24,7 @@ namespace {
 class H2OPolicy final : public Policy {
  public:
   H2OPolicy(int64_t budget, int64_t recent, bool global, const StreamInfo& s)
-      : budget_(budget), recent_(recent), global_(global), agg_(s.group_agg), cache_(budget, s.head_dim),
+      : budget_(budget), recent_(recent), global_(global), agg_(s.group_agg), cache_(budget, s.head_dim, s.policy_f32),
         score_(budget, 0.0) {}
 
   bool needs_every_query() const override { return !global_; }
