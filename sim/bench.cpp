@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kvsim/cuda.hpp"
 #include "kvsim/error.hpp"
 #include "kvsim/experiment.hpp"
 #include "kvsim/reference.hpp"
@@ -73,6 +74,7 @@ struct Json {
 }  // namespace
 
 std::string run_bench(const BenchOptions& o) {
+  if (o.device == "cuda") return cuda::bench(o.quick);
   std::ostringstream out;
   Json js;
   char buf[256];

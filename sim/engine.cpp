@@ -10,6 +10,7 @@
 
 #include "kvsim/error.hpp"
 #include "kvsim/experiment.hpp"
+#include "kvsim/cuda_reference.hpp"
 #include "kvsim/objectives.hpp"
 #include "kvsim/reference.hpp"
 #include "kvsim/rng.hpp"
@@ -162,7 +163,10 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
     // Block of evaluated steps so that rows × t_max stays ≤ 4M doubles per query head.
     const size_t b1 = reference_block_end(steps, b0);
     std::vector<int64_t> block(steps.begin() + b0, steps.begin() + b1);
-    for (int g = 0; g < G; ++g) exact_attention(Q[g], K, V, scale, block, ref[g]);
+    for (int g = 0; g < G; ++g) {
+      if (ex.eval.device == "cuda") cuda::exact_attention_block(Q[g], Kf, Vf, scale, block, ref[g]);
+      else exact_attention(Q[g], K, V, scale, block, ref[g]);
+    }
     std::vector<double> opnorm(block.size());
     for (size_t r = 0; r < block.size(); ++r) {
       for (; opn_t < block[r]; ++opn_t) opn.add(Vf.row(opn_t).data());

@@ -11,6 +11,7 @@
 #include "kvsim/clustering.hpp"
 #include "kvsim/config.hpp"
 #include "kvsim/error.hpp"
+#include "kvsim/cuda.hpp"
 #include "kvsim/inspect.hpp"
 #include "kvsim/record.hpp"
 #include "kvsim/results.hpp"
@@ -20,8 +21,14 @@ using namespace kvsim;
 
 namespace {
 
-int cmd_run(const std::string& config, std::string out, int threads, const std::vector<std::string>& sets, bool quiet) {
+int cmd_run(const std::string& config, std::string out, int threads, std::vector<std::string> sets, bool quiet,
+            const std::string& device) {
+  if (!device.empty()) sets.push_back("eval.device=\"" + device + "\"");
   Experiment ex = load_experiment(config, sets);
+  if (ex.eval.device == "cuda") {
+    cuda::require_device();  // a clear error before anything is computed or written
+    std::cerr << "kvsim run: exact reference on " << cuda::device_description() << "\n";
+  }
   if (out.empty()) out = "results/" + ex.name;
   auto src = open_source(ex.data);
   if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -57,6 +64,9 @@ int main(int argc, char** argv) {
   run->add_option("--threads", threads, "worker threads (default: all cores)");
   run->add_option("--set", sets, "override a config key, e.g. --set eval.every=4 (repeatable)");
   run->add_flag("--quiet", quiet, "no progress on stderr");
+  std::string device;
+  run->add_option("--device", device, "cpu or cuda: where the exact reference runs (= --set eval.device=...)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 
   auto* synth = app.add_subcommand("synth", "write a seeded synthetic stream in the recording schema");
   SynthParams sp;
@@ -114,6 +124,7 @@ int main(int argc, char** argv) {
   bench->add_flag("--quick", bo.quick, "small sizes (seconds)");
   bench->add_option("--threads", bo.threads, "N for the 1-vs-N threads comparison (default: all cores)");
   bench->add_option("--json", bo.json, "also write the figures as JSON");
+  bench->add_option("--device", bo.device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
 
   auto* inspect = app.add_subcommand("inspect", "print schema, shapes, norms and logit ranges of a recording");
   std::string inspect_path;
@@ -133,7 +144,7 @@ int main(int argc, char** argv) {
   }
   int sp_kv_given = synth->count("--kv-heads");
   try {
-    if (*run) return cmd_run(config, out, threads, sets, quiet);
+    if (*run) return cmd_run(config, out, threads, sets, quiet, device);
     if (*synth) {
       if (!sp_kv_given) sp.n_kv_heads = sp.n_heads;
       SynthSource src(sp);

@@ -35,6 +35,16 @@ expect_fail "kv_heads" "$KVSIM" synth --preset gaussian --heads 4 --kv-heads 3 -
 printf 'name="c"\n[data]\npath="x.h5"\n[clusters]\ndelta_rell=0.5\n' > "$TMP/cl.toml"
 expect_fail "unknown key 'delta_rell'" "$KVSIM" clusters "$TMP/cl.toml" --out "$TMP/cl_out"
 
+# --device cuda: runs where a GPU is usable; elsewhere a clear error naming the reason, no results.
+err=$("$KVSIM" run "$SRC/experiments/quickstart.toml" --device cuda --out "$TMP/cuda_out" --quiet 2>&1 >/dev/null); rc=$?
+if [ $rc -ne 0 ]; then
+  grep -q -- "--device cuda: " <<<"$err" && ok || bad "--device cuda message: $err"
+  [ -e "$TMP/cuda_out" ] && bad "--device cuda without a GPU left $TMP/cuda_out" || ok
+fi
+err=$("$KVSIM" bench --device cuda --quick 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] || { grep -q -- "--device cuda: " <<<"$err" && ok || bad "bench --device cuda message: $err"; }
+expect_fail "eval.device" "$KVSIM" run "$SRC/experiments/quickstart.toml" --set 'eval.device="tpu"' --out "$TMP/tpu"
+
 # Good path: synth -> inspect -> run on the recording with overrides.
 "$KVSIM" synth --preset clustered --n 256 --d 16 --layers 2 --heads 4 --kv-heads 2 --seed 3 --out "$TMP/c.h5" >/dev/null || bad "synth failed"
 "$KVSIM" inspect "$TMP/c.h5" | grep -q "heads:         4 query, 2 kv" && ok || bad "inspect output"

@@ -8,6 +8,7 @@ struct BenchOptions {
   bool quick = false;        ///< smaller sizes (used by the test); the default runs the full set
   int threads = 0;           ///< N for the 1-vs-N comparison (0 = all cores)
   std::string json;          ///< also write the figures as JSON here (atomically)
+  std::string device = "cpu";  ///< "cuda": the GPU figures of include/kvsim/cuda.hpp instead
 };
 
 /// Runs the benchmarks and returns the printable report (figures, not pass/fail).

@@ -35,6 +35,9 @@ struct EvalSpec {
   /// "float64" (default) or "float32": arithmetic of the window, sink, h2o and uniform policies
   /// (sim/policies/slot_cache.hpp). The exact reference and metrics are always double.
   std::string policy_precision = "float64";
+  /// "cpu" (default) or "cuda": where the exact reference runs (include/kvsim/cuda.hpp; fp32 on the
+  /// GPU, so reference-relative metrics carry ~1e-5 of its rounding). Policies run on the CPU.
+  std::string device = "cpu";
   // H2O objectives (include/kvsim/objectives.hpp), off by default: computed at evaluated steps t that
   // are multiples of objectives_every (and the last), for t ≤ objectives_max_t.
   bool objectives = false;

@@ -6,6 +6,7 @@
 
 #include "factories.hpp"
 #include "kvsim/error.hpp"
+#include "kvsim/hd.hpp"
 #include "kvsim/rng.hpp"
 #include "slot_cache.hpp"
 
@@ -40,13 +41,11 @@ class SinkWindowPolicy final : public Policy {
   SinkWindowPolicy(int64_t sink, int64_t window, int d, bool f32)
       : sink_(sink), window_(window), cache_(sink + window, d, f32) {}
   void observe(int64_t t, const float* k, const float* v) override {
-    if (t < sink_ || cache_.size() < cache_.capacity()) {
-      cache_.append(t, k, v);
-      return;
-    }
-    // Ring over the window part: token t replaces the oldest non-sink token.
-    int64_t slot = sink_ + (t - sink_) % window_;
-    cache_.put(slot, t, k, v);
+    // Shared with the CUDA path (include/kvsim/hd.hpp): the first sink + window tokens fill the
+    // slots in order, later ones replace the oldest non-sink token (a ring over the window part).
+    const int64_t slot = hd::sink_window_slot(t, sink_, window_);
+    if (slot == cache_.size()) cache_.append(t, k, v);
+    else cache_.put(slot, t, k, v);
   }
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     if (!out) return;

@@ -1,0 +1,37 @@
+// kvsim: the CUDA path (issue "GPU path"), first step: the exact causal reference on the GPU.
+// Compiled from sim/cuda/*.cu when CMake finds nvcc (option KVSIM_CUDA, default ON; sm_90 SASS +
+// compute_80 PTX); otherwise sim/cuda_stub.cpp provides the same API, reporting that CUDA is absent.
+// Every call that needs a device throws kvsim::Error with the reason when none is usable.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace kvsim::cuda {
+
+/// True when this binary was compiled with the CUDA path.
+bool compiled();
+/// Usable CUDA devices; 0 with `why` set (no driver, no device, built without CUDA) otherwise.
+int device_count(std::string* why = nullptr);
+/// Throws kvsim::Error naming the reason unless a CUDA device is usable ("--device cuda").
+void require_device();
+/// "NAME (sm_XY, N GiB)" of device 0.
+std::string device_description();
+
+/// Exact causal attention of `heads` query heads at once (DESIGN §3; fp32 arithmetic, online softmax
+/// from include/kvsim/hd.hpp), for the evaluated steps `steps` (1-based, increasing, ≤ n).
+/// Q: [heads][n][d] unscaled, K, V: [kv_heads][n][d] (query head h uses KV head h / (heads/kv_heads)),
+/// all row-major float32 on the host. Outputs (host, resized): out [heads][rows][d],
+/// log_tau [heads][rows], probs_norm [heads][rows], and when `probs` is non-null the attention
+/// rows [heads][rows][t_max] (zero beyond t). Throws kvsim::Error on CUDA errors.
+void exact_attention(const float* Q, const float* K, const float* V, int heads, int kv_heads, int64_t n, int d,
+                     double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
+                     std::vector<double>& log_tau, std::vector<double>& probs_norm, std::vector<float>* probs);
+
+/// `kvsim bench --device cuda`: the device, cuBLAS SGEMM rates (fp32 and TF32 tensor cores, 8192³)
+/// as rooflines, and the exact causal pass (32 heads, head_dim 128, every 16th step evaluated) at
+/// n ∈ {2048, 8192, 32768} in TFLOP/s. Printable figures; throws kvsim::Error without a device.
+std::string bench(bool quick);
+
+}  // namespace kvsim::cuda

@@ -1,0 +1,96 @@
+// kvsim: step logic shared by the CPU path and the CUDA path (issue "GPU path"): one source of truth,
+// compiled as __host__ __device__ code by nvcc and as plain inline C++ otherwise, so the CPU tests
+// exercise exactly the logic the kernels run.
+//
+//  - OnlineSoftmax: running max m, Σ e^{l−m} and Σ e^{2(l−m)} of a stream of logits (the
+//    flash-attention recurrence, Milakov & Gimelshein 2018), mergeable across threads; gives
+//    log τ = m + log s1 (DESIGN §3) and ‖a‖₂ = √s2 / s1 (the ‖softmax(Kq)‖ of SubGen Eq. 3).
+//  - philox4x32_10: the counter-based generator of Salmon et al. (SC'11, Random123), so CPU and GPU
+//    draw identical random numbers from (counter, key) without shared state.
+//  - sink_window_slot: where token t goes in a sink + ring-window cache (StreamingLLM / window).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KVSIM_HD __host__ __device__ __forceinline__
+#else
+#define KVSIM_HD inline
+#endif
+
+namespace kvsim::hd {
+
+template <class T>
+struct OnlineSoftmax {
+  T m = -INFINITY;  ///< running max of the logits
+  T s1 = 0;         ///< Σ e^{l − m}
+  T s2 = 0;         ///< Σ e^{2(l − m)}
+
+  /// Adds one logit; returns the factor e^{m_old − m_new} by which earlier weights must be rescaled
+  /// (1 when the max did not move), so an output accumulator can follow (acc·factor + w·v).
+  KVSIM_HD T add(T l) {
+    if (l > m) {
+      const T f = (m == -INFINITY) ? T(0) : exp(m - l);
+      s1 = s1 * f + T(1);
+      s2 = s2 * f * f + T(1);
+      m = l;
+      return f;
+    }
+    const T w = exp(l - m);
+    s1 += w;
+    s2 += w * w;
+    return T(1);
+  }
+  /// Merges another partial state (e.g. another thread's share of the keys).
+  KVSIM_HD void merge(const OnlineSoftmax& o) {
+    if (o.m == -INFINITY) return;
+    if (m == -INFINITY) {
+      *this = o;
+      return;
+    }
+    const T mm = m > o.m ? m : o.m;
+    const T a = exp(m - mm), b = exp(o.m - mm);
+    s1 = s1 * a + o.s1 * b;
+    s2 = s2 * a * a + o.s2 * b * b;
+    m = mm;
+  }
+  /// Weight of logit l in the softmax: e^{l − m} / s1.
+  KVSIM_HD T prob(T l) const { return exp(l - m) / s1; }
+  KVSIM_HD T log_tau() const { return m + log(s1); }
+  KVSIM_HD T prob_norm() const { return sqrt(s2) / s1; }
+};
+
+/// Philox4x32-10 (Random123): 10 rounds of the Philox S-box on a 128-bit counter with a 64-bit key.
+struct Philox4 {
+  uint32_t v[4];
+};
+KVSIM_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  const uint64_t p = uint64_t(a) * uint64_t(b);
+  hi = uint32_t(p >> 32);
+  lo = uint32_t(p);
+}
+KVSIM_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
+  for (int r = 0; r < 10; ++r) {
+    uint32_t hi0, lo0, hi1, lo1;
+    philox_mulhilo(0xD2511F53u, c.v[0], hi0, lo0);
+    philox_mulhilo(0xCD9E8D57u, c.v[2], hi1, lo1);
+    c = Philox4{{hi1 ^ c.v[1] ^ k0, lo1, hi0 ^ c.v[3] ^ k1, lo0}};
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c;
+}
+/// A uniform double in [0, 1) from two 32-bit words (53 random bits).
+KVSIM_HD double philox_uniform01(uint32_t a, uint32_t b) {
+  const uint64_t x = (uint64_t(a) << 21) ^ uint64_t(b >> 11);
+  return double(x & ((uint64_t(1) << 53) - 1)) * (1.0 / 9007199254740992.0);
+}
+
+/// Slot of token t (0-based) in a cache of `sink` first tokens + a ring of `window` recent ones:
+/// t < sink + window fills slot t; later tokens replace the oldest window token, slot
+/// sink + (t − sink) mod window.
+KVSIM_HD int64_t sink_window_slot(int64_t t, int64_t sink, int64_t window) {
+  return t < sink + window ? t : sink + (t - sink) % window;
+}
+
+}  // namespace kvsim::hd

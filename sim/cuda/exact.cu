@@ -1,0 +1,208 @@
+// kvsim CUDA path: exact causal attention for evaluated steps, all query heads of a layer at once.
+// One thread block per (evaluated step, query head): pass 1 computes the scaled logits of the t
+// cached keys (one key per thread, strided) into a scratch row and each thread's online-softmax
+// state; a block reduction merges the states (hd::OnlineSoftmax::merge — the same code the CPU tests
+// run); pass 2 forms the output with one thread per output dimension (coalesced reads of V) and,
+// when asked, writes the normalized attention row. fp32 arithmetic throughout.
+// First version, written and compiled without a GPU: correctness is checked by the parity tests
+// (tests/cuda_parity.cpp) wherever a device exists; speed has not been tuned yet.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include <string>
+#include <vector>
+
+#include "kvsim/cuda.hpp"
+#include "kvsim/error.hpp"
+#include "kvsim/hd.hpp"
+
+namespace kvsim::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+template <class T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  explicit DeviceBuffer(size_t n) { check(cudaMalloc(&p, n * sizeof(T) + 1), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+__global__ void exact_kernel(const float* Qsel, const float* K, const float* V, int group, long long n, int d,
+                             float scale, const long long* steps, int rows, long long t_max, float* out, float* log_tau,
+                             float* pnorm, float* probs, float* logits) {
+  const int r = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const long long t = steps[r];
+  const float* Kh = K + (long long)(h / group) * n * d;
+  const float* Vh = V + (long long)(h / group) * n * d;
+  extern __shared__ float qs[];  // the scaled query, [d]
+  for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Qsel[((long long)h * rows + r) * d + i];
+  __syncthreads();
+  float* lg = logits + ((long long)h * rows + r) * t_max;
+  hd::OnlineSoftmax<float> st;
+  for (long long j = tid; j < t; j += blockDim.x) {
+    const float* k = Kh + j * d;
+    float acc = 0.f;
+    for (int i = 0; i < d; ++i) acc += qs[i] * k[i];
+    lg[j] = acc;
+    st.add(acc);
+  }
+  __shared__ float sm[kThreads], s1[kThreads], s2[kThreads];
+  sm[tid] = st.m;
+  s1[tid] = st.s1;
+  s2[tid] = st.s2;
+  __syncthreads();
+  for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+    if (tid < off) {
+      hd::OnlineSoftmax<float> a{sm[tid], s1[tid], s2[tid]}, b{sm[tid + off], s1[tid + off], s2[tid + off]};
+      a.merge(b);
+      sm[tid] = a.m;
+      s1[tid] = a.s1;
+      s2[tid] = a.s2;
+    }
+    __syncthreads();
+  }
+  const hd::OnlineSoftmax<float> tot{sm[0], s1[0], s2[0]};
+  for (int i = tid; i < d; i += blockDim.x) {
+    float acc = 0.f;
+    for (long long j = 0; j < t; ++j) acc += expf(lg[j] - tot.m) * Vh[j * d + i];
+    out[((long long)h * rows + r) * d + i] = acc / tot.s1;
+  }
+  if (probs)
+    for (long long j = tid; j < t_max; j += blockDim.x)
+      probs[((long long)h * rows + r) * t_max + j] = j < t ? tot.prob(lg[j]) : 0.f;
+  if (tid == 0) {
+    log_tau[h * rows + r] = tot.log_tau();
+    pnorm[h * rows + r] = tot.prob_norm();
+  }
+}
+
+}  // namespace
+
+bool compiled() { return true; }
+
+int device_count(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(e);
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA device found";
+  return n;
+}
+
+void require_device() {
+  std::string why;
+  if (device_count(&why) == 0) throw Error("--device cuda: no usable CUDA device (" + why + ")");
+}
+
+std::string device_description() {
+  require_device();
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+  return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+         std::to_string(p.totalGlobalMem >> 30) + " GiB)";
+}
+
+void exact_attention(const float* Q, const float* K, const float* V, int heads, int kv_heads, int64_t n, int d,
+                     double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
+                     std::vector<double>& log_tau, std::vector<double>& probs_norm, std::vector<float>* probs) {
+  require_device();
+  if (steps.empty() || heads < 1 || kv_heads < 1 || heads % kv_heads || d < 1 || steps.back() > n || steps.front() < 1)
+    throw Error("cuda::exact_attention: bad shapes or steps");
+  const int rows = int(steps.size());
+  const long long t_max = steps.back();
+  // Only the evaluated query rows travel to the device.
+  std::vector<float> qsel(size_t(heads) * rows * d);
+  for (int h = 0; h < heads; ++h)
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < d; ++i)
+        qsel[(size_t(h) * rows + r) * d + i] = Q[(size_t(h) * n + size_t(steps[r] - 1)) * d + i];
+  std::vector<long long> st(steps.begin(), steps.end());
+  const size_t kv = size_t(kv_heads) * n * d, hr = size_t(heads) * rows;
+  DeviceBuffer<float> dq(qsel.size()), dk(kv), dv(kv), dout(hr * d), dlt(hr), dpn(hr), dlg(hr * t_max);
+  DeviceBuffer<float> dpr(probs ? hr * t_max : 1);
+  DeviceBuffer<long long> dst(st.size());
+  check(cudaMemcpy(dq.p, qsel.data(), qsel.size() * sizeof(float), cudaMemcpyHostToDevice), "copy Q");
+  check(cudaMemcpy(dk.p, K, kv * sizeof(float), cudaMemcpyHostToDevice), "copy K");
+  check(cudaMemcpy(dv.p, V, kv * sizeof(float), cudaMemcpyHostToDevice), "copy V");
+  check(cudaMemcpy(dst.p, st.data(), st.size() * sizeof(long long), cudaMemcpyHostToDevice), "copy steps");
+  dim3 grid(rows, heads);
+  exact_kernel<<<grid, kThreads, d * sizeof(float)>>>(dq.p, dk.p, dv.p, heads / kv_heads, n, d, float(scale), dst.p, rows,
+                                                      t_max, dout.p, dlt.p, dpn.p, probs ? dpr.p : nullptr, dlg.p);
+  check(cudaGetLastError(), "exact_kernel launch");
+  check(cudaDeviceSynchronize(), "exact_kernel");
+  out.resize(hr * d);
+  std::vector<float> lt(hr), pn(hr);
+  check(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost), "copy out");
+  check(cudaMemcpy(lt.data(), dlt.p, hr * sizeof(float), cudaMemcpyDeviceToHost), "copy log_tau");
+  check(cudaMemcpy(pn.data(), dpn.p, hr * sizeof(float), cudaMemcpyDeviceToHost), "copy probs_norm");
+  log_tau.assign(lt.begin(), lt.end());
+  probs_norm.assign(pn.begin(), pn.end());
+  if (probs) {
+    probs->resize(hr * t_max);
+    check(cudaMemcpy(probs->data(), dpr.p, probs->size() * sizeof(float), cudaMemcpyDeviceToHost), "copy probs");
+  }
+}
+
+std::string bench(bool quick) {
+  require_device();
+  std::string out = "device: " + device_description() + "\n";
+  char buf[256];
+  // Rooflines: cuBLAS SGEMM, fp32 and TF32 tensor-core math, best of 5 after a warm-up.
+  const int g = quick ? 2048 : 8192;
+  {
+    DeviceBuffer<float> a(size_t(g) * g), b(size_t(g) * g), c(size_t(g) * g);
+    check(cudaMemset(a.p, 0, size_t(g) * g * sizeof(float)), "memset");
+    check(cudaMemset(b.p, 0, size_t(g) * g * sizeof(float)), "memset");
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("CUDA: cublasCreate failed");
+    for (auto [mode, name] : {std::pair{CUBLAS_DEFAULT_MATH, "fp32"}, std::pair{CUBLAS_TF32_TENSOR_OP_MATH, "tf32"}}) {
+      cublasSetMathMode(h, mode);
+      const float one = 1.f, zero = 0.f;
+      double best = 1e30;
+      for (int rep = 0; rep < 6; ++rep) {
+        check(cudaDeviceSynchronize(), "sync");
+        auto t0 = std::chrono::steady_clock::now();
+        cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, g, g, g, &one, a.p, g, b.p, g, &zero, c.p, g);
+        check(cudaDeviceSynchronize(), "sgemm");
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (rep > 0) best = std::min(best, s);
+      }
+      std::snprintf(buf, sizeof buf, "cuBLAS SGEMM %d^3 (%s): %.1f TFLOP/s\n", g, name, 2.0 * g * g * double(g) / best / 1e12);
+      out += buf;
+    }
+    cublasDestroy(h);
+  }
+  out += "exact causal pass (32 heads, head_dim 128, every 16th step, fp32; host transfers included):\n";
+  out += "      n     seconds   TFLOP/s\n";
+  const int heads = 32, d = 128;
+  for (long long n : quick ? std::vector<long long>{2048} : std::vector<long long>{2048, 8192, 32768}) {
+    std::vector<float> Q(size_t(heads) * n * d, 0.01f), K(Q.size(), 0.02f), V(Q.size(), 0.03f);
+    std::vector<int64_t> steps;
+    for (long long t = 16; t <= n; t += 16) steps.push_back(t);
+    std::vector<float> z;
+    std::vector<double> lt, pn;
+    exact_attention(Q.data(), K.data(), V.data(), heads, heads, n, d, 1.0, steps, z, lt, pn, nullptr);  // warm-up
+    auto t0 = std::chrono::steady_clock::now();
+    exact_attention(Q.data(), K.data(), V.data(), heads, heads, n, d, 1.0, steps, z, lt, pn, nullptr);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double flops = 0;
+    for (int64_t t : steps) flops += 4.0 * double(t) * d * heads;  // q·k and a·v per cached token
+    std::snprintf(buf, sizeof buf, "%7lld %11.3f %9.3f\n", n, s, flops / s / 1e12);
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace kvsim::cuda

@@ -1,0 +1,113 @@
+// The step logic shared by the CPU and CUDA paths (include/kvsim/hd.hpp), tested on the CPU: these
+// are the functions the kernels run, so CPU/GPU parity of this logic holds by construction.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "kvsim/hd.hpp"
+#include "kvsim/reference.hpp"
+#include "kvsim/rng.hpp"
+#include <boost/random/normal_distribution.hpp>
+
+using namespace kvsim;
+
+TEST_CASE("hd: online softmax (any split and merge order) equals the exact reference", "[hd]") {
+  Engine eng = make_engine({91});
+  boost::random::normal_distribution<double> nd;
+  const int64_t n = 300;
+  const int d = 16;
+  MatF Q(n, d), K(n, d), V(n, d);
+  for (Eigen::Index i = 0; i < Q.size(); ++i) {
+    Q.data()[i] = float(3 * nd(eng));  // logits up to ~±200 (exp would overflow a naive float sum)
+    K.data()[i] = float(3 * nd(eng));
+    V.data()[i] = float(nd(eng));
+  }
+  const std::vector<int64_t> steps{1, 2, 17, 128, 300};
+  ReferenceBlock ref;
+  exact_attention(Q, K.cast<double>(), V.cast<double>(), 1.0, steps, ref);
+  for (size_t r = 0; r < steps.size(); ++r) {
+    const int64_t t = steps[r];
+    const VecD l = K.topRows(t).cast<double>() * Q.row(t - 1).transpose().cast<double>();
+    for (int parts : {1, 3, 128}) {  // like `parts` threads, each taking every parts-th key, then merged
+      std::vector<hd::OnlineSoftmax<double>> st(parts);
+      for (int64_t j = 0; j < t; ++j) st[j % parts].add(l[j]);
+      hd::OnlineSoftmax<double> tot;
+      for (int p = parts - 1; p >= 0; --p) tot.merge(st[p]);
+      INFO("t = " << t << ", parts = " << parts);
+      REQUIRE(tot.log_tau() == Approx(ref.log_tau[r]).epsilon(1e-12));
+      REQUIRE(tot.prob_norm() == Approx(ref.probs_norm[r]).epsilon(1e-10));
+      double worst = 0;
+      for (int64_t j = 0; j < t; ++j) worst = std::max(worst, std::abs(tot.prob(l[j]) - ref.probs(r, j)));
+      REQUIRE(worst <= 1e-12);
+    }
+    // float32 (the kernel's type): same state within float rounding.
+    hd::OnlineSoftmax<float> f;
+    for (int64_t j = 0; j < t; ++j) f.add(float(l[j]));
+    REQUIRE(double(f.log_tau()) == Approx(ref.log_tau[r]).epsilon(1e-5).margin(1e-5));
+  }
+  // add() returns the rescale factor of earlier weights: an accumulator following it equals Σ p_j v_j.
+  const int64_t t = 64;
+  const VecD l = K.topRows(t).cast<double>() * Q.row(t - 1).transpose().cast<double>();
+  hd::OnlineSoftmax<double> st;
+  VecD acc = VecD::Zero(d);
+  for (int64_t j = 0; j < t; ++j) {
+    const double f = st.add(l[j]);
+    acc = acc * f + std::exp(l[j] - st.m) * V.row(j).transpose().cast<double>();
+  }
+  ReferenceBlock r64;
+  exact_attention(Q, K.cast<double>(), V.cast<double>(), 1.0, {t}, r64);
+  REQUIRE((acc / st.s1 - r64.out.row(0).transpose()).norm() <= 1e-12 * r64.out.row(0).norm());
+}
+
+TEST_CASE("hd: Philox4x32-10 matches the Random123 known-answer vectors", "[hd]") {
+  // Random123 tests/kat_vectors, "philox4x32 10" lines: counter[4] key[2] -> result[4].
+  struct Kat {
+    hd::Philox4 c;
+    uint32_t k0, k1;
+    hd::Philox4 want;
+  };
+  const Kat kats[] = {
+      {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}}},
+      {{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu,
+       {{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}}},
+      {{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u,
+       {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}}},
+  };
+  for (const Kat& k : kats) {
+    const hd::Philox4 got = hd::philox4x32_10(k.c, k.k0, k.k1);
+    for (int i = 0; i < 4; ++i) REQUIRE(got.v[i] == k.want.v[i]);
+  }
+  // Uniforms in [0, 1) with the right mean and variance over 10^5 counters (4.5-sigma bands).
+  const int N = 100000;
+  double s = 0, s2 = 0;
+  for (uint32_t i = 0; i < uint32_t(N); ++i) {
+    const hd::Philox4 r = hd::philox4x32_10({{i, 0, 0, 0}}, 7, 11);
+    const double u = hd::philox_uniform01(r.v[0], r.v[1]);
+    REQUIRE((u >= 0 && u < 1));
+    s += u;
+    s2 += u * u;
+  }
+  const double mean = s / N, var = s2 / N - mean * mean;
+  CHECK(std::abs(mean - 0.5) <= 4.5 * std::sqrt(1.0 / 12 / N));
+  CHECK(var == Approx(1.0 / 12).epsilon(0.02));
+}
+
+TEST_CASE("hd: sink_window_slot keeps the sink and the most recent window tokens", "[hd]") {
+  for (int64_t sink : {0, 1, 4})
+    for (int64_t window : {1, 3, 8}) {
+      std::vector<int64_t> slots(sink + window, -1);
+      for (int64_t t = 0; t < 50; ++t) {
+        const int64_t s = hd::sink_window_slot(t, sink, window);
+        REQUIRE((s >= 0 && s < sink + window));
+        slots[s] = t;
+        // Invariant after token t: slots hold tokens 0..sink-1 and the last min(window, t+1-sink) ones.
+        std::vector<int64_t> want;
+        for (int64_t j = 0; j <= t; ++j)
+          if (j < sink || j > t - window) want.push_back(j);
+        std::vector<int64_t> have;
+        for (int64_t x : slots)
+          if (x >= 0) have.push_back(x);
+        std::sort(have.begin(), have.end());
+        REQUIRE(have == want);
+      }
+    }
+}
