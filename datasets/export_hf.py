@@ -288,7 +288,8 @@ def export_model(model, input_ids, out_path, layers=None, dtype="float16", with_
             if with_attn:
                 handles.append(attn.o_proj.register_forward_pre_hook(o_hook(out_idx)))
         with torch.no_grad():
-            out = model(input_ids=input_ids, use_cache=True)
+            # The decoder stack only: the LM head's [n, vocab] logits are not needed (16 GB at n = 32k).
+            out = model.model(input_ids=input_ids, use_cache=True)
         cache = out.past_key_values
         if cache is None:
             raise ExportError(f"{name}: the forward pass returned no KV cache")
@@ -331,6 +332,8 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float16", choices=("float16", "float32"), help="storage type of q/k/v")
     ap.add_argument("--model-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    ap.add_argument("--attn-implementation", default="sdpa", choices=("sdpa", "eager"),
+                    help="attention kernel of the forward pass (eager materializes n×n weights per head)")
     ap.add_argument("--no-attn", action="store_true", help="do not store the attention output")
     ap.add_argument("--byte-tokens", action="store_true",
                     help="tokens = UTF-8 bytes of the text (for tokenizer-less test models; vocab ≥ 256)")
@@ -355,7 +358,7 @@ def main(argv=None):
         device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dtype,
-                                                                      attn_implementation="eager")
+                                                                      attn_implementation=a.attn_implementation)
         except (OSError, ValueError) as e:
             raise ExportError(f"{a.model}: cannot load the model ({e})")
         model.to(device).eval()

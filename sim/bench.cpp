@@ -130,8 +130,7 @@ std::string run_bench(const BenchOptions& o) {
   // The same subset policies with `[eval] policy_precision = "float32"` (float32 products).
   Experiment ex32 = ex;
   ex32.eval.policy_precision = "float32";
-  ex32.policies.assign(ex.policies.begin(), ex.policies.begin() + 3);
-  ex32.policies.push_back(ex.policies[4]);
+  ex32.policies.assign(ex.policies.begin(), ex.policies.begin() + 5);  // window, sink, h2o, buzz, uniform
   for (auto& ps : ex32.policies) ps.label = ps.name + " f32";
   RunResult r32 = run_experiment(ex32, src, 1);
   std::snprintf(buf, sizeof buf, "\npolicy steps (n = %lld, head_dim 128, GQA group of 2, kv_head mode, answer every step, 1 thread):\n",

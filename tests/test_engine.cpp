@@ -284,6 +284,8 @@ memory = [0.1, 0.3]
     for (const auto& row : pr.rows) {
       REQUIRE(row.cache_bytes <= 1.02 * target);
       peak = std::max(peak, row.cache_bytes);
+      // The per-query best set of the same size (oracle_topk) keeps at least as much attention.
+      if (!std::isnan(row.kept_mass)) REQUIRE(row.attention_loss >= 1 - row.oracle_mass - 1e-12);
     }
     INFO(pr.spec.label << ": peak " << peak << " target " << target);
     CHECK(peak >= 0.95 * target);

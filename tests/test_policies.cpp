@@ -218,6 +218,7 @@ TEST_CASE("policies: float32 policy arithmetic stays within 1e-5 of float64 with
   // The documented accuracy of `[eval] policy_precision = "float32"` (sim/policies/slot_cache.hpp).
   SynthSource src(test::small_synth("heavy_hitter", 160, 64, 1, 4, 2));
   Experiment ex = experiment_for("kv_head");
+  ex.policies.push_back({"buzz", "buzz", params({{"window", int64_t(12)}, {"threshold", int64_t(20)}, {"stride", int64_t(3)}})});
   ex.policies.push_back({"window", "window_all", Params()});
   ex.policies.back().params.set("budget", int64_t(160));  // keeps everything: rel_err is pure rounding
   RunResult d = run_experiment(ex, src, 1);

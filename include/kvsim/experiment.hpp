@@ -32,7 +32,7 @@ struct EvalSpec {
   int64_t from = 1;              ///< ... starting at step `from`; the last step is always evaluated
   std::string gqa = "kv_head";   ///< "kv_head" (one cache per KV head) or "query_head"
   std::string group_agg = "mean";
-  /// "float64" (default) or "float32": arithmetic of the window, sink, h2o and uniform policies
+  /// "float64" (default) or "float32": arithmetic of the window, sink, h2o, buzz and uniform policies
   /// (sim/policies/slot_cache.hpp). The exact reference and metrics are always double.
   std::string policy_precision = "float64";
   /// "cpu" (default) or "cuda": where the exact reference runs (include/kvsim/cuda.hpp; fp32 on the

@@ -57,7 +57,7 @@ struct StreamInfo {
   int n_queries = 1;         ///< query heads answered by this instance (group size in kv_head mode)
   std::string group_agg = "mean";  ///< how score-based policies combine the group's scores
   uint64_t seed = 0;         ///< seed for this instance (config seed, layer, head, policy index, trial)
-  /// `[eval] policy_precision = "float32"`: window, sink, h2o and uniform hold keys/values in float32
+  /// `[eval] policy_precision = "float32"`: window, sink, h2o, buzz and uniform hold keys/values in float32
   /// and run their products in float32 (see sim/policies/slot_cache.hpp); false = double.
   bool policy_f32 = false;
 };

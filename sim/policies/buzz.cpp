@@ -32,80 +32,131 @@ double buzz_limit_coefficient(int64_t s) {
 namespace policies {
 namespace {
 
+/// A cached token: its position, its slot in the contiguous key/value store, and its accumulated
+/// (group-aggregated) attention score.
 struct Tok {
   int64_t pos;
-  VecD k, v;
-  double score = 0;  // accumulated attention (group-aggregated)
+  int64_t slot;
+  double score = 0;
 };
 
 class BuzzPolicy final : public Policy {
  public:
   BuzzPolicy(int64_t sink, int64_t window, int64_t T, int64_t stride, bool log_scale, const StreamInfo& s)
-      : sink_(sink), w_(window), T_(T), s_(stride), log_scale_(log_scale), agg_(s.group_agg), d_(s.head_dim) {}
+      : sink_(sink), w_(window), T_(T), s_(stride), log_scale_(log_scale), agg_(s.group_agg), d_(s.head_dim),
+        f32_(s.policy_f32) {
+    // Capacity: sink + window + body (old + new < T between evictions), plus one slot of slack.
+    const int64_t cap = sink + window + T + 1;
+    // Zero-filled: free slots enter the products with weight 0, so they must hold finite numbers.
+    if (f32_) {
+      keys_f_.setZero(cap, d_);
+      values_f_.setZero(cap, d_);
+    } else {
+      keys_.setZero(cap, d_);
+      values_.setZero(cap, d_);
+    }
+    owner_.assign(cap, -1);
+    for (int64_t i = cap - 1; i >= 0; --i) free_.push_back(i);
+  }
 
   bool needs_every_query() const override { return true; }
   bool capacity_matched() const override { return true; }
 
   void observe(int64_t t, const float* k, const float* v) override {
-    Tok x{t, Eigen::Map<const VecF>(k, d_).cast<double>(), Eigen::Map<const VecF>(v, d_).cast<double>(), 0};
+    Tok x{t, store(t, k, v), 0};
     if (int64_t(sink_tokens_.size()) < sink_) {
-      sink_tokens_.push_back(std::move(x));
+      sink_tokens_.push_back(x);
       return;
     }
-    window_.push_back(std::move(x));
+    window_.push_back(x);
     if (int64_t(window_.size()) > w_) {
-      new_.push_back(std::move(window_.front()));
+      new_.push_back(window_.front());
       window_.pop_front();
       if (int64_t(old_.size() + new_.size()) >= T_) evict();
     }
   }
 
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
-    std::vector<Tok*> all;
-    for (auto* part : {&sink_tokens_, &old_, &new_}) for (auto& x : *part) all.push_back(&x);
-    for (auto& x : window_) all.push_back(&x);
+    // One masked matrix-vector product over the whole slot store per query (free slots get weight 0):
+    // contiguous memory instead of one dot product per token object.
+    const int64_t cap = int64_t(owner_.size());
     const double lambda = log_scale_ ? std::log(double(std::max<int64_t>(t, 1))) / std::log(512.0) : 1.0;
-    const int64_t m = int64_t(all.size());
-    GroupAggregate agg(agg_, m);
+    GroupAggregate agg(agg_, cap);
+    VecD logits(cap), p(cap), ps(cap);
     for (Eigen::Index i = 0; i < q.rows(); ++i) {
-      VecD logits(m);
-      for (int64_t j = 0; j < m; ++j) logits[j] = all[j]->k.dot(q.row(i).transpose());
+      if (f32_) logits = (keys_f_ * q.row(i).transpose().cast<float>()).cast<double>();
+      else logits.noalias() = keys_ * q.row(i).transpose();
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < cap; ++j)
+        if (owner_[j] >= 0) mx = std::max(mx, logits[j]);
       // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits.
-      VecD p = (logits.array() - logits.maxCoeff()).exp().matrix();
+      for (int64_t j = 0; j < cap; ++j) {
+        const bool used = owner_[j] >= 0;
+        p[j] = used ? std::exp(logits[j] - mx) : 0.0;
+        ps[j] = used ? std::exp(lambda * (logits[j] - mx)) : 0.0;
+      }
       p /= p.sum();
       agg.add(p);
       if (out) {
-        VecD ps = (lambda * (logits.array() - logits.maxCoeff())).exp().matrix();
         ps /= ps.sum();
         Answer& a = (*out)[i];
-        a.z = VecD::Zero(d_);
-        for (int64_t j = 0; j < m; ++j) a.z += ps[j] * all[j]->v;
+        if (f32_) a.z = (values_f_.transpose() * ps.cast<float>()).cast<double>();
+        else a.z.noalias() = values_.transpose() * ps;
         a.has_kept = true;
-        a.kept.resize(m);
-        for (int64_t j = 0; j < m; ++j) a.kept[j] = all[j]->pos;
+        a.kept.clear();
+        for (auto* part : {&sink_tokens_, &old_, &new_})
+          for (const Tok& x : *part) a.kept.push_back(x.pos);
+        for (const Tok& x : window_) a.kept.push_back(x.pos);
       }
     }
     const VecD step = agg.result();
-    for (int64_t j = 0; j < m; ++j) all[j]->score += step[j];
+    for (auto* part : {&sink_tokens_, &old_, &new_})
+      for (Tok& x : *part) x.score += step[x.slot];
+    for (Tok& x : window_) x.score += step[x.slot];
   }
 
   int64_t cache_tokens() const override { return int64_t(sink_tokens_.size() + old_.size() + new_.size() + window_.size()); }
-  /// Body sizes after each eviction so far (for the recurrence test).
-  const std::vector<int64_t>& body_history() const { return history_; }
 
  private:
+  int64_t store(int64_t t, const float* k, const float* v) {
+    if (free_.empty()) throw Error("buzz: slot store overflow (internal capacity " + std::to_string(owner_.size()) + ")");
+    const int64_t slot = free_.back();
+    free_.pop_back();
+    if (f32_) {
+      keys_f_.row(slot) = Eigen::Map<const VecF>(k, d_).transpose();
+      values_f_.row(slot) = Eigen::Map<const VecF>(v, d_).transpose();
+    } else {
+      keys_.row(slot) = Eigen::Map<const VecF>(k, d_).cast<double>().transpose();
+      values_.row(slot) = Eigen::Map<const VecF>(v, d_).cast<double>().transpose();
+    }
+    owner_[slot] = t;
+    return slot;
+  }
+  void release(const Tok& x) {
+    owner_[x.slot] = -1;
+    free_.push_back(x.slot);
+  }
+
   void evict() {
     const int64_t sh = buzz_s_hat(s_);
     std::vector<Tok> kept;
     // Interval sampling of old tokens: every ŝ-th (positions ŝ−1, 2ŝ−1, ...): ⌊|old|/ŝ⌋ kept.
-    for (size_t i = size_t(sh - 1); i < old_.size(); i += size_t(sh)) kept.push_back(std::move(old_[i]));
-    // Local max sampling of new tokens (Alg. 2): the highest accumulated score of each full segment.
-    for (size_t b = 0; b + size_t(s_) <= new_.size(); b += size_t(s_)) {
+    for (size_t i = 0; i < old_.size(); ++i) {
+      if (i % size_t(sh) == size_t(sh - 1)) kept.push_back(old_[i]);
+      else release(old_[i]);
+    }
+    // Local max sampling of new tokens (Alg. 2): the highest accumulated score of each full segment;
+    // a trailing partial segment is dropped.
+    size_t b = 0;
+    for (; b + size_t(s_) <= new_.size(); b += size_t(s_)) {
       size_t best = b;
       for (size_t i = b + 1; i < b + size_t(s_); ++i)
         if (new_[i].score > new_[best].score) best = i;
-      kept.push_back(std::move(new_[best]));
+      for (size_t i = b; i < b + size_t(s_); ++i)
+        if (i != best) release(new_[i]);
+      kept.push_back(new_[best]);
     }
+    for (; b < new_.size(); ++b) release(new_[b]);
     old_ = std::move(kept);
     new_.clear();
     history_.push_back(int64_t(old_.size()));
@@ -115,6 +166,11 @@ class BuzzPolicy final : public Policy {
   bool log_scale_;
   std::string agg_;
   int d_;
+  bool f32_;
+  MatD keys_, values_;        // slot store (float64 mode)
+  MatF keys_f_, values_f_;    // slot store (float32 mode)
+  std::vector<int64_t> owner_;  // token position in each slot, −1 = free
+  std::vector<int64_t> free_;
   std::vector<Tok> sink_tokens_, old_, new_;
   std::deque<Tok> window_;
   std::vector<int64_t> history_;

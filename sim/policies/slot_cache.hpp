@@ -1,5 +1,6 @@
 // Internal: fixed-capacity storage of cached (position, key, value) triples, the building block of
-// the subset-keeping policies (window, sink, h2o, uniform; exact and oracle_topk always in double).
+// the subset-keeping policies (window, sink, h2o, uniform; exact and oracle_topk always in double;
+// buzz keeps its own slot store with the same two precisions).
 //
 // Precision (`[eval] policy_precision`, StreamInfo::policy_f32):
 //  - "float64" (default): keys and values are held in double and the products run in double, so a
