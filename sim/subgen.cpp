@@ -21,7 +21,7 @@ int64_t theorem1_t(double eps, double delta, double r, int64_t n, double c_t) {
 }
 
 SubGen::SubGen(const SubGenConfig& cfg, int d, uint64_t seed)
-    : cfg_(cfg), d_(d), eng_(seed), delta_(cfg.delta), reps_(16, d), rep_sqnorm_(16), mk_(cfg.s, d), mv_(cfg.s, d),
+    : cfg_(cfg), d_(d), eng_(seed), delta_(cfg.delta), reps_(16, d), rep_sqnorm_(16), samples_(16 * cfg.t, d), mk_(cfg.s, d), mv_(cfg.s, d),
       mv_sqnorm_(VecD::Zero(cfg.s)), m_index_(cfg.s, -1) {
   if (!(cfg.delta >= 0)) throw Error("subgen: delta must be ≥ 0");
   if (cfg.s < 1 || cfg.t < 1) throw Error("subgen: s and t must be ≥ 1");
@@ -55,7 +55,7 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
     const double p = 1.0 / double(count_[best]);
     for (int64_t j = 0; j < cfg_.t; ++j) {              // lines 16-17
       if (u01(eng_) < p) {
-        samples_[best].row(j) = k.transpose();
+        samples_.row(best * cfg_.t + j) = k.transpose();
         sample_index_[best][j] = index;
       }
     }
@@ -64,13 +64,13 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
     if (m == reps_.rows()) {
       reps_.conservativeResize(2 * m, Eigen::NoChange);
       rep_sqnorm_.conservativeResize(2 * m);
+      samples_.conservativeResize(2 * m * cfg_.t, Eigen::NoChange);
     }
     reps_.row(m) = k.transpose();
     rep_sqnorm_[m] = k.squaredNorm();
     count_.push_back(1);
     rep_index_.push_back(index);
-    samples_.emplace_back(MatD(cfg_.t, d_));
-    samples_.back().rowwise() = k.transpose();
+    samples_.middleRows(m * cfg_.t, cfg_.t).rowwise() = k.transpose();
     sample_index_.emplace_back(cfg_.t, index);
     assign_.push_back(int32_t(m));
     while (cfg_.max_clusters > 0 && clusters() > cfg_.max_clusters) merge_clusters();
@@ -119,7 +119,7 @@ void SubGen::merge_clusters() {
       const double pa = double(count_[a]) / double(count_[a] + count_[i]);
       for (int64_t j = 0; j < cfg_.t; ++j) {
         if (!(u01(eng_) < pa)) {
-          samples_[a].row(j) = samples_[i].row(j);
+          samples_.row(a * cfg_.t + j) = samples_.row(i * cfg_.t + j);
           sample_index_[a][j] = sample_index_[i][j];
         }
       }
@@ -137,13 +137,12 @@ void SubGen::merge_clusters() {
     rep_sqnorm_[j] = rep_sqnorm_[i];
     count_[j] = count_[i];
     rep_index_[j] = rep_index_[i];
-    samples_[j] = std::move(samples_[i]);
+    samples_.middleRows(int64_t(j) * cfg_.t, cfg_.t) = samples_.middleRows(i * cfg_.t, cfg_.t);
     sample_index_[j] = std::move(sample_index_[i]);
   }
   const size_t mk = kept.size();
   count_.resize(mk);
   rep_index_.resize(mk);
-  samples_.resize(mk);
   sample_index_.resize(mk);
   for (auto& a : assign_) a = into[a];
 }
@@ -161,22 +160,19 @@ double SubGen::query_parts(const Eigen::Ref<const VecD>& q, VecD& out, double& t
   out.setZero(d_);
   tau = 0;
   if (m == 0) return 0;
-  // Logits of every stored key; one shared shift c for z and τ (the ratio z/τ is shift-free).
-  std::vector<VecD> sl(m);
-  double c = -INFINITY;
-  for (int64_t i = 0; i < m; ++i) {
-    sl[i] = samples_[i] * q;
-    c = std::max(c, sl[i].maxCoeff());
-  }
-  VecD ml = mk_ * q;
-  c = std::max(c, ml.maxCoeff());
+  // Logits of every stored key in two matrix-vector products over contiguous storage (all m·t cluster
+  // samples, all s matrix-product slots); one shared shift c for z and τ (the ratio z/τ is shift-free).
+  const VecD sl = samples_.topRows(m * cfg_.t) * q;
+  const VecD ml = mk_ * q;
+  const double c = std::max(sl.maxCoeff(), ml.maxCoeff());
   // Line 30: τ = Σ_i n_i/t Σ_{k∈S_i} e^{<q,k>}.
-  for (int64_t i = 0; i < m; ++i) tau += double(count_[i]) / double(cfg_.t) * (sl[i].array() - c).exp().sum();
+  const VecD e = (sl.array() - c).exp().matrix();
+  for (int64_t i = 0; i < m; ++i) tau += double(count_[i]) / double(cfg_.t) * e.segment(i * cfg_.t, cfg_.t).sum();
   // Line 29: z = Σ_{(k,v)∈M} μ/(s‖v‖²) e^{<q,k>} v  (slots with ‖v‖ = 0 contribute the zero vector).
-  for (int64_t j = 0; j < cfg_.s; ++j) {
-    if (mv_sqnorm_[j] <= 0) continue;
-    out += (mu_ / (double(cfg_.s) * mv_sqnorm_[j]) * std::exp(ml[j] - c)) * mv_.row(j).transpose();
-  }
+  VecD w(cfg_.s);
+  for (int64_t j = 0; j < cfg_.s; ++j)
+    w[j] = mv_sqnorm_[j] > 0 ? mu_ / (double(cfg_.s) * mv_sqnorm_[j]) * std::exp(ml[j] - c) : 0.0;
+  out.noalias() = mv_.transpose() * w;
   return c;
 }
 

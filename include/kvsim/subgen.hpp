@@ -84,7 +84,7 @@ class SubGen {
   MatD reps_;                 // [capacity, d] representatives
   VecD rep_sqnorm_;
   std::vector<int64_t> count_, rep_index_;
-  std::vector<MatD> samples_;  // per cluster [t, d]
+  MatD samples_;               // [capacity·t, d]: cluster i's t samples in rows i·t .. i·t + t − 1
   std::vector<std::vector<int64_t>> sample_index_;
   std::vector<int32_t> assign_;
   // M
