@@ -106,6 +106,22 @@ def test_writer(kvsim, src, data_dir):
             check(False, "n_heads not a multiple of n_kv_heads refused")
         except ex.ExportError as e:
             check("multiple" in str(e), f"head counts refused: {e}")
+        # Without torch/transformers the CLI says which module is missing and exits 3, writing nothing.
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+            have_hf = True
+        except ImportError:
+            have_hf = False
+        if not have_hf:
+            tfile = os.path.join(tmp, "t.txt")
+            with open(tfile, "w") as f:
+                f.write("hello")
+            out = os.path.join(tmp, "nohf.h5")
+            r = subprocess.run([sys.executable, os.path.join(src, "datasets", "export_hf.py"), "--model", "x", "--text", tfile,
+                                "--tokens", "4", "--out", out], capture_output=True, text=True)
+            check(r.returncode == 3 and "not importable" in r.stderr and not os.path.exists(out),
+                  f"missing transformers: exit {r.returncode}, {r.stderr.strip()}")
         for spec, want in (("0,2-3", [0, 2, 3]), (None, [0, 1, 2, 3])):
             check(ex.parse_layers(spec, 4) == want, f"--layers {spec} -> {want}")
         for spec in ("5", "2,1", "x"):
