@@ -150,6 +150,7 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
   std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>> greedy_cache;  // (g, t, m) -> greedy, opt
 
   const std::vector<int64_t> steps = eval_steps(ex.eval, n);
+  for (size_t p = 0; p < P; ++p) out[p].reserve(size_t(G) * steps.size());  // exact: no growth slack
   OperatorNormTracker opn(d);
   int64_t opn_t = 0;
   std::vector<ReferenceBlock> ref(G);
@@ -364,7 +365,16 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
   res.policies.resize(ex.policies.size());
   for (size_t p = 0; p < ex.policies.size(); ++p) {
     res.policies[p].spec = ex.policies[p];
-    for (auto& c : cell_out) res.policies[p].rows.insert(res.policies[p].rows.end(), c[p].begin(), c[p].end());
+    // Exact reservation, then each cell's rows are moved and freed at once: the rows exist once in
+    // memory (not twice, nor in a doubling vector's spare capacity).
+    size_t total = 0;
+    for (auto& c : cell_out) total += c[p].size();
+    auto& rows = res.policies[p].rows;
+    rows.reserve(total);
+    for (auto& c : cell_out) {
+      rows.insert(rows.end(), std::make_move_iterator(c[p].begin()), std::make_move_iterator(c[p].end()));
+      std::vector<MetricRow>().swap(c[p]);
+    }
   }
   return res;
 }
