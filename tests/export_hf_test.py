@@ -155,8 +155,7 @@ def test_models(kvsim, src, data_dir):
     with tempfile.TemporaryDirectory() as tmp:
         for label, cfg in models:
             torch.manual_seed(0)
-            cfg._attn_implementation = "eager"
-            model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+            model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
             path = os.path.join(tmp, label.split()[0] + ".h5")
             info = ex.export_model(model, torch.tensor([ids]), path, dtype="float32", model_name=label)
             check(info["key_check"] < 1e-5, f"{label}: exporter's rotated keys match the KV cache ({info['key_check']:.2g})")
@@ -187,8 +186,7 @@ def test_models(kvsim, src, data_dir):
         # Refusal: a sliding window shorter than the sequence (kvsim replays full causal attention).
         torch.manual_seed(0)
         cfg = transformers.MistralConfig(sliding_window=16, **common)
-        cfg._attn_implementation = "eager"
-        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
         path = os.path.join(tmp, "window.h5")
         try:
             ex.export_model(model, torch.tensor([ids]), path)
