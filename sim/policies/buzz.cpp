@@ -8,6 +8,7 @@
 
 #include "factories.hpp"
 #include "kvsim/error.hpp"
+#include "slot_cache.hpp"
 
 namespace kvsim {
 
@@ -44,19 +45,10 @@ class BuzzPolicy final : public Policy {
  public:
   BuzzPolicy(int64_t sink, int64_t window, int64_t T, int64_t stride, bool log_scale, const StreamInfo& s)
       : sink_(sink), w_(window), T_(T), s_(stride), log_scale_(log_scale), agg_(s.group_agg), d_(s.head_dim),
-        f32_(s.policy_f32) {
+        store_(sink + window + T + 1, s.head_dim, s.policy_f32) {
     // Capacity: sink + window + body (old + new < T between evictions), plus one slot of slack.
-    const int64_t cap = sink + window + T + 1;
-    // Zero-filled: free slots enter the products with weight 0, so they must hold finite numbers.
-    if (f32_) {
-      keys_f_.setZero(cap, d_);
-      values_f_.setZero(cap, d_);
-    } else {
-      keys_.setZero(cap, d_);
-      values_.setZero(cap, d_);
-    }
-    owner_.assign(cap, -1);
-    for (int64_t i = cap - 1; i >= 0; --i) free_.push_back(i);
+    owner_.assign(store_.capacity(), -1);
+    for (int64_t i = store_.capacity() - 1; i >= 0; --i) free_.push_back(i);
   }
 
   bool needs_every_query() const override { return true; }
@@ -84,8 +76,7 @@ class BuzzPolicy final : public Policy {
     GroupAggregate agg(agg_, cap);
     VecD logits(cap), p(cap), ps(cap);
     for (Eigen::Index i = 0; i < q.rows(); ++i) {
-      if (f32_) logits = (keys_f_ * q.row(i).transpose().cast<float>()).cast<double>();
-      else logits.noalias() = keys_ * q.row(i).transpose();
+      store_.logits_all(q.row(i).transpose(), logits);
       double mx = -INFINITY;
       for (int64_t j = 0; j < cap; ++j)
         if (owner_[j] >= 0) mx = std::max(mx, logits[j]);
@@ -100,8 +91,7 @@ class BuzzPolicy final : public Policy {
       if (out) {
         ps /= ps.sum();
         Answer& a = (*out)[i];
-        if (f32_) a.z = (values_f_.transpose() * ps.cast<float>()).cast<double>();
-        else a.z.noalias() = values_.transpose() * ps;
+        store_.weighted_values_all(ps, a.z);
         a.has_kept = true;
         a.kept.clear();
         for (auto* part : {&sink_tokens_, &old_, &new_})
@@ -122,13 +112,7 @@ class BuzzPolicy final : public Policy {
     if (free_.empty()) throw Error("buzz: slot store overflow (internal capacity " + std::to_string(owner_.size()) + ")");
     const int64_t slot = free_.back();
     free_.pop_back();
-    if (f32_) {
-      keys_f_.row(slot) = Eigen::Map<const VecF>(k, d_).transpose();
-      values_f_.row(slot) = Eigen::Map<const VecF>(v, d_).transpose();
-    } else {
-      keys_.row(slot) = Eigen::Map<const VecF>(k, d_).cast<double>().transpose();
-      values_.row(slot) = Eigen::Map<const VecF>(v, d_).cast<double>().transpose();
-    }
+    store_.put(slot, t, k, v);
     owner_[slot] = t;
     return slot;
   }
@@ -166,9 +150,7 @@ class BuzzPolicy final : public Policy {
   bool log_scale_;
   std::string agg_;
   int d_;
-  bool f32_;
-  MatD keys_, values_;        // slot store (float64 mode)
-  MatF keys_f_, values_f_;    // slot store (float32 mode)
+  SlotCache store_;             // contiguous keys/values (float64 or float32), indexed by slot
   std::vector<int64_t> owner_;  // token position in each slot, −1 = free
   std::vector<int64_t> free_;
   std::vector<Tok> sink_tokens_, old_, new_;

@@ -21,13 +21,14 @@ namespace kvsim::policies {
 
 class SlotCache {
  public:
+  /// Slots are zero-filled, so products over the whole store (buzz's masked attention) stay finite.
   SlotCache(int64_t capacity, int d, bool f32 = false) : f32_(f32), pos_(capacity, -1) {
     if (f32_) {
-      keys_f_.resize(capacity, d);
-      values_f_.resize(capacity, d);
+      keys_f_.setZero(capacity, d);
+      values_f_.setZero(capacity, d);
     } else {
-      keys_.resize(capacity, d);
-      values_.resize(capacity, d);
+      keys_.setZero(capacity, d);
+      values_.setZero(capacity, d);
     }
   }
   int64_t size() const { return size_; }
@@ -85,6 +86,16 @@ class SlotCache {
       a.has_kept = true;
       a.kept.assign(pos_.begin(), pos_.begin() + size_);
     }
+  }
+  /// Over every slot of the store, filled or not (free slots hold finite stale data or zeros):
+  /// logits K q (in the store's precision) and Vᵀ w. For policies that mask free slots themselves.
+  void logits_all(const Eigen::Ref<const VecD>& q, VecD& logits) const {
+    if (f32_) logits = (keys_f_ * q.cast<float>()).cast<double>();
+    else logits.noalias() = keys_ * q;
+  }
+  void weighted_values_all(const VecD& w, VecD& z) const {
+    if (f32_) z = (values_f_.transpose() * w.cast<float>()).cast<double>();
+    else z.noalias() = values_.transpose() * w;
   }
   /// Double-precision storage (float64 mode only).
   const MatD& keys() const { return keys_; }
