@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kvsim/error.hpp"
+#include "kvsim/results.hpp"
 #include "kvsim/experiment.hpp"
 #include "kvsim/cuda_reference.hpp"
 #include "kvsim/objectives.hpp"
@@ -284,7 +285,7 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
 }  // namespace
 
 RunResult run_experiment(const Experiment& ex, const StreamSource& src, int threads,
-                         const std::function<void(int, int)>& progress) {
+                         const std::function<void(int, int)>& progress, ResultSpill* spill) {
   const auto& meta = src.meta();
   if (ex.policies.empty()) throw Error("experiment '" + ex.name + "': no [[policy]] entries");
   if (ex.eval.every < 1) throw Error("eval.every must be ≥ 1");
@@ -329,6 +330,12 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
     for (const auto& p : ex.policies) make_policy(p.name, p.params, info);
   }
 
+  if (spill) {
+    const size_t per_head = eval_steps(ex.eval, res.n_tokens).size();
+    std::vector<size_t> rows_per_cell;
+    for (const auto& c : cells) rows_per_cell.push_back(c.heads.size() * per_head);
+    spill->begin(rows_per_cell);
+  }
   std::vector<std::vector<std::vector<MetricRow>>> cell_out(cells.size());
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
@@ -343,6 +350,10 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
       try {
         cell_out[i].resize(ex.policies.size());
         run_cell(ex, src, cells[i], res.n_tokens, cell_out[i]);
+        if (spill) {
+          spill->write_cell(i, cell_out[i]);
+          std::vector<std::vector<MetricRow>>().swap(cell_out[i]);
+        }
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu);
         if (!err) err = std::current_exception();
@@ -368,10 +379,11 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
     // Exact reservation, then each cell's rows are moved and freed at once: the rows exist once in
     // memory (not twice, nor in a doubling vector's spare capacity).
     size_t total = 0;
-    for (auto& c : cell_out) total += c[p].size();
+    for (auto& c : cell_out) total += c.empty() ? 0 : c[p].size();
     auto& rows = res.policies[p].rows;
     rows.reserve(total);
     for (auto& c : cell_out) {
+      if (c.empty()) continue;  // spilled to disk
       rows.insert(rows.end(), std::make_move_iterator(c[p].begin()), std::make_move_iterator(c[p].end()));
       std::vector<MetricRow>().swap(c[p]);
     }

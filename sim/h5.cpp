@@ -163,13 +163,15 @@ DatasetInfo File::dataset_info(const std::string& name) const {
 }
 
 void File::create_dataset(const std::string& name, hid_t file_type, const std::vector<hsize_t>& shape,
-                          const std::vector<hsize_t>& chunk) {
+                          const std::vector<hsize_t>& chunk, bool compress) {
   Handle sp(H5Screate_simple(static_cast<int>(shape.size()), shape.data(), nullptr));
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
   if (!chunk.empty()) {
     H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
-    H5Pset_shuffle(dcpl.get());
-    H5Pset_deflate(dcpl.get(), 4);
+    if (compress) {
+      H5Pset_shuffle(dcpl.get());
+      H5Pset_deflate(dcpl.get(), 4);
+    }
   }
   Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
   H5Pset_create_intermediate_group(lcpl.get(), 1);

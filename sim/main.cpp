@@ -37,14 +37,15 @@ int cmd_run(const std::string& config, std::string out, int threads, std::vector
   auto progress = [&](int done, int total) {
     if (!quiet) std::cerr << "\r  cells " << done << "/" << total << std::flush;
   };
-  RunResult r = run_experiment(ex, *src, threads, progress);
+  ResultSpill spill(out, ex);  // rows go to disk cell by cell; nothing final until finish()
+  RunResult r = run_experiment(ex, *src, threads, progress, &spill);
   if (!quiet) std::cerr << "\n";
-  write_results(r, ex, out);
+  const std::string table = spill.finish(r);
   std::cout << "experiment " << ex.name << ": " << r.n_tokens << " tokens, " << r.layers.size() << " layers, "
             << r.meta.n_heads << " query heads (" << r.meta.n_kv_heads << " kv), gqa=" << ex.eval.gqa << "; "
             << r.wall_seconds << " s\n"
             << "means over every evaluated (layer, head, step); p95 likewise\n\n"
-            << summary_table(r) << "\nwrote " << out << "/results.h5 and " << out << "/summary.csv\n";
+            << table << "\nwrote " << out << "/results.h5 and " << out << "/summary.csv\n";
   return 0;
 }
 

@@ -306,3 +306,55 @@ memory = [0.1, 0.3]
   CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\n[[policy]]\nname='window'\nmemory=0.3\nbudget=0.2\n", "w.toml"),
                     Contains("give 'memory'"));
 }
+
+namespace {
+std::string read_without_timing(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.find(",policy_ns,") == std::string::npos) out += line + "\n";  // wall-clock: not a result
+  return out;
+}
+}  // namespace
+
+TEST_CASE("results: rows streamed to disk cell by cell give the in-memory writer's files at any thread count",
+          "[engine][results]") {
+  Experiment ex = parse_experiment(kConfig, "inline");
+  auto src = open_source(ex.data);
+  test::TempDir tmp;
+  RunResult r = run_experiment(ex, *src, 1);
+  write_results(r, ex, tmp.file("mem"));
+  for (int threads : {1, 3}) {
+    const std::string dir = tmp.file("spill" + std::to_string(threads));
+    ResultSpill spill(dir, ex);
+    RunResult rs = run_experiment(ex, *src, threads, {}, &spill);
+    for (const auto& pr : rs.policies) REQUIRE(pr.rows.empty());  // nothing kept in memory
+    REQUIRE_FALSE(std::filesystem::exists(dir + "/results.h5"));   // nothing final before finish()
+    const std::string table = spill.finish(rs);
+    CHECK(table.substr(0, table.find('\n')) == summary_table(r).substr(0, summary_table(r).find('\n')));
+    for (const char* csv : {"/summary.csv", "/cells.csv"}) {
+      INFO(csv << " at " << threads << " threads");
+      CHECK(read_without_timing(dir + csv) == read_without_timing(tmp.file("mem") + csv));
+    }
+    auto a = h5::File::open_read(tmp.file("mem") + "/results.h5"), b = h5::File::open_read(dir + "/results.h5");
+    for (size_t p = 0; p < r.policies.size(); ++p) {
+      char g[32];
+      std::snprintf(g, sizeof g, "/policy_%02zu/", p);
+      CHECK(a.attr_string("label", g) == b.attr_string("label", g));
+      for (const char* ic : {"layer", "head"}) CHECK(a.read_int_vector(g + std::string(ic)) == b.read_int_vector(g + std::string(ic)));
+      for (const auto& m : metric_names()) {
+        if (m == "policy_ns") continue;
+        const auto x = a.read_double_vector(g + m), y = b.read_double_vector(g + m);
+        REQUIRE(x.size() == y.size());
+        for (size_t i = 0; i < x.size(); ++i) REQUIRE(same_bits(x[i], y[i]));
+      }
+    }
+  }
+  // An unfinished run (an error mid-way) leaves neither files nor the folder it created.
+  {
+    ResultSpill spill(tmp.file("aborted"), ex);
+    spill.begin({3, 3});
+  }
+  CHECK_FALSE(std::filesystem::exists(tmp.file("aborted")));
+}

@@ -96,7 +96,10 @@ std::unique_ptr<StreamSource> open_source(const DataSpec& d);
 /// Replays every selected (layer, kv head) cell through exact attention and every policy, over
 /// `threads` worker threads. Results are identical for any thread count (policy_ns aside).
 /// `progress(done, total)` is called after each cell (from worker threads, serialized).
+/// With `spill` (include/kvsim/results.hpp), each finished cell's rows go to disk at once and the
+/// returned RunResult carries no rows (memory independent of the number of layers).
+class ResultSpill;
 RunResult run_experiment(const Experiment& ex, const StreamSource& src, int threads,
-                         const std::function<void(int, int)>& progress = {});
+                         const std::function<void(int, int)>& progress = {}, ResultSpill* spill = nullptr);
 
 }  // namespace kvsim

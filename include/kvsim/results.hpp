@@ -11,6 +11,7 @@
 //   head) cell, over its evaluated steps.
 // All files are written to a temporary name and renamed into place (never half-written).
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,5 +31,29 @@ void write_results(const RunResult& r, const Experiment& ex, const std::string& 
 
 /// The human-readable table printed by `kvsim run` (policy × key metrics, means and p95 over all rows).
 std::string summary_table(const RunResult& r);
+
+/// Streams a run's rows to disk as its cells finish, so memory does not grow with the number of
+/// layers (issue "Performance"): run_experiment() calls begin() once with the rows each cell yields
+/// per policy, then write_cell() for every finished cell (any thread, any order: rows land at the
+/// cell's fixed offset, so the files are those write_results() writes, at any thread count — tested);
+/// finish() adds the attributes, writes summary.csv and cells.csv reading one column at a time, and
+/// renames everything into place. Until finish() succeeds nothing is visible under the final names;
+/// the destructor removes the temporary files of an unfinished run.
+class ResultSpill {
+ public:
+  ResultSpill(const std::string& out_dir, const Experiment& ex);
+  ~ResultSpill();
+  ResultSpill(const ResultSpill&) = delete;
+  ResultSpill& operator=(const ResultSpill&) = delete;
+  void begin(const std::vector<size_t>& rows_per_cell);
+  void write_cell(size_t cell, const std::vector<std::vector<MetricRow>>& rows);
+  /// `r` carries meta, source, policy specs, wall time and threads (its rows are empty). Returns the
+  /// summary table text (as summary_table()).
+  std::string finish(const RunResult& r);
+
+ private:
+  struct State;
+  std::unique_ptr<State> st_;
+};
 
 }  // namespace kvsim
