@@ -4,6 +4,8 @@
 // state; a block reduction merges the states (hd::OnlineSoftmax::merge — the same code the CPU tests
 // run); pass 2 forms the output with one thread per output dimension (coalesced reads of V) and,
 // when asked, writes the normalized attention row. fp32 arithmetic throughout.
+// Built as the module libkvsim_cuda.so, loaded by sim/cuda_loader.cpp on first use
+// (include/kvsim/cuda_module.hpp); the functions below implement include/kvsim/cuda.hpp's API.
 // First version, written and compiled without a GPU: correctness is checked by the parity tests
 // (tests/cuda_parity.cpp) wherever a device exists; speed has not been tuned yet.
 #include <cublas_v2.h>
@@ -15,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "kvsim/cuda.hpp"
+#include "kvsim/cuda_module.hpp"
 #include "kvsim/error.hpp"
 #include "kvsim/hd.hpp"
 
-namespace kvsim::cuda {
+namespace kvsim::cuda_impl {
 namespace {
 
 constexpr int kThreads = 128;
@@ -87,8 +89,6 @@ __global__ void exact_kernel(const float* Qsel, const float* K, const float* V, 
 }
 
 }  // namespace
-
-bool compiled() { return true; }
 
 int device_count(std::string* why) {
   int n = 0;
@@ -205,4 +205,38 @@ std::string bench(bool quick) {
   return out;
 }
 
-}  // namespace kvsim::cuda
+}  // namespace kvsim::cuda_impl
+
+// ---- the module's exported table (no exception crosses it) ----------------------------------------
+namespace {
+template <class F>
+std::string guarded(F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "CUDA module: unknown error";
+  }
+}
+
+int api_device_count(std::string* why) { return kvsim::cuda_impl::device_count(why); }
+std::string api_device_description(std::string* out) {
+  return guarded([&] { *out = kvsim::cuda_impl::device_description(); });
+}
+std::string api_exact_attention(const float* Q, const float* K, const float* V, int heads, int kv_heads, int64_t n, int d,
+                                double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
+                                std::vector<double>& log_tau, std::vector<double>& probs_norm,
+                                std::vector<float>* probs) {
+  return guarded([&] {
+    kvsim::cuda_impl::exact_attention(Q, K, V, heads, kv_heads, n, d, scale, steps, out, log_tau, probs_norm, probs);
+  });
+}
+std::string api_bench(bool quick, std::string* out) { return guarded([&] { *out = kvsim::cuda_impl::bench(quick); }); }
+
+const kvsim::cuda::ModuleApi kApi{kvsim::cuda::ModuleApi::kAbiVersion, api_device_count, api_device_description,
+                                  api_exact_attention, api_bench};
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const kvsim::cuda::ModuleApi* kvsim_cuda_module_api() { return &kApi; }
