@@ -41,6 +41,9 @@ if [ $rc -ne 0 ]; then
   grep -q -- "--device cuda: " <<<"$err" && ok || bad "--device cuda message: $err"
   [ -e "$TMP/cuda_out" ] && bad "--device cuda without a GPU left $TMP/cuda_out" || ok
 fi
+# The CUDA module is loaded on first use: a missing module is named, and nothing is written.
+KVSIM_CUDA_MODULE="$TMP/no_such_module.so" expect_fail "$TMP/no_such_module.so" "$KVSIM" run "$SRC/experiments/quickstart.toml" --device cuda --out "$TMP/nomod_out" --quiet
+[ -e "$TMP/nomod_out" ] && bad "--device cuda without its module left $TMP/nomod_out" || ok
 err=$("$KVSIM" bench --device cuda --quick 2>&1 >/dev/null); rc=$?
 [ $rc -eq 0 ] || { grep -q -- "--device cuda: " <<<"$err" && ok || bad "bench --device cuda message: $err"; }
 expect_fail "eval.device" "$KVSIM" run "$SRC/experiments/quickstart.toml" --set 'eval.device="tpu"' --out "$TMP/tpu"
