@@ -30,10 +30,12 @@ double peak_rss_mb() {
   return double(u.ru_maxrss) / 1024.0;  // Linux: kilobytes
 }
 
-/// Single-precision GEMM rate of Eigen on n×n×n (GFLOP/s), best of 7 after a warm-up: the roofline
-/// of this run.
+/// GEMM rate of Eigen on n×n×n (GFLOP/s) in scalar type S, best of 7 after a warm-up. The float rate
+/// is the roofline of this run; the double rate is the ceiling of the float64 reference.
+template <class S>
 double gemm_rate(int n) {
-  MatF A = MatF::Random(n, n), B = MatF::Random(n, n), C(n, n);
+  using M = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  M A = M::Random(n, n), B = M::Random(n, n), C(n, n);
   C.noalias() = A * B;  // warm-up (page faults, frequency ramp)
   double best = 1e30;
   for (int r = 0; r < 7; ++r) {
@@ -41,25 +43,32 @@ double gemm_rate(int n) {
     C.noalias() = A * B;
     best = std::min(best, seconds_since(t0));
   }
-  volatile float sink = C(0, 0);
+  volatile S sink = C(0, 0);
   (void)sink;
   return 2.0 * n * n * double(n) / best / 1e9;
 }
 
-/// The exact reference pass over every step of one head (as the engine does it): seconds.
-double exact_pass_seconds(int64_t n, int d) {
-  MatF Q = MatF::Random(n, d);
-  MatD K = MatD::Random(n, d), V = MatD::Random(n, d);
+/// The exact reference pass over every step of one head (as the engine does it), in float64
+/// (exact_attention) or float32 (exact_attention_f32): seconds, best of `reps`.
+double exact_pass_seconds(int64_t n, int d, bool f32, int reps) {
+  MatF Q = MatF::Random(n, d), Kf = MatF::Random(n, d), Vf = MatF::Random(n, d);
+  MatD K = Kf.cast<double>(), V = Vf.cast<double>();
   std::vector<int64_t> steps(n);
   for (int64_t t = 0; t < n; ++t) steps[t] = t + 1;
   ReferenceBlock blk;
-  auto t0 = Clock::now();
-  for (size_t b0 = 0; b0 < steps.size();) {
-    const size_t b1 = reference_block_end(steps, b0);
-    exact_attention(Q, K, V, 1.0 / std::sqrt(double(d)), std::vector<int64_t>(steps.begin() + b0, steps.begin() + b1), blk);
-    b0 = b1;
+  double best = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    auto t0 = Clock::now();
+    for (size_t b0 = 0; b0 < steps.size();) {
+      const size_t b1 = reference_block_end(steps, b0, f32 ? kReferenceRowsF32 : 256);
+      const std::vector<int64_t> block(steps.begin() + b0, steps.begin() + b1);
+      if (f32) exact_attention_f32(Q, Kf, Vf, 1.0 / std::sqrt(double(d)), block, blk);
+      else exact_attention(Q, K, V, 1.0 / std::sqrt(double(d)), block, blk);
+      b0 = b1;
+    }
+    best = std::min(best, seconds_since(t0));
   }
-  return seconds_since(t0);
+  return best;
 }
 
 struct Json {
@@ -80,25 +89,32 @@ std::string run_bench(const BenchOptions& o) {
   char buf[256];
   const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
 
-  const double gemm = gemm_rate(o.quick ? 256 : 1024);
+  const int gn = o.quick ? 256 : 1024;
+  const double gemm = gemm_rate<float>(gn), dgemm = gemm_rate<double>(gn);
   out << "machine: " << std::thread::hardware_concurrency() << " hardware threads\n";
-  std::snprintf(buf, sizeof buf, "Eigen SGEMM %d^3 (1 thread, best of 7): %.1f GFLOP/s  <- roofline for this run\n\n",
-                o.quick ? 256 : 1024, gemm);
+  std::snprintf(buf, sizeof buf,
+                "Eigen SGEMM %d^3 (1 thread, best of 7): %.1f GFLOP/s  <- roofline for this run\n"
+                "Eigen DGEMM %d^3 (1 thread, best of 7): %.1f GFLOP/s  (%.0f%% of SGEMM: the float64 reference's ceiling)\n\n",
+                gn, gemm, gn, dgemm, 100 * dgemm / gemm);
   out << buf;
   js.add("sgemm_gflops", gemm);
+  js.add("dgemm_gflops", dgemm);
 
-  out << "exact reference pass (one head, every step, double precision, blocked GEMMs):\n";
-  out << "      n    d     seconds   GFLOP/s  of SGEMM\n";
+  out << "exact reference pass (one head, every step, blocked GEMMs; best of " << (o.quick ? 1 : 3)
+      << "; `[eval] reference_precision`):\n";
+  out << "      n    d  precision     seconds   GFLOP/s  of SGEMM\n";
   const std::vector<int64_t> ns = o.quick ? std::vector<int64_t>{512} : std::vector<int64_t>{2048, 8192, 32768};
   for (int64_t n : ns)
-    for (int d : {64, 128}) {
-      const double s = exact_pass_seconds(n, d);
-      const double flops = 2.0 * double(n) * double(n) * d;  // causal: 2 matmuls × n²/2 × d × 2
-      const double rate = flops / s / 1e9;
-      std::snprintf(buf, sizeof buf, "%7lld %4d %11.3f %9.2f %8.1f%%\n", (long long)n, d, s, rate, 100 * rate / gemm);
-      out << buf;
-      js.add("exact_gflops_n" + std::to_string(n) + "_d" + std::to_string(d), rate);
-    }
+    for (int d : {64, 128})
+      for (bool f32 : {false, true}) {
+        const double s = exact_pass_seconds(n, d, f32, o.quick || n > 8192 ? 1 : 3);
+        const double flops = 2.0 * double(n) * double(n) * d;  // causal: 2 matmuls × n²/2 × d × 2
+        const double rate = flops / s / 1e9;
+        std::snprintf(buf, sizeof buf, "%7lld %4d  %-9s %11.3f %9.2f %8.1f%%\n", (long long)n, d, f32 ? "float32" : "float64",
+                      s, rate, 100 * rate / gemm);
+        out << buf;
+        js.add(std::string(f32 ? "exact_f32_gflops_n" : "exact_gflops_n") + std::to_string(n) + "_d" + std::to_string(d), rate);
+      }
 
   // Per policy: one cell (n tokens, head_dim 128, group of 2 query heads), 25% budgets.
   const int64_t n = o.quick ? 512 : 4096;

@@ -126,7 +126,7 @@ void parse_eval(const TV& root, EvalSpec& e) {
   if (root.contains("eval")) {
     const TV& ev = root.at("eval");
     if (!ev.is_table()) fail_at(ev, "[eval] must be a table");
-    check_keys(ev, {"every", "from", "gqa", "group_agg", "policy_precision", "device", "objectives", "objectives_every", "objectives_max_t",
+    check_keys(ev, {"every", "from", "gqa", "group_agg", "policy_precision", "device", "reference_precision", "objectives", "objectives_every", "objectives_max_t",
                     "theorem44_alpha", "theorem44_beta"},
                "[eval]");
     if (ev.contains("objectives")) {
@@ -156,6 +156,9 @@ void parse_eval(const TV& root, EvalSpec& e) {
       fail_at(ev.at("policy_precision"), "eval.policy_precision must be \"float64\" or \"float32\"");
     e.device = get_string(ev, "device", "cpu", "eval.");
     if (e.device != "cpu" && e.device != "cuda") fail_at(ev.at("device"), "eval.device must be \"cpu\" or \"cuda\"");
+    e.reference_precision = get_string(ev, "reference_precision", "float64", "eval.");
+    if (e.reference_precision != "float64" && e.reference_precision != "float32")
+      fail_at(ev.at("reference_precision"), "eval.reference_precision must be \"float64\" or \"float32\"");
   }
 
 }

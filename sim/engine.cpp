@@ -160,13 +160,15 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
   std::vector<Answer> answers(G), one(1);
   std::vector<const double*> probs_group(G), probs_one(1);
 
+  const bool ref_f32 = ex.eval.reference_precision == "float32";
   size_t b0 = 0;
   while (b0 < steps.size()) {
     // Block of evaluated steps so that rows × t_max stays ≤ 4M doubles per query head.
-    const size_t b1 = reference_block_end(steps, b0);
+    const size_t b1 = reference_block_end(steps, b0, ref_f32 ? kReferenceRowsF32 : 256);
     std::vector<int64_t> block(steps.begin() + b0, steps.begin() + b1);
     for (int g = 0; g < G; ++g) {
       if (ex.eval.device == "cuda") cuda::exact_attention_block(Q[g], Kf, Vf, scale, block, ref[g]);
+      else if (ref_f32) exact_attention_f32(Q[g], Kf, Vf, scale, block, ref[g]);
       else exact_attention(Q[g], K, V, scale, block, ref[g]);
     }
     std::vector<double> opnorm(block.size());

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <cmath>
+#include <malloc.h>
+
 #include <iostream>
 #include <thread>
 
@@ -52,6 +54,12 @@ int cmd_run(const std::string& config, std::string out, int threads, std::vector
 }  // namespace
 
 int main(int argc, char** argv) {
+  // glibc serves blocks ≥ 128 KiB-32 MiB by mmap and trims freed heap tops, so every reference block
+  // (probabilities of 256 rows × t columns, t changing block to block) came back as fresh pages: page
+  // faults cost as much as the block's second GEMM (issue "Performance", measured with kvsim bench).
+  // Keep freed memory for reuse instead; peak memory is unchanged.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"kvsim — KV-cache attention approximation simulator"};
   app.require_subcommand(1);
 

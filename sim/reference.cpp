@@ -35,9 +35,47 @@ void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, 
   out.out.noalias() = out.probs * V.topRows(t_max);
 }
 
-size_t reference_block_end(const std::vector<int64_t>& steps, size_t begin) {
+void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double scale, const std::vector<int64_t>& steps,
+                         ReferenceBlock& out) {
+  if (steps.empty()) throw Error("exact_attention: no steps");
+  const int64_t rows = static_cast<int64_t>(steps.size());
+  const int64_t t_max = steps.back();
+  const int d = static_cast<int>(Q.cols());
+  if (t_max > K.rows() || steps.front() < 1) throw Error("exact_attention: step out of range");
+  thread_local MatF Qb, P, Z;  // scratch reused across blocks (the block shapes repeat)
+  Qb.resize(rows, d);
+  for (int64_t r = 0; r < rows; ++r) Qb.row(r) = (Q.row(steps[r] - 1).cast<double>() * scale).cast<float>();
+  P.resize(rows, t_max);
+  P.noalias() = Qb * K.topRows(t_max).transpose();
+  out.steps = steps;
+  out.log_tau.resize(rows);
+  out.probs_norm.resize(rows);
+  VecD inv(rows);
+  // P keeps the unnormalized exp(l − max); the normalization is applied in double to the output rows
+  // and to the probabilities as they are widened (one pass fewer over P than normalizing it here).
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = steps[r];
+    auto row = P.row(r);
+    const float mx = row.head(t).maxCoeff();
+    row.head(t) = (row.head(t).array() - mx).exp().matrix();
+    const double sum = row.head(t).cast<double>().sum();  // τ's sum in double (t terms)
+    const double sq = row.head(t).cast<double>().squaredNorm();
+    row.tail(t_max - t).setZero();
+    inv[r] = 1.0 / sum;
+    out.log_tau[r] = double(mx) + std::log(sum);
+    out.probs_norm[r] = std::sqrt(sq) * inv[r];
+  }
+  Z.resize(rows, V.cols());
+  Z.noalias() = P * V.topRows(t_max);
+  out.out.resize(rows, V.cols());
+  out.out.noalias() = inv.asDiagonal() * Z.cast<double>();
+  out.probs.resize(rows, t_max);
+  out.probs.noalias() = inv.asDiagonal() * P.cast<double>();
+}
+
+size_t reference_block_end(const std::vector<int64_t>& steps, size_t begin, size_t max_rows) {
   size_t end = begin + 1;
-  while (end < steps.size() && end - begin < 256 && int64_t(end - begin + 1) * steps[end] <= (int64_t(1) << 22)) ++end;
+  while (end < steps.size() && end - begin < max_rows && int64_t(end - begin + 1) * steps[end] <= (int64_t(1) << 22)) ++end;
   return end;
 }
 

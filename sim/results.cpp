@@ -72,6 +72,9 @@ void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
   f.set_attr("/", "head_dim", int64_t(r.meta.head_dim));
   f.set_attr("/", "model", r.meta.model);
   f.set_attr("/", "gqa", ex.eval.gqa);
+  f.set_attr("/", "device", ex.eval.device);
+  f.set_attr("/", "reference_precision", ex.eval.reference_precision);
+  f.set_attr("/", "policy_precision", ex.eval.policy_precision);
   f.set_attr("/", "threads", int64_t(r.threads));
   f.set_attr("/", "wall_seconds", r.wall_seconds);
 }

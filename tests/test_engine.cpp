@@ -358,3 +358,34 @@ TEST_CASE("results: rows streamed to disk cell by cell give the in-memory writer
   }
   CHECK_FALSE(std::filesystem::exists(tmp.file("aborted")));
 }
+
+TEST_CASE("engine: the float32 reference gives the float64 run's metrics within float rounding", "[engine][reference]") {
+  Experiment ex = parse_experiment(kConfig, "inline");
+  Experiment ex32 = parse_experiment(kConfig, "inline", {"eval.reference_precision=\"float32\""});
+  REQUIRE(ex32.eval.reference_precision == "float32");
+  auto src = open_source(ex.data);
+  RunResult a = run_experiment(ex, *src, 2), b = run_experiment(ex32, *src, 2);
+  REQUIRE(a.policies.size() == b.policies.size());
+  double worst_exact = 0;
+  for (size_t p = 0; p < a.policies.size(); ++p) {
+    const auto &ra = a.policies[p].rows, &rb = b.policies[p].rows;
+    REQUIRE(ra.size() == rb.size());
+    for (size_t i = 0; i < ra.size(); ++i) {
+      INFO(a.policies[p].spec.label << " row " << i);
+      REQUIRE(ra[i].step == rb[i].step);
+      if (a.policies[p].spec.name == "exact") {
+        worst_exact = std::max(worst_exact, rb[i].rel_err);
+        continue;
+      }
+      // Policy errors are ≥ 1e-3 here; the reference's rounding (~1e-6) moves them by far less.
+      CHECK(rb[i].rel_err == Approx(ra[i].rel_err).epsilon(1e-3).margin(1e-5));
+      CHECK(rb[i].eps_spectral == Approx(ra[i].eps_spectral).epsilon(1e-3).margin(1e-5));
+      if (!std::isnan(ra[i].kept_mass)) CHECK(rb[i].kept_mass == Approx(ra[i].kept_mass).margin(1e-5));
+    }
+  }
+  // The exact policy (double arithmetic) now measures the float32 reference's own rounding.
+  CHECK(worst_exact < 1e-4);
+  CHECK(worst_exact > 0);
+  CHECK_THROWS_WITH(parse_experiment(kConfig, "inline", {"eval.reference_precision=\"half\""}),
+                    Contains("eval.reference_precision"));
+}

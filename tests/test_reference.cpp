@@ -110,3 +110,52 @@ TEST_CASE("reference: operator norm with a degenerate top eigenvalue", "[referen
   }
   CHECK(tr.op_norm() == Approx(2.0).epsilon(1e-12));
 }
+
+TEST_CASE("reference: float32 reference stays within its rounding bound of long double", "[reference]") {
+  // exact_attention_f32's documented bound (include/kvsim/reference.hpp): with Δ = γ_{d+1}·max_i Σ_j
+  // |q̃_j k_ij| bounding every logit's rounding, |δ log τ| ≤ Δ + O(t·u) and
+  // ‖δ Attn‖₂ ≤ (e^{2Δ} − 1 + O(t·u))·Σ_i a_i‖v_i‖₂. O(t·u) is taken as (t + 16)·u.
+  Engine eng = make_engine({43});
+  const double u = std::ldexp(1.0, -24);
+  for (double sigma : {0.5, 3.0, 8.0}) {
+    const int64_t n = 600;
+    const int d = 64;
+    MatF Q = gaussian(n, d, eng, sigma), K = gaussian(n, d, eng, sigma), V = gaussian(n, d, eng, 1.0);
+    const double scale = 1.0 / 8;
+    std::vector<int64_t> steps{1, 2, 17, 64, 255, 256, 257, 511, 599, 600};
+    ReferenceBlock ref, ref64;
+    exact_attention_f32(Q, K, V, scale, steps, ref);
+    exact_attention(Q, K.cast<double>(), V.cast<double>(), scale, steps, ref64);
+    double worst_rel = 0;
+    for (size_t r = 0; r < steps.size(); ++r) {
+      const int64_t t = steps[r];
+      std::vector<long double> out, probs;
+      long double log_tau;
+      naive(Q, K, V, scale, t, out, log_tau, probs);
+      double abs_dot = 0;
+      for (int64_t i = 0; i < t; ++i) {
+        double s = 0;
+        for (int j = 0; j < d; ++j) s += std::abs(double(Q(t - 1, j)) * scale * K(i, j));
+        abs_dot = std::max(abs_dot, s);
+      }
+      const double gamma = (d + 1) * u / (1 - (d + 1) * u), delta = gamma * abs_dot;
+      double mass_v = 0;
+      for (int64_t i = 0; i < t; ++i) mass_v += double(probs[i]) * V.row(i).cast<double>().norm();
+      long double num = 0, den = 0;
+      for (int j = 0; j < d; ++j) {
+        num += (out[j] - ref.out(r, j)) * (out[j] - ref.out(r, j));
+        den += out[j] * out[j];
+      }
+      INFO("sigma " << sigma << " step " << t << " delta " << delta);
+      CHECK(double(std::sqrt(num)) <= (std::expm1(2 * delta) + (t + 16) * u) * mass_v);
+      CHECK(std::abs(double(log_tau) - ref.log_tau[r]) <= delta + (t + 16) * u);
+      for (int64_t i = t; i < ref.probs.cols(); ++i) REQUIRE(ref.probs(r, i) == 0.0);  // causal mask
+      CHECK(std::abs(ref.probs.row(r).sum() - 1.0) <= (t + 16) * u);
+      CHECK(ref.probs_norm[r] == Approx(ref64.probs_norm[r]).epsilon(1e-4));
+      worst_rel = std::max(worst_rel, double(std::sqrt(num / den)));
+    }
+    // It is an approximation, not a second copy of the double path: float rounding shows.
+    if (sigma >= 3.0) CHECK(worst_rel > 1e-9);
+    WARN("float32 reference, logit sigma " << sigma << ": worst relative output error " << worst_rel);
+  }
+}

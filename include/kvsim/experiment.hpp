@@ -38,6 +38,10 @@ struct EvalSpec {
   /// "cpu" (default) or "cuda": where the exact reference runs (include/kvsim/cuda.hpp; fp32 on the
   /// GPU, so reference-relative metrics carry ~1e-5 of its rounding). Policies run on the CPU.
   std::string device = "cpu";
+  /// "float64" (default; ≤ 1e-6 of long double, DESIGN §6) or "float32": arithmetic of the CPU exact
+  /// reference (include/kvsim/reference.hpp, exact_attention_f32: ~2x faster, ~1e-5 relative error,
+  /// which the exact policy's metrics then show). Metrics and τ's sum stay double.
+  std::string reference_precision = "float64";
   // H2O objectives (include/kvsim/objectives.hpp), off by default: computed at evaluated steps t that
   // are multiples of objectives_every (and the last), for t ≤ objectives_max_t.
   bool objectives = false;
