@@ -6,15 +6,25 @@
 
 namespace kvsim {
 
+namespace {
+/// The scaled query rows q̃_t = scale·q_t (computed in double) of a block's steps, in scalar type of
+/// `Qb`; validates the steps against the n_keys cached keys.
+template <class M>
+void scaled_queries(const MatF& Q, int64_t n_keys, double scale, const std::vector<int64_t>& steps, M& Qb) {
+  if (steps.empty()) throw Error("exact_attention: no steps");
+  if (steps.back() > n_keys || steps.front() < 1) throw Error("exact_attention: step out of range");
+  Qb.resize(Eigen::Index(steps.size()), Q.cols());
+  for (size_t r = 0; r < steps.size(); ++r)
+    Qb.row(Eigen::Index(r)) = (Q.row(steps[r] - 1).cast<double>() * scale).template cast<typename M::Scalar>();
+}
+}  // namespace
+
 void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, const std::vector<int64_t>& steps,
                      ReferenceBlock& out) {
-  if (steps.empty()) throw Error("exact_attention: no steps");
+  MatD Qb;
+  scaled_queries(Q, K.rows(), scale, steps, Qb);
   const int64_t rows = static_cast<int64_t>(steps.size());
   const int64_t t_max = steps.back();
-  const int d = static_cast<int>(Q.cols());
-  if (t_max > K.rows() || steps.front() < 1) throw Error("exact_attention: step out of range");
-  MatD Qb(rows, d);
-  for (int64_t r = 0; r < rows; ++r) Qb.row(r) = Q.row(steps[r] - 1).cast<double>() * scale;
   out.steps = steps;
   out.probs.resize(rows, t_max);
   out.probs.noalias() = Qb * K.topRows(t_max).transpose();
@@ -37,14 +47,10 @@ void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, 
 
 void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double scale, const std::vector<int64_t>& steps,
                          ReferenceBlock& out) {
-  if (steps.empty()) throw Error("exact_attention: no steps");
+  thread_local MatF Qb, P, Z;  // scratch reused across blocks (the block shapes repeat)
+  scaled_queries(Q, K.rows(), scale, steps, Qb);
   const int64_t rows = static_cast<int64_t>(steps.size());
   const int64_t t_max = steps.back();
-  const int d = static_cast<int>(Q.cols());
-  if (t_max > K.rows() || steps.front() < 1) throw Error("exact_attention: step out of range");
-  thread_local MatF Qb, P, Z;  // scratch reused across blocks (the block shapes repeat)
-  Qb.resize(rows, d);
-  for (int64_t r = 0; r < rows; ++r) Qb.row(r) = (Q.row(steps[r] - 1).cast<double>() * scale).cast<float>();
   P.resize(rows, t_max);
   P.noalias() = Qb * K.topRows(t_max).transpose();
   out.steps = steps;
