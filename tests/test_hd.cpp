@@ -7,6 +7,9 @@
 #include "kvsim/reference.hpp"
 #include "kvsim/rng.hpp"
 #include <boost/random/normal_distribution.hpp>
+#include <boost/random/uniform_int_distribution.hpp>
+#include <algorithm>
+#include <numeric>
 
 using namespace kvsim;
 
@@ -108,6 +111,62 @@ TEST_CASE("hd: sink_window_slot keeps the sink and the most recent window tokens
           if (x >= 0) have.push_back(x);
         std::sort(have.begin(), have.end());
         REQUIRE(have == want);
+        // The closed form the GPU answers from equals the ring's content after t + 1 tokens.
+        std::vector<int64_t> closed;
+        for (int64_t j = 0; j < hd::sink_window_count(t + 1, sink, window); ++j)
+          closed.push_back(hd::sink_window_token(t + 1, sink, window, j));
+        REQUIRE(closed == want);
       }
     }
+}
+
+TEST_CASE("hd: H2O victim rule is a total order, so any reduction order picks the same victim", "[hd]") {
+  // The CPU scans slots in order; the GPU reduces them pairwise in a tree. Both must pick the
+  // evictable slot with the lowest score, ties to the oldest position.
+  Engine eng = make_engine({7});
+  boost::random::uniform_int_distribution<int> small(0, 3);  // few distinct scores: many ties
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t B = 1 + trial % 17, t = 40, recent = trial % 5;
+    std::vector<double> score(B);
+    std::vector<int64_t> pos(B);
+    std::vector<int64_t> all(t);
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t i = t - 1; i > 0; --i)  // Fisher-Yates with a Boost.Random draw
+      std::swap(all[i], all[boost::random::uniform_int_distribution<int64_t>(0, i)(eng)]);
+    for (int64_t s = 0; s < B; ++s) {
+      score[s] = 0.25 * small(eng);
+      pos[s] = all[s];
+    }
+    auto better = [&](int64_t a, int64_t b) {  // -1 = none
+      if (a < 0) return b;
+      if (b < 0) return a;
+      return hd::h2o_prefer(score[a], pos[a], score[b], pos[b]) ? a : b;
+    };
+    int64_t serial = -1;
+    for (int64_t s = 0; s < B; ++s)
+      if (hd::h2o_evictable(pos[s], t, recent)) serial = better(serial, s);
+    // Tree reduction as a 128-thread block would do it (padding = not evictable).
+    std::vector<int64_t> lane(128, -1);
+    for (int64_t s = 0; s < B; ++s)
+      if (hd::h2o_evictable(pos[s], t, recent)) lane[s % 128] = better(lane[s % 128], s);
+    for (int off = 64; off > 0; off >>= 1)
+      for (int i = 0; i < off; ++i) lane[i] = better(lane[i], lane[i + off]);
+    REQUIRE(lane[0] == serial);
+    // And the serial pick is the brute-force minimum.
+    for (int64_t s = 0; s < B; ++s)
+      if (hd::h2o_evictable(pos[s], t, recent) && serial >= 0) {
+        REQUIRE(score[serial] <= score[s]);
+        if (score[serial] == score[s]) REQUIRE(pos[serial] <= pos[s]);
+      }
+  }
+}
+
+TEST_CASE("hd: group_combine gives mean max and sum of a KV group's attention", "[hd]") {
+  const double p[3] = {0.2, 0.5, 0.1};
+  for (int agg : {hd::kAggMean, hd::kAggMax, hd::kAggSum}) {
+    double acc = 0;
+    for (double x : p) acc = hd::group_combine(acc, x, agg);
+    const double r = hd::group_result(acc, agg, 3);
+    CHECK(r == Approx(agg == hd::kAggMean ? 0.8 / 3 : agg == hd::kAggMax ? 0.5 : 0.8));
+  }
 }

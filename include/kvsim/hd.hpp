@@ -7,7 +7,12 @@
 //    log τ = m + log s1 (DESIGN §3) and ‖a‖₂ = √s2 / s1 (the ‖softmax(Kq)‖ of SubGen Eq. 3).
 //  - philox4x32_10: the counter-based generator of Salmon et al. (SC'11, Random123), so CPU and GPU
 //    draw identical random numbers from (counter, key) without shared state.
-//  - sink_window_slot: where token t goes in a sink + ring-window cache (StreamingLLM / window).
+//  - sink_window_slot: where token t goes in a sink + ring-window cache (StreamingLLM / window), and
+//    sink_window_token: the same cache's content in closed form (the GPU answers any step directly).
+//  - h2o_evictable / h2o_prefer: H2O's eviction rule (seeds/004 §4.1 Algorithm 1): the victim is the
+//    lowest accumulated score outside the recent window, ties to the oldest. A total order, so a
+//    parallel arg-min on the GPU picks exactly the CPU's victim.
+//  - group_combine: group_agg (mean | max | sum) of a KV group's per-query-head attention.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -92,5 +97,35 @@ KVSIM_HD double philox_uniform01(uint32_t a, uint32_t b) {
 KVSIM_HD int64_t sink_window_slot(int64_t t, int64_t sink, int64_t window) {
   return t < sink + window ? t : sink + (t - sink) % window;
 }
+
+/// The j-th cached token (0-based, increasing) of a sink + window cache after `t` tokens (t ≥ 1) have
+/// joined: min(t, sink + window) tokens — all of them while t ≤ sink + window, else the first `sink`
+/// and the last `window`. The closed form of what sink_window_slot's ring holds (tests/test_hd.cpp).
+KVSIM_HD int64_t sink_window_token(int64_t t, int64_t sink, int64_t window, int64_t j) {
+  if (t <= sink + window || j < sink) return j;
+  return t - window + (j - sink);
+}
+/// Tokens a sink + window cache holds after t tokens.
+KVSIM_HD int64_t sink_window_count(int64_t t, int64_t sink, int64_t window) {
+  return t < sink + window ? t : sink + window;
+}
+
+/// H2O: may the cached token at position `pos` be evicted when token `t` (0-based) is about to join
+/// with the `recent` most recent positions protected (t − recent + 1 .. t)?
+KVSIM_HD bool h2o_evictable(int64_t pos, int64_t t, int64_t recent) { return pos <= t - recent; }
+/// H2O: is (score_a, pos_a) a better victim than (score_b, pos_b)? Lower score first, then older.
+template <class T>
+KVSIM_HD bool h2o_prefer(T score_a, int64_t pos_a, T score_b, int64_t pos_b) {
+  return score_a < score_b || (score_a == score_b && pos_a < pos_b);
+}
+
+/// group_agg codes shared by both paths.
+enum GroupAgg : int { kAggMean = 0, kAggMax = 1, kAggSum = 2 };
+/// Folds one query head's attention p into the accumulator (start from 0 for every agg: attention
+/// is ≥ 0); group_result divides by the group size for the mean.
+template <class T>
+KVSIM_HD T group_combine(T acc, T p, int agg) { return agg == kAggMax ? (p > acc ? p : acc) : acc + p; }
+template <class T>
+KVSIM_HD T group_result(T acc, int agg, int group) { return agg == kAggMean ? acc / T(group) : acc; }
 
 }  // namespace kvsim::hd

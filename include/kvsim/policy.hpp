@@ -16,6 +16,7 @@
 #include <variant>
 #include <vector>
 
+#include "kvsim/hd.hpp"
 #include "kvsim/types.hpp"
 
 namespace kvsim {
@@ -102,20 +103,26 @@ class Policy {
 
 /// Combines a KV group's per-query-head vectors (attention, scores) by `group_agg` (DESIGN §4):
 /// "sum" and "mean" add them ("mean" divides by the count in result()), "max" takes the elementwise
-/// maximum. ranking() is the undivided accumulator, ordered like result().
+/// maximum. ranking() is the undivided accumulator, ordered like result(). The element rule is
+/// hd::group_combine / hd::group_result, shared with the CUDA path.
 class GroupAggregate {
  public:
-  GroupAggregate(const std::string& agg, Eigen::Index size) : max_(agg == "max"), mean_(agg == "mean"), acc_(VecD::Zero(size)) {}
+  GroupAggregate(const std::string& agg, Eigen::Index size)
+      : agg_(agg == "max" ? hd::kAggMax : agg == "sum" ? hd::kAggSum : hd::kAggMean), acc_(VecD::Zero(size)) {}
   void add(const Eigen::Ref<const VecD>& p) {
-    if (max_) acc_ = acc_.cwiseMax(p);
-    else acc_ += p;
+    const int agg = agg_;
+    acc_ = acc_.binaryExpr(p, [agg](double a, double b) { return hd::group_combine(a, b, agg); });
     ++count_;
   }
-  VecD result() const { return mean_ && count_ > 0 ? VecD(acc_ / double(count_)) : acc_; }
+  VecD result() const {
+    if (count_ == 0) return acc_;
+    const int agg = agg_, c = count_;
+    return acc_.unaryExpr([agg, c](double a) { return hd::group_result(a, agg, c); });
+  }
   const VecD& ranking() const { return acc_; }
 
  private:
-  bool max_, mean_;
+  int agg_;
   VecD acc_;
   int count_ = 0;
 };

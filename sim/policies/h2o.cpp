@@ -16,6 +16,7 @@
 
 #include "factories.hpp"
 #include "kvsim/error.hpp"
+#include "kvsim/hd.hpp"
 #include "slot_cache.hpp"
 
 namespace kvsim::policies {
@@ -44,11 +45,11 @@ class H2OPolicy final : public Policy {
     }
     // Evict the lowest-score token outside the recent window: after token t joins, positions
     // t − recent_ + 1 .. t are the recent ones, so candidates have position ≤ t − recent_.
+    // The rule is shared with the CUDA path (include/kvsim/hd.hpp).
     int64_t victim = -1;
     for (int64_t s = 0; s < cache_.size(); ++s) {
-      if (cache_.position(s) > t - recent_) continue;  // recent (token t itself is not yet cached)
-      if (victim < 0 || score_[s] < score_[victim] ||
-          (score_[s] == score_[victim] && cache_.position(s) < cache_.position(victim)))
+      if (!hd::h2o_evictable(cache_.position(s), t, recent_)) continue;  // token t is not yet cached
+      if (victim < 0 || hd::h2o_prefer(score_[s], cache_.position(s), score_[victim], cache_.position(victim)))
         victim = s;
     }
     if (victim < 0) throw Error("h2o: no evictable token (recent window ≥ budget)");
