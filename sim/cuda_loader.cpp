@@ -125,6 +125,13 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
   rethrow(api_or_throw().exact_attention(Q, K, V, heads, kv_heads, n, d, scale, steps, out, log_tau, probs_norm, probs));
 }
 
+void replay_policy(const PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads, int group,
+                   int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
+                   std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
+  require_device();
+  rethrow(api_or_throw().replay_policy(p, Q, K, V, kv_heads, group, n, d, scale, steps, z, log_sum, kept, kept_cap));
+}
+
 std::string bench(bool quick) {
   require_device();
   std::string out;

@@ -29,6 +29,26 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
                      double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
                      std::vector<double>& log_tau, std::vector<double>& probs_norm, std::vector<float>* probs);
 
+/// A deterministic slot policy replayed on the GPU (step 2 of the GPU path): "window" (sink = 0),
+/// "sink" (StreamingLLM: sink + window), or "h2o" (budget = heavy + recent). Sizes in tokens.
+struct PolicyReplay {
+  std::string name;
+  int64_t sink = 0, window = 0;   ///< window / sink
+  int64_t budget = 0, recent = 0;  ///< h2o: cache size B and the protected recent tokens (< B)
+  int group_agg = 0;               ///< hd::GroupAgg (mean 0, max 1, sum 2): h2o's score combination
+};
+
+/// Replays every KV head's stream through `p` on the GPU, one cache per KV head shared by its
+/// `group` query heads (the CPU's kv_head mode), with the step logic of include/kvsim/hd.hpp.
+/// Q: [kv_heads·group][n][d] unscaled (query head h uses KV head h / group); K, V: [kv_heads][n][d];
+/// row-major float32 on the host. At each evaluated step (1-based, increasing): z [kv_heads·group]
+/// [rows][d] (the answer), log_sum [kv_heads·group][rows] (log Σ exp over the cache), kept
+/// [kv_heads][rows][kept_cap] token positions in slot order, −1 padded (kept_cap = budget, or
+/// sink + window). Throws kvsim::Error without a device, for other policies, or on bad sizes.
+void replay_policy(const PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads, int group,
+                   int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
+                   std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap);
+
 /// `kvsim bench --device cuda`: the device, cuBLAS SGEMM rates (fp32 and TF32 tensor cores, 8192³)
 /// as rooflines, and the exact causal pass (32 heads, head_dim 128, every 16th step evaluated) at
 /// n ∈ {2048, 8192, 32768} in TFLOP/s. Printable figures; throws kvsim::Error without a device.

@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/cuda.hpp"
+
 namespace kvsim::cuda {
 
 struct ModuleApi {
-  static constexpr int kAbiVersion = 1;
+  static constexpr int kAbiVersion = 2;
   int abi_version;
   /// Usable CUDA devices; 0 with `why` set otherwise. Never fails.
   int (*device_count)(std::string* why);
@@ -30,6 +32,11 @@ struct ModuleApi {
                                  int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
                                  std::vector<double>& log_tau, std::vector<double>& probs_norm,
                                  std::vector<float>* probs);
+  /// See kvsim::cuda::replay_policy.
+  std::string (*replay_policy)(const PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads,
+                               int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps,
+                               std::vector<float>& z, std::vector<double>& log_sum, std::vector<int64_t>& kept,
+                               int64_t& kept_cap);
   /// See kvsim::cuda::bench; the figures into `out`.
   std::string (*bench)(bool quick, std::string* out);
 };

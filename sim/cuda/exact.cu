@@ -20,24 +20,12 @@
 #include "kvsim/cuda_module.hpp"
 #include "kvsim/error.hpp"
 #include "kvsim/hd.hpp"
+#include "common.cuh"
 
 namespace kvsim::cuda_impl {
 namespace {
 
 constexpr int kThreads = 128;
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
-}
-
-template <class T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  explicit DeviceBuffer(size_t n) { check(cudaMalloc(&p, n * sizeof(T) + 1), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 __global__ void exact_kernel(const float* Qsel, const float* K, const float* V, int group, long long n, int d,
                              float scale, const long long* steps, int rows, long long t_max, float* out, float* log_tau,
@@ -233,10 +221,18 @@ std::string api_exact_attention(const float* Q, const float* K, const float* V, 
     kvsim::cuda_impl::exact_attention(Q, K, V, heads, kv_heads, n, d, scale, steps, out, log_tau, probs_norm, probs);
   });
 }
+std::string api_replay_policy(const kvsim::cuda::PolicyReplay& p, const float* Q, const float* K, const float* V,
+                              int kv_heads, int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps,
+                              std::vector<float>& z, std::vector<double>& log_sum, std::vector<int64_t>& kept,
+                              int64_t& kept_cap) {
+  return guarded([&] {
+    kvsim::cuda_impl::replay_policy(p, Q, K, V, kv_heads, group, n, d, scale, steps, z, log_sum, kept, kept_cap);
+  });
+}
 std::string api_bench(bool quick, std::string* out) { return guarded([&] { *out = kvsim::cuda_impl::bench(quick); }); }
 
 const kvsim::cuda::ModuleApi kApi{kvsim::cuda::ModuleApi::kAbiVersion, api_device_count, api_device_description,
-                                  api_exact_attention, api_bench};
+                                  api_exact_attention, api_replay_policy, api_bench};
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const kvsim::cuda::ModuleApi* kvsim_cuda_module_api() { return &kApi; }
