@@ -49,14 +49,13 @@ class SinkWindowPolicy final : public Policy {
   }
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     if (!out) return;
-    cache_.answer_group(q, out, P_);
+    cache_.answer_group(q, out);
   }
   int64_t cache_tokens() const override { return cache_.size(); }
 
  private:
   int64_t sink_, window_;
   SlotCache cache_;
-  MatD P_;
 };
 
 /// `oracle_topk` (H2O Fig. 2 "oracle"): for each evaluated query, the B tokens of largest exact

@@ -59,9 +59,9 @@ class H2OPolicy final : public Policy {
 
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     const int64_t m = cache_.size();
-    cache_.answer_group(q, out, P_);  // one pass over keys and values for the whole query group
+    const MatD& P = cache_.answer_group(q, out);  // one pass over keys and values for the whole query group
     GroupAggregate agg(agg_, m);
-    for (Eigen::Index i = 0; i < q.rows(); ++i) agg.add(P_.col(i));
+    for (Eigen::Index i = 0; i < q.rows(); ++i) agg.add(P.col(i));
     if (global_) return;  // oracle scores are fixed
     const VecD step = agg.result();
     for (int64_t s = 0; s < m; ++s) score_[s] += step[s];
@@ -75,7 +75,6 @@ class H2OPolicy final : public Policy {
   std::string agg_;
   VecD global_score_;
   SlotCache cache_;
-  MatD P_;
   std::vector<double> score_;
 };
 

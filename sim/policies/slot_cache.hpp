@@ -70,22 +70,19 @@ class SlotCache {
     a.kept.assign(pos_.begin(), pos_.begin() + size_);
     return ls;
   }
-  /// Answers for a query group [G, d]; P receives the [m, G] attention of each query over the slots
-  /// (for score-keeping policies). `out` may be null.
-  void answer_group(const MatD& q, std::vector<Answer>* out, MatD& P) {
-    if (f32_) {
-      attend_group_f32(q);
-      P = P_;
-    } else {
-      attend_cached_group(keys_, values_, size_, q, P, Z_, ls_);
-    }
-    if (!out) return;
+  /// Answers for a query group [G, d]. Returns the [m, G] attention of each query over the slots (for
+  /// score-keeping policies; valid until the next call). `out` may be null.
+  const MatD& answer_group(const MatD& q, std::vector<Answer>* out) {
+    if (f32_) attend_group_f32(q);
+    else attend_cached_group(keys_, values_, size_, q, P_, Z_, ls_);
+    if (!out) return P_;
     for (Eigen::Index g = 0; g < q.rows(); ++g) {
       Answer& a = (*out)[g];
       a.z = Z_.row(g).transpose();
       a.has_kept = true;
       a.kept.assign(pos_.begin(), pos_.begin() + size_);
     }
+    return P_;
   }
   /// Over every slot of the store, filled or not (free slots hold finite stale data or zeros):
   /// logits K q (in the store's precision) and Vᵀ w. For policies that mask free slots themselves.
@@ -109,7 +106,12 @@ class SlotCache {
     ls_.setConstant(G, -INFINITY);
     P_.resize(m, G);
     if (m == 0) return;
-    VecF lf(m), pf(m), qf(d);
+    VecF& lf = lf_;
+    VecF& pf = pf_;
+    VecF& qf = qf_;
+    lf.resize(m);
+    pf.resize(m);
+    qf.resize(d);
     for (Eigen::Index g = 0; g < G; ++g) {
       qf = q.row(g).transpose().cast<float>();
       lf.noalias() = keys_f_.topRows(m) * qf;
@@ -131,6 +133,7 @@ class SlotCache {
   std::vector<int64_t> pos_;
   int64_t size_ = 0;
   MatD P_, Z_;  // scratch
+  VecF lf_, pf_, qf_;  // float32 scratch (no allocation per step)
   VecD ls_;
 };
 
