@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include <string>
@@ -189,6 +190,35 @@ std::string bench(bool quick) {
     for (int64_t t : steps) flops += 4.0 * double(t) * d * heads;  // q·k and a·v per cached token
     std::snprintf(buf, sizeof buf, "%7lld %11.3f %9.3f\n", n, s, flops / s / 1e12);
     out += buf;
+  }
+  // Policy replays (replay_policy): 32 KV heads × 1 query head each, 20% budgets, every 16th step
+  // answered; head-steps per second = heads × n / seconds (host transfers included).
+  out += "policy replays on the GPU (32 KV heads, head_dim 128, 20% budget, every 16th step answered):\n";
+  out += "policy        n     seconds  head-steps/s\n";
+  {
+    const long long n = quick ? 2048 : 8192;
+    std::vector<float> Q(size_t(heads) * n * d), K(Q.size()), V(Q.size());
+    uint32_t x = 12345;  // deterministic pseudo-random inputs (distinct scores: no tie-heavy h2o)
+    for (auto* vec : {&Q, &K, &V})
+      for (float& f : *vec) {
+        x = x * 1664525u + 1013904223u;
+        f = float(x >> 8) / float(1u << 24) - 0.5f;
+      }
+    std::vector<int64_t> steps;
+    for (long long t = 16; t <= n; t += 16) steps.push_back(t);
+    const long long B = n / 5;
+    const cuda::PolicyReplay specs[] = {{"window", 0, B, 0, 0, 0}, {"sink", 4, B - 4, 0, 0, 0}, {"h2o", 0, 0, B, B / 2, 0}};
+    for (const auto& p : specs) {
+      std::vector<float> z;
+      std::vector<double> ls;
+      std::vector<int64_t> kept;
+      int64_t cap = 0;
+      auto t0 = std::chrono::steady_clock::now();
+      cuda_impl::replay_policy(p, Q.data(), K.data(), V.data(), heads, 1, n, d, 1.0 / std::sqrt(double(d)), steps, z, ls, kept, cap);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::snprintf(buf, sizeof buf, "%-8s %6lld %11.3f %13.0f\n", p.name.c_str(), n, s, double(heads) * n / s);
+      out += buf;
+    }
   }
   return out;
 }
