@@ -188,7 +188,8 @@ double OperatorNormTracker::op_norm() {
     VecD alpha(m_max), beta(m_max);
     Q_.col(0) = x_ / x_.norm();
     for (int j = 0; j < m_max; ++j) {
-      VecD w = S_ * Q_.col(j);
+      w_.noalias() = S_ * Q_.col(j);
+      VecD& w = w_;
       ++iters_;
       alpha[j] = Q_.col(j).dot(w);
       // Full reorthogonalization against every Lanczos vector so far (twice: classical Gram-Schmidt

@@ -60,8 +60,10 @@ class OperatorNormTracker {
 
  private:
   MatD G_;   // upper triangle maintained, mirrored on demand
-  MatD S_, Q_;  // scratch: mirrored Gram matrix, Lanczos basis
+  MatD S_;             // scratch: mirrored Gram matrix
+  Eigen::MatrixXd Q_;  // scratch: Lanczos basis, column-major so each basis vector is contiguous
   VecD x_;   // warm-start vector
+  VecD w_;   // scratch: the next Lanczos vector
   int d_;
   int iters_ = 0;
   bool dirty_ = true;
