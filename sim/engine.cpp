@@ -155,6 +155,7 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
   OperatorNormTracker opn(d);
   int64_t opn_t = 0;
   std::vector<ReferenceBlock> ref(G);
+  std::vector<VecD> prow(G);  // a float32 block's probability row, widened when read
   std::vector<double> scratch;
   MatD qgroup(G, d), qone(1, d);
   std::vector<Answer> answers(G), one(1);
@@ -191,14 +192,14 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
             for (int g = 0; g < G; ++g) {
               qone.row(0) = Qs[g].row(t - 1);
               one[0] = Answer{};
-              probs_one[0] = ref[g].probs.row(r).data();
+              probs_one[0] = (is_eval && run.oracle) ? ref[g].probs_row(r, prow[g]) : nullptr;
               run.inst[g]->attend(t, qone, is_eval ? &one : nullptr, (is_eval && run.oracle) ? &probs_one : nullptr);
               if (is_eval) answers[g] = std::move(one[0]);
             }
           } else {
             for (int g = 0; g < G; ++g) {
               qgroup.row(g) = Qs[g].row(t - 1);
-              probs_group[g] = ref[g].probs.row(r).data();
+              probs_group[g] = (is_eval && run.oracle) ? ref[g].probs_row(r, prow[g]) : nullptr;
             }
             run.inst[0]->attend(t, qgroup, is_eval ? &answers : nullptr, (is_eval && run.oracle) ? &probs_group : nullptr);
           }
@@ -224,7 +225,7 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
         for (int g = 0; g < G; ++g) {
           const Answer& a = answers[g];
           const Policy& inst = *run.inst[per_query ? g : 0];
-          const double* pr = ref[g].probs.row(r).data();
+          const double* pr = ref[g].probs_row(r, prow[g]);
           MetricRow m;
           m.layer = cell.layer;
           m.head = cell.heads[g];

@@ -12,10 +12,23 @@ namespace kvsim {
 
 struct ReferenceBlock {
   std::vector<int64_t> steps;  ///< evaluated steps t (1-based, increasing)
-  MatD probs;                  ///< [rows, t_max]: row r is a_t for t = steps[r], zero beyond t
+  /// [rows, t_max]: row r is a_t for t = steps[r], zero beyond t. Empty for the float32 reference,
+  /// which keeps probs_f and probs_inv instead: use probs_row(), which serves both.
+  MatD probs;
+  MatF probs_f;                ///< float32 reference: [rows, t_max] unnormalized e^{l − max}, zero beyond t
+  VecD probs_inv;              ///< float32 reference: a_t = probs_f.row(r) · probs_inv[r]
   MatD out;                    ///< [rows, d]: Attn_t
   VecD log_tau;                ///< [rows]: log of the partition function τ_t
   VecD probs_norm;             ///< [rows]: ‖a_t‖₂
+
+  /// Row r of the probabilities (t_max doubles): probs.row(r) itself, or the float32 block's row
+  /// normalized and widened into `scratch` (one row at a time, while it is in cache: the float32
+  /// pass never writes its whole block out in double).
+  const double* probs_row(Eigen::Index r, VecD& scratch) const {
+    if (probs_f.rows() == 0) return probs.row(r).data();
+    scratch = probs_f.row(r).transpose().cast<double>() * probs_inv[r];
+    return scratch.data();
+  }
 };
 
 /// Exact attention of query head rows `steps` of Q ([n, d], unscaled) against K, V ([n, d], double).
