@@ -111,7 +111,17 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
     for (int i = 0; i < n_inst; ++i) {
       uint64_t head_id = per_query ? uint64_t(cell.heads[i]) : uint64_t(cell.kv_head) + (1ULL << 32);
       info.seed = derive_seed({ex.seed, uint64_t(cell.layer), head_id, uint64_t(p), 0});
-      runs[p].inst.push_back(make_policy(ex.policies[p].name, ex.policies[p].params, info));
+      auto inst = make_policy(ex.policies[p].name, ex.policies[p].params, info);
+      // `[eval] device = "cuda"`: policies with a GPU replay run there (sim/policies/gpu_replay.cpp).
+      if (ex.eval.device == "cuda")
+        if (auto spec = inst->gpu_replay()) {
+          std::vector<const MatF*> qs;
+          if (per_query) qs.push_back(&Q[i]);
+          else
+            for (int g = 0; g < G; ++g) qs.push_back(&Q[g]);
+          inst = make_gpu_replay(*spec, std::move(qs), Kf, Vf, scale, eval_steps(ex.eval, n));
+        }
+      runs[p].inst.push_back(std::move(inst));
     }
     runs[p].every = runs[p].inst[0]->needs_every_query();
     runs[p].memory_tokens = memory_target_tokens(ex.policies[p].params, n);

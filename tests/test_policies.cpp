@@ -245,3 +245,94 @@ TEST_CASE("policies: float32 policy arithmetic stays within 1e-5 of float64 with
   INFO("worst |rel_err(float32) − rel_err(float64)| = " << worst << ", full window float32 rel_err " << max32);
   CHECK(max32 > 1e-12);  // float32 arithmetic is really in use
 }
+
+TEST_CASE("policies: the GPU replay adapter hands a replay's answers to the engine step by step", "[policies][cuda]") {
+  // A CPU stand-in with cuda::replay_policy's contract (sink + window only: the closed form of
+  // include/kvsim/hd.hpp, attention in double): the adapter must return, at every evaluated step,
+  // the same kept set and output as the CPU sink policy fed token by token.
+  auto cpu_replay = [](const cuda::PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads, int group,
+                       int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
+                       std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
+    REQUIRE(kv_heads == 1);
+    kept_cap = p.sink + p.window;
+    const size_t rows = steps.size();
+    z.assign(size_t(group) * rows * d, 0.f);
+    log_sum.assign(size_t(group) * rows, 0.0);
+    kept.assign(rows * size_t(kept_cap), -1);
+    for (size_t r = 0; r < rows; ++r) {
+      const int64_t t = steps[r], m = hd::sink_window_count(t, p.sink, p.window);
+      for (int64_t j = 0; j < m; ++j) kept[r * kept_cap + j] = hd::sink_window_token(t, p.sink, p.window, j);
+      for (int g = 0; g < group; ++g) {
+        std::vector<double> l(m);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < m; ++j) {
+          const float* k = K + kept[r * kept_cap + j] * d;
+          double s = 0;
+          for (int i = 0; i < d; ++i) s += scale * Q[(size_t(g) * n + size_t(t - 1)) * d + i] * double(k[i]);
+          mx = std::max(mx, l[j] = s);
+        }
+        for (auto& x : l) sum += (x = std::exp(x - mx));
+        for (int64_t j = 0; j < m; ++j)
+          for (int i = 0; i < d; ++i)
+            z[(size_t(g) * rows + r) * d + i] += float(l[j] / sum * V[kept[r * kept_cap + j] * d + i]);
+        log_sum[size_t(g) * rows + r] = mx + std::log(sum);
+      }
+    }
+  };
+  SynthSource src(test::small_synth("heavy_hitter", 200, 16, 1, 4, 2));
+  const auto& meta = src.meta();
+  const MatF K = src.read(0, Tensor::k, 1), V = src.read(0, Tensor::v, 1);
+  const MatF Q0 = src.read(0, Tensor::q, 2), Q1 = src.read(0, Tensor::q, 3);
+  std::vector<int64_t> steps;
+  for (int64_t t = 3; t <= 200; t += 9) steps.push_back(t);
+  StreamInfo info;
+  info.n = 200;
+  info.head_dim = 16;
+  info.n_queries = 2;
+  Params prm;
+  prm.set("budget", int64_t(40));
+  prm.set("sink", int64_t(4));
+  auto cpu = make_policy("sink", prm, info);
+  const auto spec = cpu->gpu_replay();
+  REQUIRE(spec.has_value());
+  CHECK(spec->name == "sink");
+  CHECK(spec->sink == 4);
+  CHECK(spec->window == 36);
+  auto gpu = make_gpu_replay(*spec, {&Q0, &Q1}, K, V, meta.softmax_scale, steps, cpu_replay);
+  MatD q(2, 16);
+  std::vector<Answer> a(2), b(2);
+  size_t r = 0;
+  for (int64_t t = 1; t <= 200; ++t) {
+    cpu->observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+    gpu->observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+    REQUIRE(gpu->cache_tokens() == cpu->cache_tokens());
+    if (r == steps.size() || steps[r] != t) continue;
+    q.row(0) = Q0.row(t - 1).cast<double>() * meta.softmax_scale;
+    q.row(1) = Q1.row(t - 1).cast<double>() * meta.softmax_scale;
+    cpu->attend(t, q, &a, nullptr);
+    gpu->attend(t, q, &b, nullptr);
+    for (int g = 0; g < 2; ++g) {
+      INFO("step " << t << " query " << g);
+      std::vector<int64_t> ka = a[g].kept, kb = b[g].kept;
+      std::sort(ka.begin(), ka.end());
+      std::sort(kb.begin(), kb.end());
+      REQUIRE(ka == kb);
+      CHECK((a[g].z - b[g].z).norm() <= 1e-5 * a[g].z.norm());
+    }
+    ++r;
+  }
+  CHECK(r == steps.size());
+  // A step that was not replayed is an error, not a silently wrong answer.
+  auto gpu2 = make_gpu_replay(*spec, {&Q0, &Q1}, K, V, meta.softmax_scale, steps, cpu_replay);
+  gpu2->observe(0, K.row(0).data(), V.row(0).data());
+  CHECK_THROWS_WITH(gpu2->attend(2, q, &b, nullptr), Catch::Matchers::Contains("not replayed"));
+  // h2o's replay spec carries its sizes and group_agg; its oracle form has none.
+  Params hp;
+  hp.set("budget", int64_t(40));
+  info.group_agg = "max";
+  const auto hs = make_policy("h2o", hp, info)->gpu_replay();
+  REQUIRE(hs.has_value());
+  CHECK((hs->budget == 40 && hs->recent == 20 && hs->group_agg == hd::kAggMax));
+  hp.set("score", std::string("oracle"));
+  CHECK_FALSE(make_policy("h2o", hp, info)->gpu_replay().has_value());
+}

@@ -8,14 +8,17 @@
 // A policy owns only what a real cache would hold; the engine owns the exact reference.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "kvsim/cuda.hpp"
 #include "kvsim/hd.hpp"
 #include "kvsim/types.hpp"
 
@@ -99,7 +102,23 @@ class Policy {
   /// on *capacity*: it never stores more than M tokens' worth (+2%), and its mean occupancy
   /// (summary cache_bytes) shows how much of M it actually uses.
   virtual bool capacity_matched() const { return false; }
+  /// The policy's GPU replay (include/kvsim/cuda.hpp), if it has one: with `[eval] device = "cuda"`
+  /// the engine then replays the whole stream on the GPU (sim/policies/gpu_replay.cpp) instead of
+  /// stepping this instance. Sizes come from the instance, so parameters are parsed once.
+  virtual std::optional<cuda::PolicyReplay> gpu_replay() const { return std::nullopt; }
 };
+
+/// A policy replayed on the GPU by cuda::replay_policy for one cell: the first observe() runs the
+/// whole stream of its query heads (Q: one [n, d] matrix per head, unscaled; K, V [n, d]); attend()
+/// then returns the GPU's answers at the evaluated `steps`. The referenced matrices must outlive it.
+/// `replay` defaults to cuda::replay_policy (tests pass a CPU stand-in with the same contract).
+using PolicyReplayFn = std::function<void(const cuda::PolicyReplay&, const float* Q, const float* K, const float* V,
+                                          int kv_heads, int group, int64_t n, int d, double scale,
+                                          const std::vector<int64_t>& steps, std::vector<float>& z,
+                                          std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap)>;
+std::unique_ptr<Policy> make_gpu_replay(const cuda::PolicyReplay& spec, std::vector<const MatF*> Q, const MatF& K,
+                                        const MatF& V, double scale, std::vector<int64_t> steps,
+                                        PolicyReplayFn replay = {});
 
 /// Combines a KV group's per-query-head vectors (attention, scores) by `group_agg` (DESIGN §4):
 /// "sum" and "mean" add them ("mean" divides by the count in result()), "max" takes the elementwise

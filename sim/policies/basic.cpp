@@ -52,6 +52,13 @@ class SinkWindowPolicy final : public Policy {
     cache_.answer_group(q, out);
   }
   int64_t cache_tokens() const override { return cache_.size(); }
+  std::optional<cuda::PolicyReplay> gpu_replay() const override {
+    cuda::PolicyReplay r;
+    r.name = sink_ > 0 ? "sink" : "window";
+    r.sink = sink_;
+    r.window = window_;
+    return r;
+  }
 
  private:
   int64_t sink_, window_;

@@ -68,6 +68,15 @@ class H2OPolicy final : public Policy {
   }
 
   int64_t cache_tokens() const override { return cache_.size(); }
+  std::optional<cuda::PolicyReplay> gpu_replay() const override {
+    if (global_) return std::nullopt;  // the non-causal oracle form stays on the CPU
+    cuda::PolicyReplay r;
+    r.name = "h2o";
+    r.budget = budget_;
+    r.recent = recent_;
+    r.group_agg = agg_ == "max" ? hd::kAggMax : agg_ == "sum" ? hd::kAggSum : hd::kAggMean;
+    return r;
+  }
 
  private:
   int64_t budget_, recent_;
