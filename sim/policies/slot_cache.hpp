@@ -115,13 +115,15 @@ class SlotCache {
     for (Eigen::Index g = 0; g < G; ++g) {
       qf = q.row(g).transpose().cast<float>();
       lf.noalias() = keys_f_.topRows(m) * qf;
-      auto col = P_.col(g);
+      // Softmax on a contiguous vector (a column of the row-major P_ is strided: scalar exp).
+      VecD& col = ld_;
       col = lf.cast<double>();
       const double mx = col.maxCoeff();
       col = (col.array() - mx).exp().matrix();
       const double sum = col.sum();
       col /= sum;
       ls_[g] = mx + std::log(sum);
+      P_.col(g) = col;
       pf = col.cast<float>();
       Z_.row(g) = (values_f_.topRows(m).transpose() * pf).cast<double>().transpose();
     }
@@ -134,6 +136,7 @@ class SlotCache {
   int64_t size_ = 0;
   MatD P_, Z_;  // scratch
   VecF lf_, pf_, qf_;  // float32 scratch (no allocation per step)
+  VecD ld_;            // the float32 path's softmax in double
   VecD ls_;
 };
 
