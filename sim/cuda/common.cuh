@@ -9,6 +9,7 @@
 #include "kvsim/cuda.hpp"
 
 #include "kvsim/error.hpp"
+#include "kvsim/hd.hpp"
 
 namespace kvsim::cuda_impl {
 
@@ -32,6 +33,30 @@ struct DeviceBuffer {
 void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads,
                    int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap);
+
+/// Block-wide merge of every thread's online-softmax state (tree over shared memory); all threads
+/// return the total. `sm`, `s1`, `s2` are shared arrays of blockDim.x entries.
+template <class T>
+__device__ inline hd::OnlineSoftmax<T> block_merge(hd::OnlineSoftmax<T> st, T* sm, T* s1, T* s2) {
+  const int tid = threadIdx.x;
+  sm[tid] = st.m;
+  s1[tid] = st.s1;
+  s2[tid] = st.s2;
+  __syncthreads();
+  for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+    if (tid < off) {
+      hd::OnlineSoftmax<T> a{sm[tid], s1[tid], s2[tid]}, b{sm[tid + off], s1[tid + off], s2[tid + off]};
+      a.merge(b);
+      sm[tid] = a.m;
+      s1[tid] = a.s1;
+      s2[tid] = a.s2;
+    }
+    __syncthreads();
+  }
+  const hd::OnlineSoftmax<T> tot{sm[0], s1[0], s2[0]};
+  __syncthreads();  // the arrays may be reused right after
+  return tot;
+}
 
 /// Usable devices (0 with `why`); require_device throws naming the reason.
 int device_count(std::string* why);

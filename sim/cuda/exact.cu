@@ -48,21 +48,7 @@ __global__ void exact_kernel(const float* Qsel, const float* K, const float* V, 
     st.add(acc);
   }
   __shared__ float sm[kThreads], s1[kThreads], s2[kThreads];
-  sm[tid] = st.m;
-  s1[tid] = st.s1;
-  s2[tid] = st.s2;
-  __syncthreads();
-  for (int off = blockDim.x / 2; off > 0; off >>= 1) {
-    if (tid < off) {
-      hd::OnlineSoftmax<float> a{sm[tid], s1[tid], s2[tid]}, b{sm[tid + off], s1[tid + off], s2[tid + off]};
-      a.merge(b);
-      sm[tid] = a.m;
-      s1[tid] = a.s1;
-      s2[tid] = a.s2;
-    }
-    __syncthreads();
-  }
-  const hd::OnlineSoftmax<float> tot{sm[0], s1[0], s2[0]};
+  const hd::OnlineSoftmax<float> tot = block_merge(st, sm, s1, s2);
   for (int i = tid; i < d; i += blockDim.x) {
     float acc = 0.f;
     for (long long j = 0; j < t; ++j) acc += expf(lg[j] - tot.m) * Vh[j * d + i];

@@ -26,30 +26,6 @@ namespace {
 
 constexpr int kPolicyThreads = 128;
 
-/// Block-wide merge of every thread's online-softmax state (tree over shared memory); all threads
-/// return the total. `sm`, `s1`, `s2` are shared arrays of blockDim.x entries.
-template <class T>
-__device__ hd::OnlineSoftmax<T> block_merge(hd::OnlineSoftmax<T> st, T* sm, T* s1, T* s2) {
-  const int tid = threadIdx.x;
-  sm[tid] = st.m;
-  s1[tid] = st.s1;
-  s2[tid] = st.s2;
-  __syncthreads();
-  for (int off = blockDim.x / 2; off > 0; off >>= 1) {
-    if (tid < off) {
-      hd::OnlineSoftmax<T> a{sm[tid], s1[tid], s2[tid]}, b{sm[tid + off], s1[tid + off], s2[tid + off]};
-      a.merge(b);
-      sm[tid] = a.m;
-      s1[tid] = a.s1;
-      s2[tid] = a.s2;
-    }
-    __syncthreads();
-  }
-  const hd::OnlineSoftmax<T> tot{sm[0], s1[0], s2[0]};
-  __syncthreads();  // the arrays may be reused right after
-  return tot;
-}
-
 /// window / sink: grid (rows, kv_heads). Q [kv_heads·group][n][d], K, V [kv_heads][n][d].
 /// Outputs: z [kv_heads·group][rows][d], log_sum [kv_heads·group][rows], kept [kv_heads][rows][cap]
 /// (−1 beyond the count). Scratch lg [kv_heads][rows][cap].
