@@ -74,22 +74,32 @@ class BuzzPolicy final : public Policy {
     const int64_t cap = int64_t(owner_.size());
     const double lambda = log_scale_ ? std::log(double(std::max<int64_t>(t, 1))) / std::log(512.0) : 1.0;
     GroupAggregate agg(agg_, cap);
-    VecD logits(cap), p(cap), ps(cap);
+    VecD& logits = logits_;
+    VecD& x = shifted_;
+    VecD& p = p_;
+    VecD& ps = ps_;
+    logits.resize(cap);
+    mask_.resize(cap);
+    for (int64_t j = 0; j < cap; ++j) mask_[j] = owner_[j] >= 0 ? 1.0 : 0.0;
     for (Eigen::Index i = 0; i < q.rows(); ++i) {
       store_.logits_all(q.row(i).transpose(), logits);
       double mx = -INFINITY;
       for (int64_t j = 0; j < cap; ++j)
         if (owner_[j] >= 0) mx = std::max(mx, logits[j]);
+      // Free slots hold stale data: their shifted logit is set to −1000 (no overflow) and their
+      // weight to exactly 0 by the mask, so the exponentials run vectorized over the whole store.
+      x.resize(cap);
+      for (int64_t j = 0; j < cap; ++j) x[j] = owner_[j] >= 0 ? logits[j] - mx : -1000.0;
       // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits.
-      for (int64_t j = 0; j < cap; ++j) {
-        const bool used = owner_[j] >= 0;
-        p[j] = used ? std::exp(logits[j] - mx) : 0.0;
-        ps[j] = used ? std::exp(lambda * (logits[j] - mx)) : 0.0;
-      }
+      p = x.array().exp() * mask_.array();
       p /= p.sum();
       agg.add(p);
       if (out) {
-        ps /= ps.sum();
+        if (lambda == 1.0) ps = p;
+        else {
+          ps = (lambda * x.array()).exp() * mask_.array();
+          ps /= ps.sum();
+        }
         Answer& a = (*out)[i];
         store_.weighted_values_all(ps, a.z);
         a.has_kept = true;
@@ -151,6 +161,7 @@ class BuzzPolicy final : public Policy {
   std::string agg_;
   int d_;
   SlotCache store_;             // contiguous keys/values (float64 or float32), indexed by slot
+  VecD logits_, shifted_, p_, ps_, mask_;  // attend() scratch (no allocation per step)
   std::vector<int64_t> owner_;  // token position in each slot, −1 = free
   std::vector<int64_t> free_;
   std::vector<Tok> sink_tokens_, old_, new_;
