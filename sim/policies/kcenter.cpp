@@ -31,14 +31,29 @@ class KCenterPolicy final : public Policy {
     e.pos = t;
     e.k = Eigen::Map<const VecF>(kp, dim_).cast<double>();
     e.v = Eigen::Map<const VecF>(vp, dim_).cast<double>();
-    window_.push_back(std::move(e));
     const int64_t n_seen = t + 1;
     if (streaming_) {
+      // The window is the last `recent` tokens: token t takes ring row t mod recent of the
+      // gathered matrices (rows [recent, recent + centers) hold the centers; see attend()).
+      if (K_.rows() == 0) {
+        K_.resize(recent_ + k_, dim_);
+        V_.resize(recent_ + k_, dim_);
+        bias_ = VecD::Zero(recent_ + k_);
+        pos_.assign(size_t(recent_ + k_), -1);
+      }
+      const int64_t row = t % recent_;
+      K_.row(row) = e.k.transpose();
+      V_.row(row) = e.v.transpose();
+      pos_[size_t(row)] = t;
+      window_.push_back(std::move(e));
       while (int64_t(window_.size()) > recent_) {
         insert_streaming(std::move(window_.front()));
         window_.pop_front();
       }
-    } else if (!clustered_) {
+      return;
+    }
+    window_.push_back(std::move(e));
+    if (!clustered_) {
       if (n_seen == prefill_) prefill_cluster();
     } else {
       while (int64_t(window_.size()) > recent_) {  // after prefill: evicted tokens join their nearest center
@@ -51,6 +66,10 @@ class KCenterPolicy final : public Policy {
 
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     if (!out) return;
+    if (streaming_) {
+      attend_streaming(q, *out);
+      return;
+    }
     const int64_t m = int64_t(centers_.size() + window_.size());
     MatD K(m, dim_), V(m, dim_);
     VecD bias = VecD::Zero(m);
@@ -75,6 +94,39 @@ class KCenterPolicy final : public Policy {
       a.z = V.transpose() * w / w.sum();
       a.has_kept = true;
       a.kept = pos;
+    }
+  }
+
+  /// Streaming mode: the window rows are written as tokens arrive (observe) and the center rows
+  /// only when the centers changed (centers_version_), instead of gathering every entry per step.
+  void attend_streaming(const MatD& q, std::vector<Answer>& out) {
+    const int64_t w = int64_t(window_.size()), c = int64_t(centers_.size());
+    if (gathered_version_ != centers_version_) {
+      for (int64_t i = 0; i < c; ++i) {
+        const Entry& e = centers_[size_t(i)];
+        K_.row(recent_ + i) = e.k.transpose();
+        V_.row(recent_ + i) = e.v.transpose();
+        bias_[recent_ + i] = weighted_ ? std::log(e.count) : 0.0;
+        pos_[size_t(recent_ + i)] = e.pos;
+      }
+      gathered_version_ = centers_version_;
+    }
+    // Rows [0, w) are the window (w < recent only while no center exists), then the centers.
+    const int64_t m = w + c;
+    if (c > 0 && w != recent_) throw Error("subgen_kcenter: centers before the window is full (internal)");
+    std::vector<int64_t> kept(pos_.begin(), pos_.begin() + m);
+    auto Km = K_.topRows(m);
+    auto Vm = V_.topRows(m);
+    for (Eigen::Index i = 0; i < q.rows(); ++i) {
+      Answer& a = out[i];
+      logits_.noalias() = Km * q.row(i).transpose();
+      logits_ += bias_.head(m);
+      const double mx = logits_.maxCoeff();
+      logits_ = (logits_.array() - mx).exp().matrix();
+      a.z.noalias() = Vm.transpose() * logits_;
+      a.z /= logits_.sum();
+      a.has_kept = true;
+      a.kept = kept;
     }
   }
 
@@ -127,9 +179,11 @@ class KCenterPolicy final : public Policy {
       size_t i = nearest(e.k);
       if ((centers_[i].k - e.k).norm() <= 2 * radius_) {
         centers_[i].count += e.count;
+        if (weighted_) ++centers_version_;  // its log-count bias changed
         return;
       }
     }
+    ++centers_version_;
     centers_.push_back(std::move(e));
     if (int64_t(centers_.size()) <= k_) return;
     if (radius_ == 0) {  // initialise R from the closest pair of the first k + 1 centers
@@ -165,6 +219,11 @@ class KCenterPolicy final : public Policy {
   double radius_ = 0;
   std::deque<Entry> window_;
   std::vector<Entry> centers_;
+  // Streaming mode's gathered cache: rows [0, recent) the window ring, [recent, recent + k) centers.
+  MatD K_, V_;
+  VecD bias_, logits_;
+  std::vector<int64_t> pos_;
+  uint64_t centers_version_ = 1, gathered_version_ = 0;
 };
 
 }  // namespace
