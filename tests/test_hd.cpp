@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kvsim/hd.hpp"
+#include "kvsim/policy.hpp"
 #include "kvsim/reference.hpp"
 #include "kvsim/rng.hpp"
 #include <boost/random/normal_distribution.hpp>
@@ -158,6 +159,24 @@ TEST_CASE("hd: H2O victim rule is a total order, so any reduction order picks th
         REQUIRE(score[serial] <= score[s]);
         if (score[serial] == score[s]) REQUIRE(pos[serial] <= pos[s]);
       }
+  }
+}
+
+TEST_CASE("hd: GroupAggregate equals folding group_combine element by element", "[hd]") {
+  Engine eng = make_engine({11});
+  boost::random::normal_distribution<double> nd(0, 1);
+  for (const char* name : {"mean", "max", "sum"}) {
+    const int agg = std::string(name) == "max" ? hd::kAggMax : std::string(name) == "sum" ? hd::kAggSum : hd::kAggMean;
+    GroupAggregate ga(name, 37);
+    std::vector<double> fold(37, 0.0);
+    for (int g = 0; g < 4; ++g) {
+      VecD p(37);
+      for (auto& x : p) x = std::abs(nd(eng));
+      ga.add(p);
+      for (int i = 0; i < 37; ++i) fold[i] = hd::group_combine(fold[i], p[i], agg);
+    }
+    const VecD r = ga.result();
+    for (int i = 0; i < 37; ++i) REQUIRE(r[i] == hd::group_result(fold[i], agg, 4));  // bit for bit
   }
 }
 
