@@ -189,3 +189,103 @@ TEST_CASE("hd: group_combine gives mean max and sum of a KV group's attention", 
     CHECK(r == Approx(agg == hd::kAggMean ? 0.8 / 3 : agg == hd::kAggMax ? 0.5 : 0.8));
   }
 }
+
+TEST_CASE("hd: philox_uniform_int is uniform on [0, range), rejections included", "[hd]") {
+  // χ² over 16 equal bins (df 15: 37.7 is the 0.1% point) for a small range, a range that is not a
+  // power of two, and 2³¹ + 1, where Lemire's rule rejects almost half of the words (so the
+  // next-word and next-counter branches run). Each range is a multiple of 16 or checked by halves.
+  for (uint64_t range : {uint64_t(16), uint64_t(16 * 1000003), (uint64_t(1) << 31) + 1}) {
+    const int N = 64000, bins = 16;
+    std::vector<double> cnt(bins, 0);
+    for (uint32_t i = 0; i < uint32_t(N); ++i) {
+      const uint32_t x = hd::philox_uniform_int(range, 5, 9, i, 0);
+      REQUIRE(uint64_t(x) < range);
+      cnt[size_t(double(x) / double(range) * bins)] += 1;
+    }
+    double chi2 = 0;
+    for (double c : cnt) chi2 += (c - N / bins) * (c - N / bins) / (N / bins);
+    INFO("range " << range << ": chi2 " << chi2);
+    CHECK(chi2 < 37.7);
+    // Reproducible: a pure function of (range, key, counter).
+    REQUIRE(hd::philox_uniform_int(range, 5, 9, 123, 0) == hd::philox_uniform_int(range, 5, 9, 123, 0));
+  }
+  // A control that must fail the χ² test: the biased modulo reduction over a range near 2³²·2/3.
+  const uint64_t range = 2863311531ull;  // ≈ 2³²·2/3: x mod range favours the lower half 2:1
+  std::vector<double> cnt(2, 0);
+  for (uint32_t i = 0; i < 20000; ++i) {
+    const uint32_t w = hd::philox4x32_10({{i, 0, 0, 0}}, 5, 9).v[0];
+    cnt[uint64_t(w % range) * 2 / range] += 1;
+  }
+  CHECK(std::abs(cnt[0] - cnt[1]) > 4 * std::sqrt(20000.0));  // modulo bias is detected
+  std::vector<double> fair(2, 0);
+  for (uint32_t i = 0; i < 20000; ++i) fair[uint64_t(hd::philox_uniform_int(range, 5, 9, i, 0)) * 2 / range] += 1;
+  CHECK(std::abs(fair[0] - fair[1]) < 4 * std::sqrt(20000.0));
+}
+
+TEST_CASE("hd: reservoir_slot keeps each prefix token with probability budget / t", "[hd]") {
+  const int64_t B = 8, n = 64;
+  const int seeds = 4000;
+  std::vector<double> kept(n, 0);
+  for (int s = 0; s < seeds; ++s) {
+    const uint64_t seed = derive_seed({2024, uint64_t(s)});
+    std::vector<int64_t> slots(B, -1);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t j = hd::reservoir_slot(seed, t, B);
+      REQUIRE(j >= -1);
+      REQUIRE(j < B);
+      if (t < B) REQUIRE(j == t);  // the first B tokens fill the slots in order
+      if (j >= 0) slots[j] = t;
+      REQUIRE(j == hd::reservoir_slot(seed, t, B));  // a pure function: the GPU draws the same
+    }
+    for (int64_t x : slots) kept[x] += 1;
+  }
+  // After n tokens each is kept with probability B/n = 1/8 (binomial, 4.5-sigma band).
+  const double p = double(B) / n, sd = std::sqrt(seeds * p * (1 - p));
+  for (int64_t t = 0; t < n; ++t) {
+    INFO("token " << t);
+    CHECK(std::abs(kept[t] - seeds * p) < 4.5 * sd);
+  }
+}
+
+namespace {
+struct BuzzTok {
+  int64_t pos;
+  double score;
+};
+}  // namespace
+
+TEST_CASE("hd: buzz_evict keeps every s-hat-th old token and each full segment's first maximum", "[hd]") {
+  Engine eng = make_engine({13});
+  boost::random::uniform_int_distribution<int> few(0, 3);  // many tied scores
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t s = 2 + trial % 6, n_old = trial % 23, n_new = trial % 31;
+    std::vector<BuzzTok> old(n_old + n_new), neu(n_new);
+    for (int64_t i = 0; i < n_old; ++i) old[i] = {i, double(few(eng))};
+    for (int64_t i = 0; i < n_new; ++i) neu[i] = {100 + i, double(few(eng))};
+    // Expected, written from BUZZ §3.3 directly: old positions ŝ−1, 2ŝ−1, ...; for each full
+    // segment [b, b+s) of new tokens the first index of its maximum.
+    const int64_t sh = (s + 1) / 2;
+    std::vector<int64_t> want;
+    for (int64_t i = sh - 1; i < n_old; i += sh) want.push_back(i);
+    for (int64_t b = 0; b + s <= n_new; b += s) {
+      double mx = -1;
+      int64_t at = -1;
+      for (int64_t i = b; i < b + s; ++i) mx = std::max(mx, neu[i].score);
+      for (int64_t i = b; i < b + s && at < 0; ++i)
+        if (neu[i].score == mx) at = i;
+      want.push_back(100 + at);
+    }
+    std::vector<int64_t> dropped;
+    const int64_t k = hd::buzz_evict(old.data(), n_old, neu.data(), n_new, s, [&](const BuzzTok& x) { dropped.push_back(x.pos); });
+    std::vector<int64_t> got;
+    for (int64_t i = 0; i < k; ++i) got.push_back(old[i].pos);
+    INFO("s " << s << ", old " << n_old << ", new " << n_new);
+    REQUIRE(got == want);
+    // Every token is kept or dropped, exactly once.
+    std::vector<int64_t> all = got;
+    all.insert(all.end(), dropped.begin(), dropped.end());
+    std::sort(all.begin(), all.end());
+    REQUIRE(int64_t(all.size()) == n_old + n_new);
+    REQUIRE(std::adjacent_find(all.begin(), all.end()) == all.end());
+  }
+}

@@ -29,22 +29,38 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
                      double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
                      std::vector<double>& log_tau, std::vector<double>& probs_norm, std::vector<float>* probs);
 
-/// A deterministic slot policy replayed on the GPU (step 2 of the GPU path): "window" (sink = 0),
-/// "sink" (StreamingLLM: sink + window), or "h2o" (budget = heavy + recent). Sizes in tokens.
+/// A policy replayed on the GPU (the GPU path, step 2), with its sizes in tokens:
+///  - "window" (sink = 0) and "sink" (StreamingLLM: sink + window);
+///  - "h2o": budget = heavy + recent, `recent` protected tokens (< budget), group_agg;
+///  - "uniform": reservoir sampling of `budget` tokens, one Philox seed per KV head in `seeds`
+///    (hd::reservoir_slot: the CPU policy's seed gives the CPU policy's samples);
+///  - "buzz": sink + window + beehive body with `threshold` T and `stride` s, log_scale (BUZZ §3.5),
+///    group_agg for the accumulated scores.
 struct PolicyReplay {
   std::string name;
-  int64_t sink = 0, window = 0;   ///< window / sink
-  int64_t budget = 0, recent = 0;  ///< h2o: cache size B and the protected recent tokens (< B)
-  int group_agg = 0;               ///< hd::GroupAgg (mean 0, max 1, sum 2): h2o's score combination
+  int64_t sink = 0, window = 0;    ///< window / sink / buzz
+  int64_t budget = 0, recent = 0;  ///< h2o: cache size B and protected recent tokens; uniform: B
+  int group_agg = 0;               ///< hd::GroupAgg (mean 0, max 1, sum 2): h2o's and buzz's scores
+  std::vector<uint64_t> seeds;     ///< uniform: one per KV head
+  int64_t threshold = 0, stride = 0;  ///< buzz: T and s
+  bool log_scale = false;             ///< buzz: logits × log_512(t)
 };
+
+/// Slots of the `kept` rows cuda::replay_policy returns for `p` (the most tokens its cache holds):
+/// budget (h2o, uniform), sink + window (window, sink), sink + window + threshold (buzz).
+inline int64_t replay_capacity(const PolicyReplay& p) {
+  if (p.name == "h2o" || p.name == "uniform") return p.budget;
+  if (p.name == "buzz") return p.sink + p.window + p.threshold;
+  return p.sink + p.window;
+}
 
 /// Replays every KV head's stream through `p` on the GPU, one cache per KV head shared by its
 /// `group` query heads (the CPU's kv_head mode), with the step logic of include/kvsim/hd.hpp.
 /// Q: [kv_heads·group][n][d] unscaled (query head h uses KV head h / group); K, V: [kv_heads][n][d];
 /// row-major float32 on the host. At each evaluated step (1-based, increasing): z [kv_heads·group]
-/// [rows][d] (the answer), log_sum [kv_heads·group][rows] (log Σ exp over the cache), kept
-/// [kv_heads][rows][kept_cap] token positions in slot order, −1 padded (kept_cap = budget, or
-/// sink + window). Throws kvsim::Error without a device, for other policies, or on bad sizes.
+/// [rows][d] (the answer), log_sum [kv_heads·group][rows] (log Σ exp over the cache, of the scaled
+/// logits for buzz), kept [kv_heads][rows][kept_cap] token positions in the CPU policy's answer order
+/// (slot order; buzz: sink, old, new, window), −1 padded (kept_cap = replay_capacity(p)). Throws kvsim::Error without a device, for other policies, or on bad sizes.
 void replay_policy(const PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads, int group,
                    int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap);

@@ -21,7 +21,7 @@
 namespace kvsim::cuda {
 
 struct ModuleApi {
-  static constexpr int kAbiVersion = 2;
+  static constexpr int kAbiVersion = 3;
   int abi_version;
   /// Usable CUDA devices; 0 with `why` set otherwise. Never fails.
   int (*device_count)(std::string* why);

@@ -13,6 +13,10 @@
 //    lowest accumulated score outside the recent window, ties to the oldest. A total order, so a
 //    parallel arg-min on the GPU picks exactly the CPU's victim.
 //  - group_combine: group_agg (mean | max | sum) of a KV group's per-query-head attention.
+//  - philox_uniform_int / reservoir_slot: `uniform`'s reservoir sampling (Vitter's Algorithm R) with
+//    each token's draw a pure function of (stream seed, token): identical samples on both paths.
+//  - buzz_evict: BUZZ's eviction (seeds/002 §3.3, Algorithm 2: local max sampling of new tokens,
+//    interval sampling of old ones), and buzz_log_scale (§3.5, Eq. 7-8).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -89,6 +93,67 @@ KVSIM_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
 KVSIM_HD double philox_uniform01(uint32_t a, uint32_t b) {
   const uint64_t x = (uint64_t(a) << 21) ^ uint64_t(b >> 11);
   return double(x & ((uint64_t(1) << 53) - 1)) * (1.0 / 9007199254740992.0);
+}
+
+/// An integer uniform in [0, range) (1 ≤ range ≤ 2³²) from Philox4x32-10 at counter (c0, c1, i, 0),
+/// i = 0, 1, ...: Lemire's multiply-shift with rejection (ACM TOMACS 2019, "Fast random integer
+/// generation in an interval"), so exactly uniform; a rejected word (probability < range / 2³²)
+/// moves to the next of the four words, then to the next counter.
+KVSIM_HD uint32_t philox_uniform_int(uint64_t range, uint32_t k0, uint32_t k1, uint32_t c0, uint32_t c1) {
+  const uint32_t thr = uint32_t((uint64_t(1) << 32) % range);  // low words below thr are rejected
+  for (uint32_t i = 0;; ++i) {
+    const Philox4 r = philox4x32_10(Philox4{{c0, c1, i, 0u}}, k0, k1);
+    for (int w = 0; w < 4; ++w) {
+      const uint64_t m = uint64_t(r.v[w]) * range;
+      if (uint32_t(m) >= thr) return uint32_t(m >> 32);
+    }
+  }
+}
+
+/// `uniform` (reservoir sampling, Vitter's Algorithm R): the slot token t (0-based) takes in a cache
+/// of `budget` slots, or −1 when it is not sampled. Tokens 0..budget−1 fill slots in order; token
+/// t ≥ budget draws j uniform in [0, t] (t + 1 tokens seen) from Philox at counter (t, t >> 32) with
+/// key (seed, seed >> 32) and replaces slot j when j < budget: every token of the prefix is then in
+/// the cache with probability budget / (t + 1). Needs t < 2³².
+KVSIM_HD int64_t reservoir_slot(uint64_t seed, int64_t t, int64_t budget) {
+  if (t < budget) return t;
+  const uint32_t j = philox_uniform_int(uint64_t(t) + 1, uint32_t(seed), uint32_t(seed >> 32), uint32_t(t),
+                                        uint32_t(uint64_t(t) >> 32));
+  return int64_t(j) < budget ? int64_t(j) : -1;
+}
+/// `uniform`'s partition-function estimate: τ̂ = (t / m)·Σ_{j∈S} e^{⟨k_j, q̃⟩} over its m sampled
+/// tokens out of t, in logs: log_sum + log(t / m) (unbiased for τ; kvsim README "Policies").
+KVSIM_HD double uniform_log_tau(double log_sum, int64_t t, int64_t m) { return log_sum + log(double(t) / double(m)); }
+
+/// BUZZ §3.5 (Eq. 7-8): the logit scale λ = log_512(t) after t tokens (t ≥ 1; 1 when off).
+KVSIM_HD double buzz_log_scale(int64_t t, bool on) { return on ? log(double(t > 1 ? t : 1)) / log(512.0) : 1.0; }
+
+/// BUZZ's eviction (seeds/002 §3.3, Algorithms 1-2), run when the body (old + new) reaches the
+/// threshold T. `Tok` has a `score` member (accumulated attention). Old tokens are kept every
+/// ŝ = ⌊(s+1)/2⌋ positions (indices ŝ−1, 2ŝ−1, ...: interval sampling); the new tokens are cut into
+/// segments of stride s and each full segment keeps its highest score (the first on ties: local max
+/// sampling, Alg. 2); a trailing partial segment is dropped. The kept tokens, old then new, are
+/// compacted into `old` (capacity ≥ n_old + n_new / s) and their count returned; `drop(tok)` is
+/// called for every token not kept.
+template <class Tok, class Drop>
+KVSIM_HD int64_t buzz_evict(Tok* old, int64_t n_old, const Tok* neu, int64_t n_new, int64_t s, Drop drop) {
+  const int64_t sh = (s + 1) / 2;
+  int64_t k = 0;
+  for (int64_t i = 0; i < n_old; ++i) {
+    if (i % sh == sh - 1) old[k++] = old[i];  // k ≤ i: compaction in place
+    else drop(old[i]);
+  }
+  int64_t b = 0;
+  for (; b + s <= n_new; b += s) {
+    int64_t best = b;
+    for (int64_t i = b + 1; i < b + s; ++i)
+      if (neu[i].score > neu[best].score) best = i;
+    for (int64_t i = b; i < b + s; ++i)
+      if (i != best) drop(neu[i]);
+    old[k++] = neu[best];
+  }
+  for (; b < n_new; ++b) drop(neu[b]);
+  return k;
 }
 
 /// Slot of token t (0-based) in a cache of `sink` first tokens + a ring of `window` recent ones:

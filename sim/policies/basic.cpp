@@ -1,13 +1,11 @@
 // Baseline policies: exact (full cache), window (local), sink (StreamingLLM), oracle_topk, uniform.
 #include <algorithm>
-#include <boost/random/uniform_int_distribution.hpp>
 #include <cmath>
 #include <numeric>
 
 #include "factories.hpp"
 #include "kvsim/error.hpp"
 #include "kvsim/hd.hpp"
-#include "kvsim/rng.hpp"
 #include "slot_cache.hpp"
 
 namespace kvsim::policies {
@@ -112,33 +110,37 @@ class OracleTopK final : public Policy {
 
 /// `uniform`: B tokens by reservoir sampling (Vitter's Algorithm R), every token of the prefix kept
 /// with probability B/t. The partition function estimate is τ̂ = (t/B)·Σ_{j∈S} exp(<k_j, q̃>)
-/// (unbiased); the output is the softmax over the sample.
+/// (unbiased); the output is the softmax over the sample. Each token's draw is hd::reservoir_slot:
+/// Philox at (stream seed, token), so the GPU replay (sim/cuda/policies.cu) keeps the same samples.
 class UniformPolicy final : public Policy {
  public:
-  UniformPolicy(int64_t budget, const StreamInfo& s) : budget_(budget), cache_(budget, s.head_dim, s.policy_f32), eng_(s.seed) {}
+  UniformPolicy(int64_t budget, const StreamInfo& s)
+      : budget_(budget), seed_(s.seed), cache_(budget, s.head_dim, s.policy_f32) {}
   void observe(int64_t t, const float* k, const float* v) override {
-    if (cache_.size() < budget_) {
-      cache_.append(t, k, v);
-      return;
-    }
-    boost::random::uniform_int_distribution<int64_t> ud(0, t);  // t+1 tokens seen so far
-    int64_t j = ud(eng_);
-    if (j < budget_) cache_.put(j, t, k, v);
+    const int64_t slot = hd::reservoir_slot(seed_, t, budget_);
+    if (slot == cache_.size()) cache_.append(t, k, v);
+    else if (slot >= 0) cache_.put(slot, t, k, v);
   }
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     if (!out) return;
     for (Eigen::Index i = 0; i < q.rows(); ++i) {
       Answer& a = (*out)[i];
-      double ls = cache_.answer(q.row(i).transpose(), a);
-      a.log_tau = ls + std::log(double(t) / double(cache_.size()));
+      a.log_tau = hd::uniform_log_tau(cache_.answer(q.row(i).transpose(), a), t, cache_.size());
     }
   }
   int64_t cache_tokens() const override { return cache_.size(); }
+  std::optional<cuda::PolicyReplay> gpu_replay() const override {
+    cuda::PolicyReplay r;
+    r.name = "uniform";
+    r.budget = budget_;
+    r.seeds = {seed_};
+    return r;
+  }
 
  private:
   int64_t budget_;
+  uint64_t seed_;
   SlotCache cache_;
-  Engine eng_;
 };
 
 }  // namespace

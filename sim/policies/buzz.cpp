@@ -8,6 +8,7 @@
 
 #include "factories.hpp"
 #include "kvsim/error.hpp"
+#include "kvsim/hd.hpp"
 #include "slot_cache.hpp"
 
 namespace kvsim {
@@ -72,7 +73,7 @@ class BuzzPolicy final : public Policy {
     // One masked matrix-vector product over the whole slot store per query (free slots get weight 0):
     // contiguous memory instead of one dot product per token object.
     const int64_t cap = int64_t(owner_.size());
-    const double lambda = log_scale_ ? std::log(double(std::max<int64_t>(t, 1))) / std::log(512.0) : 1.0;
+    const double lambda = hd::buzz_log_scale(t, log_scale_);
     GroupAggregate agg(agg_, cap);
     VecD& logits = logits_;
     VecD& x = shifted_;
@@ -116,6 +117,17 @@ class BuzzPolicy final : public Policy {
   }
 
   int64_t cache_tokens() const override { return int64_t(sink_tokens_.size() + old_.size() + new_.size() + window_.size()); }
+  std::optional<cuda::PolicyReplay> gpu_replay() const override {
+    cuda::PolicyReplay r;
+    r.name = "buzz";
+    r.sink = sink_;
+    r.window = w_;
+    r.threshold = T_;
+    r.stride = s_;
+    r.log_scale = log_scale_;
+    r.group_agg = group_agg_code(agg_);
+    return r;
+  }
 
  private:
   int64_t store(int64_t t, const float* k, const float* v) {
@@ -131,26 +143,13 @@ class BuzzPolicy final : public Policy {
     free_.push_back(x.slot);
   }
 
+  /// The eviction rule is hd::buzz_evict, shared with the GPU replay (sim/cuda/policies.cu).
   void evict() {
-    const int64_t sh = buzz_s_hat(s_);
-    std::vector<Tok> kept;
-    // Interval sampling of old tokens: every ŝ-th (positions ŝ−1, 2ŝ−1, ...): ⌊|old|/ŝ⌋ kept.
-    for (size_t i = 0; i < old_.size(); ++i) {
-      if (i % size_t(sh) == size_t(sh - 1)) kept.push_back(old_[i]);
-      else release(old_[i]);
-    }
-    // Local max sampling of new tokens (Alg. 2): the highest accumulated score of each full segment;
-    // a trailing partial segment is dropped.
-    size_t b = 0;
-    for (; b + size_t(s_) <= new_.size(); b += size_t(s_)) {
-      size_t best = b;
-      for (size_t i = b + 1; i < b + size_t(s_); ++i)
-        if (new_[i].score > new_[best].score) best = i;
-      for (size_t i = b; i < b + size_t(s_); ++i)
-        if (i != best) release(new_[i]);
-      kept.push_back(new_[best]);
-    }
-    for (; b < new_.size(); ++b) release(new_[b]);
+    std::vector<Tok> kept(old_.size() + new_.size());
+    std::copy(old_.begin(), old_.end(), kept.begin());
+    const int64_t k = hd::buzz_evict(kept.data(), int64_t(old_.size()), new_.data(), int64_t(new_.size()), s_,
+                                     [this](const Tok& x) { release(x); });
+    kept.resize(size_t(k));
     old_ = std::move(kept);
     new_.clear();
     history_.push_back(int64_t(old_.size()));

@@ -2,9 +2,16 @@
 #pragma once
 #include <memory>
 
+#include "kvsim/hd.hpp"
 #include "kvsim/policy.hpp"
 
 namespace kvsim::policies {
+
+/// `group_agg` ("mean" | "max" | "sum", validated by the engine) as the hd::GroupAgg code the GPU
+/// replays take.
+inline int group_agg_code(const std::string& agg) {
+  return agg == "max" ? hd::kAggMax : agg == "sum" ? hd::kAggSum : hd::kAggMean;
+}
 
 std::unique_ptr<Policy> make_exact(const Params&, const StreamInfo&);
 std::unique_ptr<Policy> make_window(const Params&, const StreamInfo&);

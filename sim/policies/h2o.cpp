@@ -74,7 +74,7 @@ class H2OPolicy final : public Policy {
     r.name = "h2o";
     r.budget = budget_;
     r.recent = recent_;
-    r.group_agg = agg_ == "max" ? hd::kAggMax : agg_ == "sum" ? hd::kAggSum : hd::kAggMean;
+    r.group_agg = group_agg_code(agg_);
     return r;
   }
 
