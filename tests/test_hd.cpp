@@ -190,7 +190,7 @@ TEST_CASE("hd: group_combine gives mean max and sum of a KV group's attention", 
   }
 }
 
-TEST_CASE("hd: philox_uniform_int is uniform on [0, range), rejections included", "[hd]") {
+TEST_CASE("hd: philox_uniform_int is uniform below its range with rejections included", "[hd]") {
   // χ² over 16 equal bins (df 15: 37.7 is the 0.1% point) for a small range, a range that is not a
   // power of two, and 2³¹ + 1, where Lemire's rule rejects almost half of the words (so the
   // next-word and next-counter branches run). Each range is a multiple of 16 or checked by halves.
