@@ -114,12 +114,12 @@ void run_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, i
       auto inst = make_policy(ex.policies[p].name, ex.policies[p].params, info);
       // `[eval] device = "cuda"`: policies with a GPU replay run there (sim/policies/gpu_replay.cpp).
       if (ex.eval.device == "cuda")
-        if (auto spec = inst->gpu_replay()) {
+        if (inst->gpu_replay()) {
           std::vector<const MatF*> qs;
           if (per_query) qs.push_back(&Q[i]);
           else
             for (int g = 0; g < G; ++g) qs.push_back(&Q[g]);
-          inst = make_gpu_replay(*spec, std::move(qs), Kf, Vf, scale, eval_steps(ex.eval, n));
+          inst = make_gpu_replay(std::move(inst), std::move(qs), Kf, Vf, scale, eval_steps(ex.eval, n));
         }
       runs[p].inst.push_back(std::move(inst));
     }

@@ -17,6 +17,7 @@
 #include "kvsim/experiment.hpp"
 #include "kvsim/record.hpp"
 #include "kvsim/reference.hpp"
+#include "kvsim/rng.hpp"
 #include "kvsim/synth.hpp"
 
 using namespace kvsim;
@@ -129,8 +130,10 @@ memory = 0.2
     REQUIRE(a.policies[p].rows.size() == b.policies[p].rows.size());
     for (size_t i = 0; i < a.policies[p].rows.size(); ++i) {
       const MetricRow &x = a.policies[p].rows[i], &y = b.policies[p].rows[i];
-      // window, sink and h2o run on the GPU in the cuda run (Policy::gpu_replay), the rest on the CPU.
+      // window, sink, h2o, buzz and uniform run on the GPU in the cuda run (Policy::gpu_replay), the
+      // rest on the CPU.
       REQUIRE(x.cache_tokens == y.cache_tokens);
+      REQUIRE(x.cache_bytes == y.cache_bytes);
       REQUIRE(rel(y.rel_err, x.rel_err) <= 1e-4 + 1e-6 / std::max(x.rel_err, 1e-2));
       REQUIRE(rel(y.eps_spectral, x.eps_spectral) <= 1e-4 + 1e-6 / std::max(x.eps_spectral, 1e-2));
       if (!std::isnan(x.kept_mass)) REQUIRE(std::abs(y.kept_mass - x.kept_mass) <= 1e-4);
@@ -162,7 +165,8 @@ TEST_CASE("cuda: exact attention matches the CPU reference on stories260K", "[cu
 
 namespace {
 /// CPU policy (float32 policy precision, kv_head mode) vs cuda::replay_policy on every KV head of
-/// layer 0: answers ≤ 1e-4 relative, identical kept sets (slot order too for h2o).
+/// layer 0: answers ≤ 1e-4 relative, identical kept sets (in the same order for h2o, uniform, buzz),
+/// uniform's τ̂ ≤ 1e-4 relative.
 void compare_policy(const StreamSource& src, const std::string& name, const Params& params, const cuda::PolicyReplay& gp,
                     const std::string& agg, const std::vector<int64_t>& steps) {
   const auto& m = src.meta();
@@ -192,6 +196,7 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
     info.n_queries = G;
     info.group_agg = agg;
     info.policy_f32 = true;
+    info.seed = gp.seeds.empty() ? 0 : gp.seeds.at(size_t(kvh));  // uniform: the same Philox stream
     auto pol = make_policy(name, params, info);
     const MatF Kc = src.read(0, Tensor::k, kvh), Vc = src.read(0, Tensor::v, kvh);
     std::vector<MatF> Qg(G);
@@ -214,14 +219,18 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
         const Answer& a = answers[g];
         std::vector<int64_t> ck = a.kept;
         INFO(name << " KV head " << kvh << " step " << t << " query " << g);
-        if (name == "h2o") REQUIRE(gk == ck);  // same slots in the same order
-        else {
+        if (name != "window" && name != "sink") REQUIRE(gk == ck);  // same slots in the same order
+        else {  // a ring on the CPU, the closed form on the GPU
           std::sort(ck.begin(), ck.end());
           REQUIRE(gk == ck);
         }
         const int h = kvh * G + g;
         const Eigen::Map<const VecF> zg(z.data() + (size_t(h) * rows + r) * d, d);
         worst = std::max(worst, (zg.cast<double>() - a.z).norm() / std::max(a.z.norm(), 1e-30));
+        if (name == "uniform") {
+          const double lt = hd::uniform_log_tau(ls[size_t(h) * rows + r], t, int64_t(gk.size()));
+          worst = std::max(worst, std::abs(std::expm1(lt - a.log_tau)));
+        }
       }
       ++r;
     }
@@ -230,6 +239,40 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
   CHECK(worst <= 1e-4);
 }
 }  // namespace
+
+TEST_CASE("cuda: uniform and buzz replayed on the GPU match the CPU policies", "[cuda]") {
+  std::vector<int64_t> steps;
+  for (int64_t t = 1; t <= 600; t += 5) steps.push_back(t);
+  steps.push_back(600);
+  for (std::string preset : {"gaussian", "heavy_hitter"}) {
+    INFO(preset);
+    SynthSource src(test::small_synth(preset, 600, 64, 1, 8, 2));
+    Params u;
+    u.set("budget", int64_t(96));
+    cuda::PolicyReplay gu;
+    gu.name = "uniform";
+    gu.budget = 96;
+    for (int kvh = 0; kvh < 2; ++kvh) gu.seeds.push_back(derive_seed({77, uint64_t(kvh)}));
+    compare_policy(src, "uniform", u, gu, "mean", steps);
+    for (bool log_scale : {false, true})
+      for (auto [agg, code] : {std::pair{"mean", int(hd::kAggMean)}, std::pair{"max", int(hd::kAggMax)}}) {
+        Params b;  // sink 4 + window 40 + T 60, stride 5: evictions every few dozen tokens
+        b.set("window", int64_t(40));
+        b.set("threshold", int64_t(60));
+        b.set("stride", int64_t(5));
+        b.set("log_scale", log_scale);
+        cuda::PolicyReplay gb;
+        gb.name = "buzz";
+        gb.sink = 4;
+        gb.window = 40;
+        gb.threshold = 60;
+        gb.stride = 5;
+        gb.log_scale = log_scale;
+        gb.group_agg = code;
+        compare_policy(src, "buzz", b, gb, agg, steps);
+      }
+  }
+}
 
 TEST_CASE("cuda: window sink and h2o replayed on the GPU match the CPU policies", "[cuda]") {
   std::vector<int64_t> steps;

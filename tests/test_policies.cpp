@@ -298,7 +298,7 @@ TEST_CASE("policies: the GPU replay adapter hands a replay's answers to the engi
   CHECK(spec->name == "sink");
   CHECK(spec->sink == 4);
   CHECK(spec->window == 36);
-  auto gpu = make_gpu_replay(*spec, {&Q0, &Q1}, K, V, meta.softmax_scale, steps, cpu_replay);
+  auto gpu = make_gpu_replay(make_policy("sink", prm, info), {&Q0, &Q1}, K, V, meta.softmax_scale, steps, cpu_replay);
   MatD q(2, 16);
   std::vector<Answer> a(2), b(2);
   size_t r = 0;
@@ -323,7 +323,7 @@ TEST_CASE("policies: the GPU replay adapter hands a replay's answers to the engi
   }
   CHECK(r == steps.size());
   // A step that was not replayed is an error, not a silently wrong answer.
-  auto gpu2 = make_gpu_replay(*spec, {&Q0, &Q1}, K, V, meta.softmax_scale, steps, cpu_replay);
+  auto gpu2 = make_gpu_replay(make_policy("sink", prm, info), {&Q0, &Q1}, K, V, meta.softmax_scale, steps, cpu_replay);
   gpu2->observe(0, K.row(0).data(), V.row(0).data());
   CHECK_THROWS_WITH(gpu2->attend(2, q, &b, nullptr), Catch::Matchers::Contains("not replayed"));
   // h2o's replay spec carries its sizes and group_agg; its oracle form has none.
@@ -335,4 +335,97 @@ TEST_CASE("policies: the GPU replay adapter hands a replay's answers to the engi
   CHECK((hs->budget == 40 && hs->recent == 20 && hs->group_agg == hd::kAggMax));
   hp.set("score", std::string("oracle"));
   CHECK_FALSE(make_policy("h2o", hp, info)->gpu_replay().has_value());
+  CHECK_THROWS_WITH(make_gpu_replay(make_policy("h2o", hp, info), {&Q0, &Q1}, K, V, meta.softmax_scale, steps, cpu_replay),
+                    Catch::Matchers::Contains("no GPU replay"));
+}
+
+TEST_CASE("policies: GPU replays of uniform and buzz carry tau estimates, cache sizes and kept order", "[policies][cuda]") {
+  // A stand-in with cuda::replay_policy's contract that steps a fresh CPU instance of the same policy
+  // and writes its answers in the replay's layout (kept in answer order, padded to
+  // replay_capacity; log_sum from uniform's τ̂ inverted). Through the adapter they must come back
+  // identical: τ̂ for uniform, buzz's varying cache size, the kept order, capacity_matched.
+  SynthSource src(test::small_synth("heavy_hitter", 300, 16, 1, 4, 2));
+  const auto& meta = src.meta();
+  const MatF K = src.read(0, Tensor::k, 0), V = src.read(0, Tensor::v, 0);
+  const MatF Q0 = src.read(0, Tensor::q, 0), Q1 = src.read(0, Tensor::q, 1);
+  std::vector<int64_t> steps;
+  for (int64_t t = 1; t <= 300; t += 7) steps.push_back(t);
+  StreamInfo info;
+  info.n = 300;
+  info.head_dim = 16;
+  info.n_queries = 2;
+  info.seed = 4242;
+  for (const std::string name : {"uniform", "buzz"}) {
+    Params prm;
+    if (name == "uniform") prm.set("budget", int64_t(40));
+    else {
+      prm.set("window", int64_t(20));
+      prm.set("threshold", int64_t(30));
+      prm.set("stride", int64_t(3));
+      prm.set("log_scale", true);
+    }
+    auto stand_in = [&](const cuda::PolicyReplay& p, const float*, const float*, const float*, int kv_heads, int group,
+                        int64_t n, int d, double scale, const std::vector<int64_t>& st, std::vector<float>& z,
+                        std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
+      REQUIRE(kv_heads == 1);
+      REQUIRE(group == 2);
+      kept_cap = cuda::replay_capacity(p);
+      const size_t rows = st.size();
+      z.assign(size_t(group) * rows * d, 0.f);
+      log_sum.assign(size_t(group) * rows, 0.0);
+      kept.assign(rows * size_t(kept_cap), -1);
+      auto pol = make_policy(name, prm, info);
+      MatD q(2, d);
+      std::vector<Answer> a(2);
+      size_t r = 0;
+      for (int64_t t = 1; t <= n; ++t) {
+        pol->observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+        q.row(0) = Q0.row(t - 1).cast<double>() * scale;
+        q.row(1) = Q1.row(t - 1).cast<double>() * scale;
+        const bool ev = r < rows && st[r] == t;
+        pol->attend(t, q, ev ? &a : nullptr, nullptr);
+        if (!ev) continue;
+        REQUIRE(int64_t(a[0].kept.size()) <= kept_cap);
+        std::copy(a[0].kept.begin(), a[0].kept.end(), kept.begin() + r * kept_cap);
+        for (int g = 0; g < 2; ++g) {
+          for (int i = 0; i < d; ++i) z[(size_t(g) * rows + r) * d + i] = float(a[g].z[i]);
+          if (name == "uniform") log_sum[size_t(g) * rows + r] = a[g].log_tau - std::log(double(t) / a[g].kept.size());
+        }
+        ++r;
+      }
+    };
+    auto cpu = make_policy(name, prm, info);
+    auto gpu = make_gpu_replay(make_policy(name, prm, info), {&Q0, &Q1}, K, V, meta.softmax_scale, steps, stand_in);
+    CHECK(gpu->capacity_matched() == cpu->capacity_matched());
+    const auto spec = cpu->gpu_replay();
+    REQUIRE(spec.has_value());
+    if (name == "uniform") CHECK((spec->budget == 40 && spec->seeds == std::vector<uint64_t>{4242}));
+    else CHECK((spec->sink == 4 && spec->window == 20 && spec->threshold == 30 && spec->stride == 3 && spec->log_scale));
+    MatD q(2, 16);
+    std::vector<Answer> a(2), b(2);
+    size_t r = 0;
+    bool sizes_varied = false;
+    for (int64_t t = 1; t <= 300; ++t) {
+      cpu->observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+      gpu->observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+      q.row(0) = Q0.row(t - 1).cast<double>() * meta.softmax_scale;
+      q.row(1) = Q1.row(t - 1).cast<double>() * meta.softmax_scale;
+      const bool ev = r < steps.size() && steps[r] == t;
+      cpu->attend(t, q, ev ? &a : nullptr, nullptr);
+      if (!ev) continue;
+      gpu->attend(t, q, &b, nullptr);
+      INFO(name << " step " << t);
+      REQUIRE(gpu->cache_tokens() == cpu->cache_tokens());
+      sizes_varied |= cpu->cache_tokens() != std::min<int64_t>(t, cuda::replay_capacity(*spec));
+      for (int g = 0; g < 2; ++g) {
+        REQUIRE(b[g].kept == a[g].kept);
+        CHECK((a[g].z - b[g].z).norm() <= 1e-6 * a[g].z.norm());
+        if (name == "uniform") CHECK(b[g].log_tau == Approx(a[g].log_tau).epsilon(1e-12));
+        else CHECK(std::isnan(b[g].log_tau));
+      }
+      ++r;
+    }
+    CHECK(r == steps.size());
+    if (name == "buzz") CHECK(sizes_varied);  // the adapter must not assume a fixed-size cache
+  }
 }

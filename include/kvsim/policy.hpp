@@ -108,15 +108,16 @@ class Policy {
   virtual std::optional<cuda::PolicyReplay> gpu_replay() const { return std::nullopt; }
 };
 
-/// A policy replayed on the GPU by cuda::replay_policy for one cell: the first observe() runs the
-/// whole stream of its query heads (Q: one [n, d] matrix per head, unscaled; K, V [n, d]); attend()
-/// then returns the GPU's answers at the evaluated `steps`. The referenced matrices must outlive it.
+/// `cpu` (a policy with gpu_replay()) replayed on the GPU by cuda::replay_policy for one cell: the
+/// first observe() runs the whole stream of its query heads (Q: one [n, d] matrix per head,
+/// unscaled; K, V [n, d]); attend() then returns the GPU's answers (and uniform's τ̂) at the
+/// evaluated `steps`; capacity_matched() is `cpu`'s. The referenced matrices must outlive it.
 /// `replay` defaults to cuda::replay_policy (tests pass a CPU stand-in with the same contract).
 using PolicyReplayFn = std::function<void(const cuda::PolicyReplay&, const float* Q, const float* K, const float* V,
                                           int kv_heads, int group, int64_t n, int d, double scale,
                                           const std::vector<int64_t>& steps, std::vector<float>& z,
                                           std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap)>;
-std::unique_ptr<Policy> make_gpu_replay(const cuda::PolicyReplay& spec, std::vector<const MatF*> Q, const MatF& K,
+std::unique_ptr<Policy> make_gpu_replay(std::unique_ptr<Policy> cpu, std::vector<const MatF*> Q, const MatF& K,
                                         const MatF& V, double scale, std::vector<int64_t> steps,
                                         PolicyReplayFn replay = {});
 

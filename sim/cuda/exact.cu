@@ -193,7 +193,15 @@ std::string bench(bool quick) {
     std::vector<int64_t> steps;
     for (long long t = 16; t <= n; t += 16) steps.push_back(t);
     const long long B = n / 5;
-    const cuda::PolicyReplay specs[] = {{"window", 0, B, 0, 0, 0}, {"sink", 4, B - 4, 0, 0, 0}, {"h2o", 0, 0, B, B / 2, 0}};
+    std::vector<cuda::PolicyReplay> specs = {{"window", 0, B, 0, 0, 0}, {"sink", 4, B - 4, 0, 0, 0}, {"h2o", 0, 0, B, B / 2, 0}};
+    cuda::PolicyReplay u{"uniform", 0, 0, B, 0, 0};
+    for (int h = 0; h < heads; ++h) u.seeds.push_back(0x9e3779b97f4a7c15ULL * uint64_t(h + 1));
+    specs.push_back(u);
+    // buzz at the same memory: sink 4 + window w + body < T with T/w = 6 (Theorem 3.1, s = 5).
+    cuda::PolicyReplay b{"buzz", 4, (B - 4) / 7, 0, 0, 0};
+    b.threshold = 6 * b.window;
+    b.stride = 5;
+    specs.push_back(b);
     for (const auto& p : specs) {
       std::vector<float> z;
       std::vector<double> ls;

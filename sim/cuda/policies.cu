@@ -1,13 +1,17 @@
-// kvsim CUDA path, step 2: the deterministic slot policies on the GPU — window and sink (StreamingLLM)
-// and H2O (seeds/004 §4.1 Algorithm 1) — for every KV head of a layer at once, with the step logic
-// of include/kvsim/hd.hpp that the CPU policies run too:
-//  - window / sink: the cache after t tokens is hd::sink_window_token's closed form, so each
-//    (evaluated step, KV head) is an independent thread block: logits of the group's queries over
-//    the kept tokens, a block-merged hd::OnlineSoftmax, and the output (one thread per dimension).
-//  - h2o: a sequential state machine, one thread block per KV head over t = 0..n−1: eviction by a
-//    block arg-min under hd::h2o_prefer (a total order: the CPU's serial scan picks the same slot),
-//    then each query head's attention over the cache (fp32 logits, double softmax and scores, as
-//    the CPU's policy_precision = "float32"), combined by hd::group_combine into the scores.
+// kvsim CUDA path, step 2: policy replays on the GPU for every KV head of a layer at once, with the
+// step logic of include/kvsim/hd.hpp that the CPU policies run too. Two kinds of kernel:
+//  - selection, then kept_attend_kernel: policies whose cache does not depend on attention get their
+//    kept token lists first — window / sink (StreamingLLM) in closed form (hd::sink_window_token),
+//    uniform by its Philox reservoir (hd::reservoir_slot, one thread per KV head walking the stream)
+//    — and one generic kernel then answers every (evaluated step, KV head) as an independent thread
+//    block: the group's logits over the kept tokens (fp32), a block-merged hd::OnlineSoftmax in
+//    double (the CPU's policy_precision = "float32"), and the output (one thread per dimension).
+//  - fused state machines, one thread block per KV head over t = 0..n−1, for the policies whose
+//    eviction reads attention scores: h2o (seeds/004 §4.1 Algorithm 1: block arg-min under
+//    hd::h2o_prefer, a total order, so the CPU's serial scan picks the same slot) and buzz (seeds/002
+//    §3.3: sink + beehive body + window, hd::buzz_evict run by thread 0 when the body reaches T;
+//    log-n scaled answers, §3.5). Each step: every query head's attention over the cache, combined by
+//    hd::group_combine into the accumulated scores.
 // Slots hold token positions; keys and values are read from the stream in device memory (a real
 // cache would copy them: the arithmetic is the same).
 // Written and compiled without a GPU: tests/cuda_parity.cpp compares it with the CPU policies
@@ -26,41 +30,75 @@ namespace {
 
 constexpr int kPolicyThreads = 128;
 
-/// window / sink: grid (rows, kv_heads). Q [kv_heads·group][n][d], K, V [kv_heads][n][d].
-/// Outputs: z [kv_heads·group][rows][d], log_sum [kv_heads·group][rows], kept [kv_heads][rows][cap]
-/// (−1 beyond the count). Scratch lg [kv_heads][rows][cap].
-__global__ void sink_window_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d,
-                                   float scale, long long sink, long long window, const long long* steps, int rows,
-                                   float* z, double* log_sum, long long* kept, float* lg) {
+/// Attention of each query head of a KV group over a kept token list: grid (rows, kv_heads).
+/// Q [kv_heads·group][n][d], K, V [kv_heads][n][d]; kept [kv_heads][rows][cap] token positions,
+/// −1 entries skipped. Outputs z [kv_heads·group][rows][d], log_sum [kv_heads·group][rows] (log Σ
+/// exp of the logits over the kept tokens). Scratch lg [kv_heads][rows][cap].
+__global__ void kept_attend_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d,
+                                   float scale, const long long* steps, int rows, const long long* kept, long long cap,
+                                   float* z, double* log_sum, float* lg) {
   const int r = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x;
-  const long long t = steps[r], cap = sink + window, m = hd::sink_window_count(t, sink, window);
+  const long long t = steps[r];
   const float* Kh = K + (long long)kvh * n * d;
   const float* Vh = V + (long long)kvh * n * d;
+  const long long* kr = kept + ((long long)kvh * rows + r) * cap;
   float* lgr = lg + ((long long)kvh * rows + r) * cap;
-  long long* kr = kept + ((long long)kvh * rows + r) * cap;
-  for (long long j = tid; j < cap; j += blockDim.x) kr[j] = j < m ? hd::sink_window_token(t, sink, window, j) : -1;
   extern __shared__ float qs[];  // [d]
-  __shared__ float sm[kPolicyThreads], s1[kPolicyThreads], s2[kPolicyThreads];
+  __shared__ double sm[kPolicyThreads], s1[kPolicyThreads], s2[kPolicyThreads];
   for (int g = 0; g < group; ++g) {
     const int h = kvh * group + g;
     for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Q[((long long)h * n + (t - 1)) * d + i];
     __syncthreads();
-    hd::OnlineSoftmax<float> st;
-    for (long long j = tid; j < m; j += blockDim.x) {
-      const float* k = Kh + hd::sink_window_token(t, sink, window, j) * d;
+    hd::OnlineSoftmax<double> st;
+    for (long long j = tid; j < cap; j += blockDim.x) {
+      if (kr[j] < 0) continue;
+      const float* k = Kh + kr[j] * d;
       float acc = 0.f;
       for (int i = 0; i < d; ++i) acc += qs[i] * k[i];
       lgr[j] = acc;
-      st.add(acc);
+      st.add(double(acc));
     }
-    const hd::OnlineSoftmax<float> tot = block_merge(st, sm, s1, s2);  // also orders lgr's writes
+    const hd::OnlineSoftmax<double> tot = block_merge(st, sm, s1, s2);  // also orders lgr's writes
     for (int i = tid; i < d; i += blockDim.x) {
-      float acc = 0.f;
-      for (long long j = 0; j < m; ++j) acc += expf(lgr[j] - tot.m) * Vh[hd::sink_window_token(t, sink, window, j) * d + i];
-      z[((long long)h * rows + r) * d + i] = acc / tot.s1;
+      double acc = 0.0;
+      for (long long j = 0; j < cap; ++j)
+        if (kr[j] >= 0) acc += tot.prob(double(lgr[j])) * double(Vh[kr[j] * d + i]);
+      z[((long long)h * rows + r) * d + i] = float(acc);
     }
     if (tid == 0) log_sum[(long long)h * rows + r] = tot.log_tau();
     __syncthreads();  // qs and lgr are rewritten for the next query head
+  }
+}
+
+/// window / sink: kept lists in closed form (hd::sink_window_token). Grid (rows, kv_heads).
+__global__ void sink_window_select_kernel(long long sink, long long window, const long long* steps, int rows,
+                                          long long* kept) {
+  const int r = blockIdx.x, kvh = blockIdx.y;
+  const long long t = steps[r], cap = sink + window, m = hd::sink_window_count(t, sink, window);
+  long long* kr = kept + ((long long)kvh * rows + r) * cap;
+  for (long long j = threadIdx.x; j < cap; j += blockDim.x) kr[j] = j < m ? hd::sink_window_token(t, sink, window, j) : -1;
+}
+
+/// uniform: the reservoir of each KV head (hd::reservoir_slot with that head's seed), walked by
+/// thread 0 from one evaluated step to the next and copied out by the block. Grid (kv_heads).
+/// pos_all [kv_heads][B] scratch; kept [kv_heads][rows][B] in slot order, −1 for empty slots.
+__global__ void uniform_select_kernel(const unsigned long long* seeds, long long B, const long long* steps, int rows,
+                                      long long* pos_all, long long* kept) {
+  const int kvh = blockIdx.x, tid = threadIdx.x;
+  long long* pos = pos_all + (long long)kvh * B;
+  const unsigned long long seed = seeds[kvh];
+  for (long long s = tid; s < B; s += blockDim.x) pos[s] = -1;
+  __syncthreads();
+  long long t0 = 0;
+  for (int r = 0; r < rows; ++r) {
+    const long long T = steps[r];  // tokens 0..T−1 have joined when q_T is answered
+    if (tid == 0)
+      for (long long t = t0; t < T; ++t)
+        if (const long long slot = hd::reservoir_slot(seed, t, B); slot >= 0) pos[slot] = t;
+    t0 = T;
+    __syncthreads();
+    for (long long s = tid; s < B; s += blockDim.x) kept[((long long)kvh * rows + r) * B + s] = pos[s];
+    __syncthreads();
   }
 }
 
@@ -152,22 +190,136 @@ __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int g
   }
 }
 
+
+/// A BUZZ cache entry: token position and accumulated (group-aggregated) attention score.
+struct BuzzTok {
+  long long pos;
+  double score;
+};
+struct NoDrop {
+  __device__ void operator()(const BuzzTok&) const {}
+};
+
+/// buzz: grid (kv_heads), one sequential block per KV head, the CPU policy's state in global
+/// scratch: sink [kv_heads][sink], window ring [kv_heads][w], new and old body tokens
+/// [kv_heads][T] each; per step the cached list (sink, old, new, window oldest first: the CPU's
+/// answer order) in lst [kv_heads][cap], its step attention pr [kv_heads][cap], logits lg
+/// [kv_heads][group][cap]. Outputs as kept_attend_kernel, z and log_sum of the λ-scaled logits.
+__global__ void buzz_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
+                            long long sink, long long w, long long T, long long stride, bool log_scale, int agg,
+                            const long long* steps, int rows, float* z, double* log_sum, long long* kept, long long cap,
+                            BuzzTok* sink_all, BuzzTok* ring_all, BuzzTok* new_all, BuzzTok* old_all, long long* lst_all,
+                            double* pr_all, float* lg_all) {
+  const int kvh = blockIdx.x, tid = threadIdx.x;
+  const float* Kh = K + (long long)kvh * n * d;
+  const float* Vh = V + (long long)kvh * n * d;
+  BuzzTok* sk = sink_all + (long long)kvh * (sink > 0 ? sink : 1);
+  BuzzTok* ring = ring_all + (long long)kvh * w;
+  BuzzTok* neu = new_all + (long long)kvh * T;
+  BuzzTok* old = old_all + (long long)kvh * T;
+  long long* lst = lst_all + (long long)kvh * cap;
+  double* pr = pr_all + (long long)kvh * cap;
+  float* lg = lg_all + (long long)kvh * group * cap;
+  extern __shared__ float qs[];  // [d]
+  __shared__ double sm[kPolicyThreads], s1[kPolicyThreads], s2[kPolicyThreads];
+  __shared__ long long n_sink, n_old, n_new, ring_head, ring_count;
+  if (tid == 0) n_sink = n_old = n_new = ring_head = ring_count = 0;
+  __syncthreads();
+  // Entry j of the cached list, in the CPU's order: sink, old, new, then the window oldest first.
+  auto at = [&](long long j) -> BuzzTok& {
+    if (j < n_sink) return sk[j];
+    j -= n_sink;
+    if (j < n_old) return old[j];
+    j -= n_old;
+    if (j < n_new) return neu[j];
+    return ring[(ring_head + (j - n_new)) % w];
+  };
+  int r = 0;
+  for (long long t = 0; t < n; ++t) {
+    // observe(t) (BuzzPolicy::observe): sink first; then the window; the window's oldest token
+    // joins the body as new; the body evicts (hd::buzz_evict) when old + new reaches T.
+    if (tid == 0) {
+      const BuzzTok x{t, 0.0};
+      if (n_sink < sink) sk[n_sink++] = x;
+      else if (ring_count < w) ring[(ring_head + ring_count++) % w] = x;
+      else {
+        neu[n_new++] = ring[ring_head];
+        ring[ring_head] = x;
+        ring_head = (ring_head + 1) % w;
+        if (n_old + n_new >= T) {
+          n_old = hd::buzz_evict(old, n_old, neu, n_new, stride, NoDrop{});
+          n_new = 0;
+        }
+      }
+    }
+    __syncthreads();
+    const long long m = n_sink + n_old + n_new + ring_count;
+    for (long long j = tid; j < m; j += blockDim.x) {
+      lst[j] = at(j).pos;
+      pr[j] = 0.0;
+    }
+    __syncthreads();
+    // attend(q_{t+1}) (BuzzPolicy::attend): scores from the unscaled softmax, the answer from the
+    // λ-scaled one (λ = log_512(t + 1) with log_scale, else 1).
+    const bool eval = r < rows && steps[r] == t + 1;
+    const double lambda = hd::buzz_log_scale(t + 1, log_scale);
+    for (int g = 0; g < group; ++g) {
+      const int h = kvh * group + g;
+      for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Q[((long long)h * n + t) * d + i];
+      __syncthreads();
+      float* lgg = lg + (long long)g * cap;
+      hd::OnlineSoftmax<double> st, sl;
+      for (long long j = tid; j < m; j += blockDim.x) {
+        const float* k = Kh + lst[j] * d;
+        float acc = 0.f;
+        for (int i = 0; i < d; ++i) acc += qs[i] * k[i];
+        lgg[j] = acc;
+        st.add(double(acc));
+        sl.add(lambda * double(acc));
+      }
+      const hd::OnlineSoftmax<double> tot = block_merge(st, sm, s1, s2);
+      for (long long j = tid; j < m; j += blockDim.x) pr[j] = hd::group_combine(pr[j], tot.prob(double(lgg[j])), agg);
+      if (eval) {
+        const hd::OnlineSoftmax<double> tl = block_merge(sl, sm, s1, s2);
+        for (int i = tid; i < d; i += blockDim.x) {
+          double acc = 0.0;
+          for (long long j = 0; j < m; ++j) acc += tl.prob(lambda * double(lgg[j])) * double(Vh[lst[j] * d + i]);
+          z[((long long)h * rows + r) * d + i] = float(acc);
+        }
+        if (tid == 0) log_sum[(long long)h * rows + r] = tl.log_tau();
+      }
+      __syncthreads();
+    }
+    for (long long j = tid; j < m; j += blockDim.x) at(j).score += hd::group_result(pr[j], agg, group);
+    if (eval) {
+      long long* kr = kept + ((long long)kvh * rows + r) * cap;
+      for (long long j = tid; j < cap; j += blockDim.x) kr[j] = j < m ? lst[j] : -1;
+      ++r;
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
 void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads,
                    int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
   require_device();
-  const bool h2o = p.name == "h2o";
-  if (!h2o && p.name != "window" && p.name != "sink")
-    throw Error("cuda::replay_policy: policy '" + p.name + "' has no GPU replay yet (window, sink, h2o)");
+  const std::string& name = p.name;
+  if (name != "window" && name != "sink" && name != "h2o" && name != "uniform" && name != "buzz")
+    throw Error("cuda::replay_policy: policy '" + name + "' has no GPU replay yet (window, sink, h2o, uniform, buzz)");
   if (steps.empty() || kv_heads < 1 || group < 1 || d < 1 || n < 1 || steps.front() < 1 || steps.back() > n)
     throw Error("cuda::replay_policy: bad shapes or steps");
   for (size_t i = 1; i < steps.size(); ++i)
     if (steps[i] <= steps[i - 1]) throw Error("cuda::replay_policy: steps must increase");
-  const long long cap = h2o ? p.budget : p.sink + p.window;
-  if (cap < 1 || (h2o && (p.recent < 0 || p.recent >= p.budget)) || (!h2o && (p.sink < 0 || p.window < 1)))
-    throw Error("cuda::replay_policy: bad policy sizes");
+  const long long cap = cuda::replay_capacity(p);
+  bool ok = cap >= 1;
+  if (name == "h2o") ok = ok && p.recent >= 0 && p.recent < p.budget;
+  else if (name == "uniform") ok = ok && p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
+  else if (name == "buzz") ok = ok && p.sink >= 0 && p.window >= 1 && p.stride >= 2 && p.threshold >= p.stride;
+  else ok = ok && p.sink >= 0 && p.window >= 1;
+  if (!ok) throw Error("cuda::replay_policy: bad sizes for policy '" + name + "'");
   kept_cap = cap;
   const int rows = int(steps.size()), H = kv_heads * group;
   const size_t qn = size_t(H) * n * d, kvn = size_t(kv_heads) * n * d;
@@ -179,26 +331,51 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   dv.upload(V, kvn, "copy V");
   const std::vector<long long> st(steps.begin(), steps.end());
   dst.upload(st.data(), st.size(), "copy steps");
-  if (!h2o) {
+  const size_t qbytes = size_t(d) * sizeof(float);
+  if (name == "window" || name == "sink" || name == "uniform") {
+    if (name == "uniform") {
+      DeviceBuffer<unsigned long long> seeds(p.seeds.size());
+      const std::vector<unsigned long long> sd(p.seeds.begin(), p.seeds.end());
+      seeds.upload(sd.data(), sd.size(), "copy seeds");
+      DeviceBuffer<long long> pos(size_t(kv_heads) * cap);
+      uniform_select_kernel<<<kv_heads, kPolicyThreads>>>(seeds.p, cap, dst.p, rows, pos.p, dkept.p);
+      check(cudaGetLastError(), "uniform_select_kernel launch");
+      check(cudaDeviceSynchronize(), "uniform_select_kernel");
+    } else {
+      sink_window_select_kernel<<<dim3(rows, kv_heads), kPolicyThreads>>>(p.sink, p.window, dst.p, rows, dkept.p);
+      check(cudaGetLastError(), "sink_window_select_kernel launch");
+    }
     DeviceBuffer<float> lg(size_t(kv_heads) * rows * cap);
-    sink_window_kernel<<<dim3(rows, kv_heads), kPolicyThreads, d * sizeof(float)>>>(
-        dq.p, dk.p, dv.p, group, n, d, float(scale), p.sink, p.window, dst.p, rows, dz.p, dls.p, dkept.p, lg.p);
-    check(cudaGetLastError(), "sink_window_kernel launch");
-    check(cudaDeviceSynchronize(), "sink_window_kernel");
-  } else {
+    kept_attend_kernel<<<dim3(rows, kv_heads), kPolicyThreads, qbytes>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), dst.p,
+                                                                         rows, dkept.p, cap, dz.p, dls.p, lg.p);
+    check(cudaGetLastError(), "kept_attend_kernel launch");
+    check(cudaDeviceSynchronize(), "kept_attend_kernel");
+  } else if (name == "h2o") {
     DeviceBuffer<long long> pos(size_t(kv_heads) * cap);
     DeviceBuffer<double> score(size_t(kv_heads) * cap), pr(size_t(kv_heads) * cap);
     DeviceBuffer<float> lg(size_t(kv_heads) * group * cap);
     DeviceBuffer<int> err(1);
     check(cudaMemset(err.p, 0, sizeof(int)), "memset");
-    h2o_kernel<<<kv_heads, kPolicyThreads, d * sizeof(float)>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), cap, p.recent,
-                                                                p.group_agg, dst.p, rows, dz.p, dls.p, dkept.p, pos.p,
-                                                                score.p, pr.p, lg.p, err.p);
+    h2o_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), cap, p.recent,
+                                                     p.group_agg, dst.p, rows, dz.p, dls.p, dkept.p, pos.p, score.p,
+                                                     pr.p, lg.p, err.p);
     check(cudaGetLastError(), "h2o_kernel launch");
     check(cudaDeviceSynchronize(), "h2o_kernel");
     int e = 0;
     err.download(&e, 1, "copy error flag");
     if (e) throw Error("cuda::replay_policy: h2o found no evictable token (recent window ≥ budget)");
+  } else {  // buzz
+    DeviceBuffer<BuzzTok> sk(size_t(kv_heads) * (p.sink > 0 ? p.sink : 1)), ring(size_t(kv_heads) * p.window),
+        neu(size_t(kv_heads) * p.threshold), old(size_t(kv_heads) * p.threshold);
+    DeviceBuffer<long long> lst(size_t(kv_heads) * cap);
+    DeviceBuffer<double> pr(size_t(kv_heads) * cap);
+    DeviceBuffer<float> lg(size_t(kv_heads) * group * cap);
+    buzz_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), p.sink, p.window,
+                                                      p.threshold, p.stride, p.log_scale, p.group_agg, dst.p, rows,
+                                                      dz.p, dls.p, dkept.p, cap, sk.p, ring.p, neu.p, old.p, lst.p,
+                                                      pr.p, lg.p);
+    check(cudaGetLastError(), "buzz_kernel launch");
+    check(cudaDeviceSynchronize(), "buzz_kernel");
   }
   z.resize(size_t(H) * rows * d);
   dz.download(z.data(), z.size(), "copy z");

@@ -1,11 +1,12 @@
-// `[eval] device = "cuda"`: a policy with a GPU replay (Policy::gpu_replay: window, sink, h2o) runs on
-// the GPU for a whole cell at once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands
+// `[eval] device = "cuda"`: a policy with a GPU replay (Policy::gpu_replay: window, sink, h2o,
+// uniform, buzz) runs on the GPU for a whole cell at once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands
 // the GPU's answers to the engine at the evaluated steps, so metrics, memory checks and results are
 // computed exactly as for the CPU policies. policy_ns then holds the cell's replay time (host
 // transfers included) at the first evaluated step and near zero after it.
 #include <algorithm>
 
 #include "kvsim/error.hpp"
+#include "kvsim/hd.hpp"
 #include "kvsim/policy.hpp"
 
 namespace kvsim {
@@ -13,11 +14,12 @@ namespace {
 
 class GpuReplayPolicy final : public Policy {
  public:
-  GpuReplayPolicy(cuda::PolicyReplay spec, std::vector<const MatF*> Q, const MatF& K, const MatF& V, double scale,
-                  std::vector<int64_t> steps, PolicyReplayFn replay)
-      : spec_(std::move(spec)), Q_(std::move(Q)), K_(K), V_(V), scale_(scale), steps_(std::move(steps)),
-        replay_fn_(replay ? std::move(replay) : PolicyReplayFn(cuda::replay_policy)) {
-    cap_ = spec_.name == "h2o" ? spec_.budget : spec_.sink + spec_.window;
+  GpuReplayPolicy(std::unique_ptr<Policy> cpu, cuda::PolicyReplay spec, std::vector<const MatF*> Q, const MatF& K,
+                  const MatF& V, double scale, std::vector<int64_t> steps, PolicyReplayFn replay)
+      : cpu_(std::move(cpu)), spec_(std::move(spec)), Q_(std::move(Q)), K_(K), V_(V), scale_(scale),
+        steps_(std::move(steps)), replay_fn_(replay ? std::move(replay) : PolicyReplayFn(cuda::replay_policy)) {
+    cap_ = cuda::replay_capacity(spec_);
+    fixed_size_ = spec_.name != "buzz";
   }
 
   void observe(int64_t t, const float*, const float*) override {
@@ -35,15 +37,21 @@ class GpuReplayPolicy final : public Policy {
     std::vector<int64_t> kept;
     for (int64_t s = 0; s < kept_cap_; ++s)
       if (const int64_t x = kept_[row_ * size_t(kept_cap_) + size_t(s)]; x >= 0) kept.push_back(x);
+    last_count_ = int64_t(kept.size());
     for (int g = 0; g < G; ++g) {
       Answer& a = (*out)[g];
       a.z = Eigen::Map<const VecF>(z_.data() + (size_t(g) * rows + row_) * d, d).cast<double>();
+      if (spec_.name == "uniform")  // τ̂ as UniformPolicy::attend gives it
+        a.log_tau = hd::uniform_log_tau(log_sum_[size_t(g) * rows + row_], t, last_count_);
       a.has_kept = true;
       a.kept = kept;
     }
   }
 
-  int64_t cache_tokens() const override { return std::min(seen_, cap_); }
+  /// Fixed-size caches: min(t, capacity) at every step; buzz: the size at the last answered step
+  /// (the engine reads it at evaluated steps, right after attend()).
+  int64_t cache_tokens() const override { return fixed_size_ ? std::min(seen_, cap_) : last_count_; }
+  bool capacity_matched() const override { return cpu_->capacity_matched(); }
 
  private:
   void replay() {
@@ -52,12 +60,13 @@ class GpuReplayPolicy final : public Policy {
     const int d = int(K_.cols());
     std::vector<float> q(size_t(G) * n * d);
     for (int g = 0; g < G; ++g) std::copy(Q_[g]->data(), Q_[g]->data() + size_t(n) * d, q.begin() + size_t(g) * n * d);
-    std::vector<double> log_sum;
-    replay_fn_(spec_, q.data(), K_.data(), V_.data(), 1, G, n, d, scale_, steps_, z_, log_sum, kept_, kept_cap_);
-    if (z_.size() != size_t(G) * steps_.size() * d || kept_.size() != steps_.size() * size_t(kept_cap_))
+    replay_fn_(spec_, q.data(), K_.data(), V_.data(), 1, G, n, d, scale_, steps_, z_, log_sum_, kept_, kept_cap_);
+    if (z_.size() != size_t(G) * steps_.size() * d || kept_.size() != steps_.size() * size_t(kept_cap_) ||
+        log_sum_.size() != size_t(G) * steps_.size())
       throw Error("gpu replay: the replay returned arrays of the wrong size");
   }
 
+  std::unique_ptr<Policy> cpu_;  // the CPU instance it replaces: its properties, never stepped
   cuda::PolicyReplay spec_;
   std::vector<const MatF*> Q_;
   const MatF& K_;
@@ -66,19 +75,25 @@ class GpuReplayPolicy final : public Policy {
   std::vector<int64_t> steps_;
   PolicyReplayFn replay_fn_;
   std::vector<float> z_;
+  std::vector<double> log_sum_;
   std::vector<int64_t> kept_;
-  int64_t kept_cap_ = 0, cap_ = 0, seen_ = 0;
+  int64_t kept_cap_ = 0, cap_ = 0, seen_ = 0, last_count_ = 0;
+  bool fixed_size_ = true;
   size_t row_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Policy> make_gpu_replay(const cuda::PolicyReplay& spec, std::vector<const MatF*> Q, const MatF& K,
+std::unique_ptr<Policy> make_gpu_replay(std::unique_ptr<Policy> cpu, std::vector<const MatF*> Q, const MatF& K,
                                         const MatF& V, double scale, std::vector<int64_t> steps, PolicyReplayFn replay) {
+  if (!cpu) throw Error("gpu replay: no policy");
+  std::optional<cuda::PolicyReplay> spec = cpu->gpu_replay();
+  if (!spec) throw Error("gpu replay: this policy has no GPU replay");
   for (const MatF* m : Q)
     if (!m || m->rows() != K.rows() || m->cols() != K.cols()) throw Error("gpu replay: query shape differs from the keys'");
   if (V.rows() != K.rows() || V.cols() != K.cols()) throw Error("gpu replay: value shape differs from the keys'");
-  return std::make_unique<GpuReplayPolicy>(spec, std::move(Q), K, V, scale, std::move(steps), std::move(replay));
+  return std::make_unique<GpuReplayPolicy>(std::move(cpu), std::move(*spec), std::move(Q), K, V, scale, std::move(steps),
+                                           std::move(replay));
 }
 
 }  // namespace kvsim
