@@ -130,8 +130,8 @@ memory = 0.2
     REQUIRE(a.policies[p].rows.size() == b.policies[p].rows.size());
     for (size_t i = 0; i < a.policies[p].rows.size(); ++i) {
       const MetricRow &x = a.policies[p].rows[i], &y = b.policies[p].rows[i];
-      // window, sink, h2o, buzz and uniform run on the GPU in the cuda run (Policy::gpu_replay), the
-      // rest on the CPU.
+      // window, sink, h2o, buzz, uniform and oracle_topk run on the GPU in the cuda run
+      // (Policy::gpu_replay), subgen and subgen_kcenter on the CPU.
       REQUIRE(x.cache_tokens == y.cache_tokens);
       REQUIRE(x.cache_bytes == y.cache_bytes);
       REQUIRE(rel(y.rel_err, x.rel_err) <= 1e-4 + 1e-6 / std::max(x.rel_err, 1e-2));

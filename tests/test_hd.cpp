@@ -289,3 +289,45 @@ TEST_CASE("hd: buzz_evict keeps every s-hat-th old token and each full segment's
     REQUIRE(std::adjacent_find(all.begin(), all.end()) == all.end());
   }
 }
+
+TEST_CASE("hd: a bitonic network under topk_prefer selects the CPU oracle's top set", "[hd]") {
+  // The GPU's oracle_topk selection (sim/cuda/policies.cu, oracle_select_kernel) run stage by stage
+  // on the CPU: sort indices by hd::topk_prefer over a power-of-two padding (padding last), take the
+  // first min(B, t), sort those by position. It must equal std::nth_element under the same order
+  // (OracleTopK::attend), ties included.
+  Engine eng = make_engine({17});
+  boost::random::uniform_int_distribution<int> few(0, 5);
+  for (int trial = 0; trial < 120; ++trial) {
+    const int64_t t = 1 + trial * 7 % 300, B = 1 + trial * 13 % 80;
+    std::vector<double> sc(t);
+    for (auto& x : sc) x = trial % 2 ? 0.125 * few(eng) : std::ldexp(double(few(eng) + 1), -few(eng));  // many ties
+    int64_t P = 1;
+    while (P < t) P <<= 1;
+    std::vector<int64_t> idx(P);
+    std::iota(idx.begin(), idx.end(), 0);
+    auto by_score = [&](int64_t a, int64_t b) {
+      if (a >= t || b >= t) return a < b;
+      return hd::topk_prefer(sc[a], a, sc[b], b);
+    };
+    for (int64_t k = 2; k <= P; k <<= 1)
+      for (int64_t j = k >> 1; j > 0; j >>= 1)
+        for (int64_t i = P - 1; i >= 0; --i) hd::bitonic_compare_swap(idx.data(), i, j, k, by_score);  // any order
+    const int64_t b = std::min(B, t);
+    int64_t P2 = 1;
+    while (P2 < b) P2 <<= 1;
+    for (int64_t i = b; i < P2; ++i) idx[i] = P + i;
+    for (int64_t k = 2; k <= P2; k <<= 1)
+      for (int64_t j = k >> 1; j > 0; j >>= 1)
+        for (int64_t i = 0; i < P2; ++i) hd::bitonic_compare_swap(idx.data(), i, j, k, [](int64_t x, int64_t y) { return x < y; });
+    std::vector<int64_t> gpu(idx.begin(), idx.begin() + b);
+    // The CPU policy's selection.
+    std::vector<int64_t> cpu(t);
+    std::iota(cpu.begin(), cpu.end(), 0);
+    std::nth_element(cpu.begin(), cpu.begin() + (b - 1), cpu.end(),
+                     [&](int64_t x, int64_t y) { return hd::topk_prefer(sc[x], x, sc[y], y); });
+    cpu.resize(b);
+    std::sort(cpu.begin(), cpu.end());
+    INFO("t " << t << ", B " << B);
+    REQUIRE(gpu == cpu);
+  }
+}

@@ -35,7 +35,9 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
 ///  - "uniform": reservoir sampling of `budget` tokens, one Philox seed per KV head in `seeds`
 ///    (hd::reservoir_slot: the CPU policy's seed gives the CPU policy's samples);
 ///  - "buzz": sink + window + beehive body with `threshold` T and `stride` s, log_scale (BUZZ §3.5),
-///    group_agg for the accumulated scores.
+///    group_agg for the accumulated scores;
+///  - "oracle_topk": at each evaluated step the `budget` tokens of largest exact attention (the KV
+///    group's by group_agg, undivided), ties to the older token (hd::topk_prefer); kept ascending.
 struct PolicyReplay {
   std::string name;
   int64_t sink = 0, window = 0;    ///< window / sink / buzz
@@ -47,9 +49,9 @@ struct PolicyReplay {
 };
 
 /// Slots of the `kept` rows cuda::replay_policy returns for `p` (the most tokens its cache holds):
-/// budget (h2o, uniform), sink + window (window, sink), sink + window + threshold (buzz).
+/// budget (h2o, uniform, oracle_topk), sink + window (window, sink), sink + window + threshold (buzz).
 inline int64_t replay_capacity(const PolicyReplay& p) {
-  if (p.name == "h2o" || p.name == "uniform") return p.budget;
+  if (p.name == "h2o" || p.name == "uniform" || p.name == "oracle_topk") return p.budget;
   if (p.name == "buzz") return p.sink + p.window + p.threshold;
   return p.sink + p.window;
 }

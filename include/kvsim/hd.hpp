@@ -15,6 +15,9 @@
 //  - group_combine: group_agg (mean | max | sum) of a KV group's per-query-head attention.
 //  - philox_uniform_int / reservoir_slot: `uniform`'s reservoir sampling (Vitter's Algorithm R) with
 //    each token's draw a pure function of (stream seed, token): identical samples on both paths.
+//  - topk_prefer / bitonic_compare_swap: oracle_topk's order (larger score first, ties to the older
+//    position: a total order) and the compare-swap of a bitonic sorting network over it, so the GPU's
+//    parallel sort selects exactly the CPU's std::nth_element set.
 //  - buzz_evict: BUZZ's eviction (seeds/002 §3.3, Algorithm 2: local max sampling of new tokens,
 //    interval sampling of old ones), and buzz_log_scale (§3.5, Eq. 7-8).
 #pragma once
@@ -182,6 +185,29 @@ KVSIM_HD bool h2o_evictable(int64_t pos, int64_t t, int64_t recent) { return pos
 template <class T>
 KVSIM_HD bool h2o_prefer(T score_a, int64_t pos_a, T score_b, int64_t pos_b) {
   return score_a < score_b || (score_a == score_b && pos_a < pos_b);
+}
+
+/// oracle_topk: does (score_a, pos_a) rank before (score_b, pos_b)? Larger score first, then the
+/// older position (a total order on distinct positions, so any correct selection picks one set).
+template <class T>
+KVSIM_HD bool topk_prefer(T score_a, int64_t pos_a, T score_b, int64_t pos_b) {
+  return score_a > score_b || (score_a == score_b && pos_a < pos_b);
+}
+
+/// One compare-swap of Batcher's bitonic sorting network over `keys[0, P)` (P a power of two):
+/// stage (k, j) with k = 2, 4, ..., P and j = k/2, k/4, ..., 1, element i (any order within a stage:
+/// a GPU block runs them in parallel). `before(a, b)` is a strict total order; after every stage has
+/// run, keys are sorted by it.
+template <class Key, class Before>
+KVSIM_HD void bitonic_compare_swap(Key* keys, int64_t i, int64_t j, int64_t k, Before before) {
+  const int64_t l = i ^ j;
+  if (l <= i) return;
+  const Key a = keys[i], b = keys[l];
+  const bool ascending = (i & k) == 0;
+  if (ascending ? before(b, a) : before(a, b)) {
+    keys[i] = b;
+    keys[l] = a;
+  }
 }
 
 /// group_agg codes shared by both paths.

@@ -2,8 +2,8 @@
 // step logic of include/kvsim/hd.hpp that the CPU policies run too. Two kinds of kernel:
 //  - selection, then kept_attend_kernel: policies whose cache does not depend on attention get their
 //    kept token lists first — window / sink (StreamingLLM) in closed form (hd::sink_window_token),
-//    uniform by its Philox reservoir (hd::reservoir_slot, one thread per KV head walking the stream)
-//    — and one generic kernel then answers every (evaluated step, KV head) as an independent thread
+//    uniform by its Philox reservoir (hd::reservoir_slot, one thread per KV head walking the stream),
+//    oracle_topk by a bitonic sort of the exact attention (hd::topk_prefer) — and one generic kernel then answers every (evaluated step, KV head) as an independent thread
 //    block: the group's logits over the kept tokens (fp32), a block-merged hd::OnlineSoftmax in
 //    double (the CPU's policy_precision = "float32"), and the output (one thread per dimension).
 //  - fused state machines, one thread block per KV head over t = 0..n−1, for the policies whose
@@ -18,6 +18,7 @@
 // wherever a device exists; it has not run yet.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -191,6 +192,70 @@ __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int g
 }
 
 
+/// oracle_topk, selection for rows [r0, r0 + gridDim.x): grid (chunk rows, kv_heads). At step t the
+/// KV group's exact attention over all t tokens in double (logits too, so the ranking matches the
+/// CPU's float64 reference up to rounding order), combined by hd::group_combine without the mean's
+/// division (the CPU ranks by GroupAggregate::ranking), then Batcher's bitonic network
+/// (hd::bitonic_compare_swap under hd::topk_prefer) over P = next power of two ≥ t indices, and a
+/// second one over the first min(B, t) by position. Scratch per chunk row: sc, lg [n_pad] (double),
+/// idx [n_pad]. kept [kv_heads][rows][B] ascending, −1 padded.
+__global__ void oracle_select_kernel(const float* Q, const float* K, int group, long long n, int d, double scale,
+                                     long long B, int agg, const long long* steps, int rows, int r0, long long n_pad,
+                                     double* sc_all, double* lg_all, long long* idx_all, long long* kept) {
+  const int cr = blockIdx.x, r = r0 + cr, kvh = blockIdx.y, tid = threadIdx.x;
+  const long long t = steps[r];
+  const float* Kh = K + (long long)kvh * n * d;
+  const long long slot = (long long)kvh * gridDim.x + cr;
+  double* sc = sc_all + slot * n_pad;
+  double* lg = lg_all + slot * n_pad;
+  long long* idx = idx_all + slot * n_pad;
+  extern __shared__ double qd[];  // [d]
+  __shared__ double sm[kPolicyThreads], s1[kPolicyThreads], s2[kPolicyThreads];
+  for (long long j = tid; j < t; j += blockDim.x) sc[j] = 0.0;
+  for (int g = 0; g < group; ++g) {
+    const int h = kvh * group + g;
+    for (int i = tid; i < d; i += blockDim.x) qd[i] = scale * double(Q[((long long)h * n + (t - 1)) * d + i]);
+    __syncthreads();
+    hd::OnlineSoftmax<double> st;
+    for (long long j = tid; j < t; j += blockDim.x) {
+      const float* k = Kh + j * d;
+      double acc = 0.0;
+      for (int i = 0; i < d; ++i) acc += qd[i] * double(k[i]);
+      lg[j] = acc;
+      st.add(acc);
+    }
+    const hd::OnlineSoftmax<double> tot = block_merge(st, sm, s1, s2);
+    for (long long j = tid; j < t; j += blockDim.x) sc[j] = hd::group_combine(sc[j], tot.prob(lg[j]), agg);
+    __syncthreads();
+  }
+  long long P = 1;
+  while (P < t) P <<= 1;
+  for (long long j = tid; j < P; j += blockDim.x) idx[j] = j;
+  __syncthreads();
+  auto by_score = [&](long long a, long long b) {  // padding (≥ t) ranks last
+    if (a >= t || b >= t) return a < b;
+    return hd::topk_prefer(sc[a], a, sc[b], b);
+  };
+  for (long long k = 2; k <= P; k <<= 1)
+    for (long long j = k >> 1; j > 0; j >>= 1) {
+      for (long long i = tid; i < P; i += blockDim.x) hd::bitonic_compare_swap(idx, i, j, k, by_score);
+      __syncthreads();
+    }
+  const long long b = B < t ? B : t;
+  long long P2 = 1;
+  while (P2 < b) P2 <<= 1;
+  for (long long i = b + tid; i < P2; i += blockDim.x) idx[i] = n_pad + i;  // padding after every position
+  __syncthreads();
+  auto by_pos = [](long long a, long long c) { return a < c; };
+  for (long long k = 2; k <= P2; k <<= 1)
+    for (long long j = k >> 1; j > 0; j >>= 1) {
+      for (long long i = tid; i < P2; i += blockDim.x) hd::bitonic_compare_swap(idx, i, j, k, by_pos);
+      __syncthreads();
+    }
+  long long* kr = kept + ((long long)kvh * rows + r) * B;
+  for (long long i = tid; i < B; i += blockDim.x) kr[i] = i < b ? idx[i] : -1;
+}
+
 /// A BUZZ cache entry: token position and accumulated (group-aggregated) attention score.
 struct BuzzTok {
   long long pos;
@@ -307,8 +372,9 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
   require_device();
   const std::string& name = p.name;
-  if (name != "window" && name != "sink" && name != "h2o" && name != "uniform" && name != "buzz")
-    throw Error("cuda::replay_policy: policy '" + name + "' has no GPU replay yet (window, sink, h2o, uniform, buzz)");
+  if (name != "window" && name != "sink" && name != "h2o" && name != "uniform" && name != "buzz" && name != "oracle_topk")
+    throw Error("cuda::replay_policy: policy '" + name +
+                "' has no GPU replay yet (window, sink, h2o, uniform, buzz, oracle_topk)");
   if (steps.empty() || kv_heads < 1 || group < 1 || d < 1 || n < 1 || steps.front() < 1 || steps.back() > n)
     throw Error("cuda::replay_policy: bad shapes or steps");
   for (size_t i = 1; i < steps.size(); ++i)
@@ -316,6 +382,7 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   const long long cap = cuda::replay_capacity(p);
   bool ok = cap >= 1;
   if (name == "h2o") ok = ok && p.recent >= 0 && p.recent < p.budget;
+  else if (name == "oracle_topk") ok = ok && p.group_agg >= 0 && p.group_agg <= 2;
   else if (name == "uniform") ok = ok && p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
   else if (name == "buzz") ok = ok && p.sink >= 0 && p.window >= 1 && p.stride >= 2 && p.threshold >= p.stride;
   else ok = ok && p.sink >= 0 && p.window >= 1;
@@ -332,8 +399,23 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   const std::vector<long long> st(steps.begin(), steps.end());
   dst.upload(st.data(), st.size(), "copy steps");
   const size_t qbytes = size_t(d) * sizeof(float);
-  if (name == "window" || name == "sink" || name == "uniform") {
-    if (name == "uniform") {
+  if (name == "window" || name == "sink" || name == "uniform" || name == "oracle_topk") {
+    if (name == "oracle_topk") {
+      // Rows in chunks so the per-row scratch (score, logit, index: 24 bytes × n_pad) stays ≤ ~1 GiB.
+      long long n_pad = 1;
+      while (n_pad < n) n_pad <<= 1;
+      const long long per_row = 24 * n_pad * kv_heads;
+      const int chunk = int(std::max<long long>(1, std::min<long long>(rows, (1ll << 30) / per_row)));
+      DeviceBuffer<double> sc(size_t(chunk) * kv_heads * n_pad), lgd(size_t(chunk) * kv_heads * n_pad);
+      DeviceBuffer<long long> idx(size_t(chunk) * kv_heads * n_pad);
+      for (int r0 = 0; r0 < rows; r0 += chunk) {
+        const int cr = std::min(chunk, rows - r0);
+        oracle_select_kernel<<<dim3(cr, kv_heads), kPolicyThreads, size_t(d) * sizeof(double)>>>(
+            dq.p, dk.p, group, n, d, scale, cap, p.group_agg, dst.p, rows, r0, n_pad, sc.p, lgd.p, idx.p, dkept.p);
+        check(cudaGetLastError(), "oracle_select_kernel launch");
+      }
+      check(cudaDeviceSynchronize(), "oracle_select_kernel");
+    } else if (name == "uniform") {
       DeviceBuffer<unsigned long long> seeds(p.seeds.size());
       const std::vector<unsigned long long> sd(p.seeds.begin(), p.seeds.end());
       seeds.upload(sd.data(), sd.size(), "copy seeds");

@@ -81,10 +81,10 @@ class OracleTopK final : public Policy {
     std::vector<int64_t> idx(t);
     std::iota(idx.begin(), idx.end(), 0);
     const int64_t b = std::min(budget_, t);
-    // Ties broken by position so the choice is deterministic.
-    std::nth_element(idx.begin(), idx.begin() + (b - 1), idx.end(), [&](int64_t a, int64_t c) {
-      return score[a] != score[c] ? score[a] > score[c] : a < c;
-    });
+    // Ties broken by position so the choice is deterministic (hd::topk_prefer: the GPU replay's
+    // bitonic sort uses the same total order, so it selects the same set).
+    std::nth_element(idx.begin(), idx.begin() + (b - 1), idx.end(),
+                     [&](int64_t a, int64_t c) { return hd::topk_prefer(score[a], a, score[c], c); });
     idx.resize(b);
     std::sort(idx.begin(), idx.end());
     MatD keys(b, all_.keys().cols()), values(b, all_.keys().cols());
@@ -101,6 +101,13 @@ class OracleTopK final : public Policy {
     }
   }
   int64_t cache_tokens() const override { return std::min(budget_, all_.size()); }
+  std::optional<cuda::PolicyReplay> gpu_replay() const override {
+    cuda::PolicyReplay r;
+    r.name = "oracle_topk";
+    r.budget = budget_;
+    r.group_agg = group_agg_code(agg_);
+    return r;
+  }
 
  private:
   int64_t budget_;
