@@ -130,8 +130,8 @@ memory = 0.2
     REQUIRE(a.policies[p].rows.size() == b.policies[p].rows.size());
     for (size_t i = 0; i < a.policies[p].rows.size(); ++i) {
       const MetricRow &x = a.policies[p].rows[i], &y = b.policies[p].rows[i];
-      // window, sink, h2o, buzz, uniform and oracle_topk run on the GPU in the cuda run
-      // (Policy::gpu_replay), subgen and subgen_kcenter on the CPU.
+      // window, sink, h2o, buzz, uniform, oracle_topk and subgen_kcenter (streaming) run on the GPU
+      // in the cuda run (Policy::gpu_replay), subgen on the CPU.
       REQUIRE(x.cache_tokens == y.cache_tokens);
       REQUIRE(x.cache_bytes == y.cache_bytes);
       REQUIRE(rel(y.rel_err, x.rel_err) <= 1e-4 + 1e-6 / std::max(x.rel_err, 1e-2));
@@ -165,7 +165,7 @@ TEST_CASE("cuda: exact attention matches the CPU reference on stories260K", "[cu
 
 namespace {
 /// CPU policy (float32 policy precision, kv_head mode) vs cuda::replay_policy on every KV head of
-/// layer 0: answers ≤ 1e-4 relative, identical kept sets (in the same order for h2o, uniform, buzz),
+/// layer 0: answers ≤ 1e-4 relative, identical kept sets (in the same order for all but window/sink),
 /// uniform's τ̂ ≤ 1e-4 relative.
 void compare_policy(const StreamSource& src, const std::string& name, const Params& params, const cuda::PolicyReplay& gp,
                     const std::string& agg, const std::vector<int64_t>& steps) {
@@ -240,7 +240,7 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
 }
 }  // namespace
 
-TEST_CASE("cuda: uniform and buzz replayed on the GPU match the CPU policies", "[cuda]") {
+TEST_CASE("cuda: uniform buzz and k-center replayed on the GPU match the CPU policies", "[cuda]") {
   std::vector<int64_t> steps;
   for (int64_t t = 1; t <= 600; t += 5) steps.push_back(t);
   steps.push_back(600);
@@ -254,6 +254,19 @@ TEST_CASE("cuda: uniform and buzz replayed on the GPU match the CPU policies", "
     gu.budget = 96;
     for (int kvh = 0; kvh < 2; ++kvh) gu.seeds.push_back(derive_seed({77, uint64_t(kvh)}));
     compare_policy(src, "uniform", u, gu, "mean", steps);
+    for (bool weighted : {false, true}) {  // streaming k-center: 64 recent + 32 centers
+      Params kc;
+      kc.set("recent", int64_t(64));
+      kc.set("centers", int64_t(32));
+      kc.set("mode", std::string("streaming"));
+      kc.set("weighted", weighted);
+      cuda::PolicyReplay gk;
+      gk.name = "subgen_kcenter";
+      gk.recent = 64;
+      gk.budget = 32;
+      gk.weighted = weighted;
+      compare_policy(src, "subgen_kcenter", kc, gk, "mean", steps);
+    }
     for (bool log_scale : {false, true})
       for (auto [agg, code] : {std::pair{"mean", int(hd::kAggMean)}, std::pair{"max", int(hd::kAggMax)}}) {
         Params b;  // sink 4 + window 40 + T 60, stride 5: evictions every few dozen tokens

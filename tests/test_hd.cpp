@@ -331,3 +331,59 @@ TEST_CASE("hd: a bitonic network under topk_prefer selects the CPU oracle's top 
     REQUIRE(gpu == cpu);
   }
 }
+
+TEST_CASE("hd: kcenter_insert keeps at most k weighted centers more than 2R apart", "[hd]") {
+  // Charikar et al.'s invariants after every insertion: n ≤ k, distinct ids, weights summing to the
+  // tokens inserted, every pair of centers more than 2R apart (a new center is > 2R from all; each
+  // doubling round re-establishes it), R never shrinks.
+  Engine eng = make_engine({23});
+  boost::random::normal_distribution<double> nd(0, 1);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int d = 3 + trial % 6;
+    const int64_t k = trial % 9, n = 400;
+    MatF keys(n, d);
+    for (int64_t i = 0; i < n; ++i)
+      for (int c = 0; c < d; ++c) keys(i, c) = float(nd(eng) + 4 * (i % 5));  // 5 loose clusters
+    auto sq = [&](int64_t a, int64_t b) { return hd::key_sqdist(&keys(a, 0), &keys(b, 0), d); };
+    std::vector<int64_t> id(k + 1, -1);
+    std::vector<double> cnt(k + 1, 0);
+    int64_t m = 0;
+    double R = 0, last_R = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      int64_t joined = -2;
+      m = hd::kcenter_insert(id.data(), cnt.data(), m, R, k, t, 1.0, &joined, sq);
+      REQUIRE(m <= k);
+      REQUIRE(R >= last_R);
+      last_R = R;
+      if (k == 0) continue;
+      REQUIRE(joined >= -1);
+      REQUIRE(joined < m);
+      double total = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        total += cnt[i];
+        for (int64_t j = 0; j < i; ++j) {
+          REQUIRE(id[i] != id[j]);
+          if (R > 0) REQUIRE(std::sqrt(sq(id[i], id[j])) > 2 * R);
+        }
+      }
+      REQUIRE(total == double(t + 1));
+    }
+  }
+  // key_sqdist: symmetric, zero on itself, and the exact squared distance up to double rounding.
+  MatF a = MatF::Random(2, 37);
+  const double ex = (a.row(0).cast<long double>() - a.row(1).cast<long double>()).squaredNorm();
+  CHECK(hd::key_sqdist(&a(0, 0), &a(1, 0), 37) == hd::key_sqdist(&a(1, 0), &a(0, 0), 37));
+  CHECK(hd::key_sqdist(&a(0, 0), &a(0, 0), 37) == 0.0);
+  CHECK(std::abs(hd::key_sqdist(&a(0, 0), &a(1, 0), 37) - ex) <= 1e-14 * ex);
+}
+
+TEST_CASE("hd: kcenter_window_token is the ring's content", "[hd]") {
+  for (int64_t recent : {1, 3, 8}) {
+    std::vector<int64_t> ring(recent, -1);
+    for (int64_t t = 0; t < 40; ++t) {
+      ring[t % recent] = t;
+      const int64_t T = t + 1, w = std::min(T, recent);
+      for (int64_t j = 0; j < w; ++j) REQUIRE(hd::kcenter_window_token(T, recent, j) == ring[j]);
+    }
+  }
+}

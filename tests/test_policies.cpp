@@ -339,7 +339,7 @@ TEST_CASE("policies: the GPU replay adapter hands a replay's answers to the engi
                     Catch::Matchers::Contains("no GPU replay"));
 }
 
-TEST_CASE("policies: GPU replays of uniform and buzz carry tau estimates, cache sizes and kept order", "[policies][cuda]") {
+TEST_CASE("policies: GPU replays of uniform buzz and k-center carry tau, cache sizes, clusters and kept order", "[policies][cuda]") {
   // A stand-in with cuda::replay_policy's contract that steps a fresh CPU instance of the same policy
   // and writes its answers in the replay's layout (kept in answer order, padded to
   // replay_capacity; log_sum from uniform's τ̂ inverted). Through the adapter they must come back
@@ -355,10 +355,15 @@ TEST_CASE("policies: GPU replays of uniform and buzz carry tau estimates, cache 
   info.head_dim = 16;
   info.n_queries = 2;
   info.seed = 4242;
-  for (const std::string name : {"uniform", "buzz"}) {
+  for (const std::string name : {"uniform", "buzz", "subgen_kcenter"}) {
     Params prm;
     if (name == "uniform") prm.set("budget", int64_t(40));
-    else {
+    else if (name == "subgen_kcenter") {
+      prm.set("recent", int64_t(30));
+      prm.set("centers", int64_t(12));
+      prm.set("mode", std::string("streaming"));
+      prm.set("weighted", true);
+    } else {
       prm.set("window", int64_t(20));
       prm.set("threshold", int64_t(30));
       prm.set("stride", int64_t(3));
@@ -400,6 +405,7 @@ TEST_CASE("policies: GPU replays of uniform and buzz carry tau estimates, cache 
     const auto spec = cpu->gpu_replay();
     REQUIRE(spec.has_value());
     if (name == "uniform") CHECK((spec->budget == 40 && spec->seeds == std::vector<uint64_t>{4242}));
+    else if (name == "subgen_kcenter") CHECK((spec->recent == 30 && spec->budget == 12 && spec->weighted));
     else CHECK((spec->sink == 4 && spec->window == 20 && spec->threshold == 30 && spec->stride == 3 && spec->log_scale));
     MatD q(2, 16);
     std::vector<Answer> a(2), b(2);
@@ -416,6 +422,8 @@ TEST_CASE("policies: GPU replays of uniform and buzz carry tau estimates, cache 
       gpu->attend(t, q, &b, nullptr);
       INFO(name << " step " << t);
       REQUIRE(gpu->cache_tokens() == cpu->cache_tokens());
+      if (name == "subgen_kcenter") REQUIRE(gpu->clusters() == cpu->clusters());
+      else REQUIRE(std::isnan(gpu->clusters()));
       sizes_varied |= cpu->cache_tokens() != std::min<int64_t>(t, cuda::replay_capacity(*spec));
       for (int g = 0; g < 2; ++g) {
         REQUIRE(b[g].kept == a[g].kept);
@@ -426,6 +434,6 @@ TEST_CASE("policies: GPU replays of uniform and buzz carry tau estimates, cache 
       ++r;
     }
     CHECK(r == steps.size());
-    if (name == "buzz") CHECK(sizes_varied);  // the adapter must not assume a fixed-size cache
+    if (name != "uniform") CHECK(sizes_varied);  // the adapter must not assume a fixed-size cache
   }
 }

@@ -36,6 +36,8 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
 ///    (hd::reservoir_slot: the CPU policy's seed gives the CPU policy's samples);
 ///  - "buzz": sink + window + beehive body with `threshold` T and `stride` s, log_scale (BUZZ §3.5),
 ///    group_agg for the accumulated scores;
+///  - "subgen_kcenter" (streaming mode): the `recent` last tokens plus at most `budget` centers of
+///    the older keys by hd::kcenter_insert; `weighted` adds log(cluster size) to a center's logit;
 ///  - "oracle_topk": at each evaluated step the `budget` tokens of largest exact attention (the KV
 ///    group's by group_agg, undivided), ties to the older token (hd::topk_prefer); kept ascending.
 struct PolicyReplay {
@@ -46,13 +48,16 @@ struct PolicyReplay {
   std::vector<uint64_t> seeds;     ///< uniform: one per KV head
   int64_t threshold = 0, stride = 0;  ///< buzz: T and s
   bool log_scale = false;             ///< buzz: logits × log_512(t)
+  bool weighted = false;              ///< subgen_kcenter: center logits + log(cluster size)
 };
 
 /// Slots of the `kept` rows cuda::replay_policy returns for `p` (the most tokens its cache holds):
-/// budget (h2o, uniform, oracle_topk), sink + window (window, sink), sink + window + threshold (buzz).
+/// budget (h2o, uniform, oracle_topk), sink + window (window, sink), sink + window + threshold (buzz),
+/// recent + centers (subgen_kcenter).
 inline int64_t replay_capacity(const PolicyReplay& p) {
   if (p.name == "h2o" || p.name == "uniform" || p.name == "oracle_topk") return p.budget;
   if (p.name == "buzz") return p.sink + p.window + p.threshold;
+  if (p.name == "subgen_kcenter") return p.recent + p.budget;
   return p.sink + p.window;
 }
 

@@ -18,6 +18,9 @@
 //  - topk_prefer / bitonic_compare_swap: oracle_topk's order (larger score first, ties to the older
 //    position: a total order) and the compare-swap of a bitonic sorting network over it, so the GPU's
 //    parallel sort selects exactly the CPU's std::nth_element set.
+//  - key_sqdist / kcenter_insert: subgen_kcenter's streaming clustering (Charikar et al.'s doubling
+//    algorithm, SubGen ref. [3]) over token ids, with squared key distances summed in a fixed order
+//    with explicit fma, so CPU and GPU make bit-identical join/merge decisions.
 //  - buzz_evict: BUZZ's eviction (seeds/002 §3.3, Algorithm 2: local max sampling of new tokens,
 //    interval sampling of old ones), and buzz_log_scale (§3.5, Eq. 7-8).
 #pragma once
@@ -208,6 +211,100 @@ KVSIM_HD void bitonic_compare_swap(Key* keys, int64_t i, int64_t j, int64_t k, B
     keys[i] = b;
     keys[l] = a;
   }
+}
+
+/// ‖a − b‖² of two float32 keys of length d, in double, in a fixed order with explicit fma: eight
+/// lanes (element i into lane i mod 8, independent chains the CPU can overlap), combined pairwise;
+/// bit-identical wherever it is computed (no compiler-chosen contraction or reordering).
+KVSIM_HD double key_sqdist(const float* a, const float* b, int d) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int l = 0; l < 8; ++l) {
+      const double x = double(a[i + l]) - double(b[i + l]);  // exact: a difference of floats fits a double
+      acc[l] = fma(x, x, acc[l]);
+    }
+  for (int l = 0; i < d; ++i, ++l) {
+    const double x = double(a[i]) - double(b[i]);
+    acc[l] = fma(x, x, acc[l]);
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/// subgen_kcenter streaming (SubGen §3.2's practical variant; Charikar, Chekuri, Feder, Motwani's
+/// doubling algorithm, SubGen ref. [3]): token `new_id` (weight new_count) joins the nearest of the
+/// n centers (ids `id[0, n)`, weights `count`) when within 2R; otherwise it becomes a center, and
+/// while there are more than k centers R doubles and each center (in order) merges into the nearest
+/// earlier kept one within 2R (weights add). R starts, at the first overflow, at half the closest
+/// pair's distance (≥ 1e-12). sqdist(a, b) is ‖k_a − k_b‖² of the tokens with ids a and b (ties in
+/// "nearest" go to the lower index). Arrays hold ≥ k + 1 entries. Returns the new n; *joined is the
+/// center the token joined, or −1 when the center set changed.
+template <class SqDist>
+KVSIM_HD int64_t kcenter_insert(int64_t* id, double* count, int64_t n, double& radius, int64_t k, int64_t new_id,
+                                double new_count, int64_t* joined, SqDist sqdist) {
+  *joined = -1;
+  if (k == 0) return n;
+  if (n > 0 && radius > 0) {
+    int64_t best = 0;
+    double bd = INFINITY;
+    for (int64_t i = 0; i < n; ++i) {
+      const double dd = sqdist(id[i], new_id);
+      if (dd < bd) {
+        bd = dd;
+        best = i;
+      }
+    }
+    if (sqrt(bd) <= 2 * radius) {
+      count[best] += new_count;
+      *joined = best;
+      return n;
+    }
+  }
+  id[n] = new_id;
+  count[n] = new_count;
+  ++n;
+  if (n <= k) return n;
+  if (radius == 0) {
+    double md = INFINITY;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < i; ++j) {
+        const double dd = sqdist(id[i], id[j]);
+        if (dd < md) md = dd;
+      }
+    md = sqrt(md) / 2;
+    radius = md > 1e-12 ? md : 1e-12;
+  }
+  while (n > k) {
+    radius *= 2;
+    int64_t kept = 0;
+    for (int64_t c = 0; c < n; ++c) {  // in place: kept ≤ c
+      int64_t best = 0;
+      double bd = INFINITY;
+      for (int64_t j = 0; j < kept; ++j) {
+        const double dd = sqdist(id[j], id[c]);
+        if (dd < bd) {
+          bd = dd;
+          best = j;
+        }
+      }
+      if (sqrt(bd) <= 2 * radius) count[best] += count[c];
+      else {
+        id[kept] = id[c];
+        count[kept] = count[c];
+        ++kept;
+      }
+    }
+    n = kept;
+  }
+  return n;
+}
+
+/// subgen_kcenter streaming: the window token in ring row j (0 ≤ j < min(T, recent)) after T tokens —
+/// row t mod recent holds token t, so the rows hold the last `recent` tokens.
+KVSIM_HD int64_t kcenter_window_token(int64_t T, int64_t recent, int64_t j) {
+  if (T <= recent) return j;
+  const int64_t first = T - recent;  // oldest window token
+  return first + ((j - first % recent) % recent + recent) % recent;
 }
 
 /// group_agg codes shared by both paths.

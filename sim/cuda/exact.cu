@@ -180,7 +180,7 @@ std::string bench(bool quick) {
   // Policy replays (replay_policy): 32 KV heads × 1 query head each, 20% budgets, every 16th step
   // answered; head-steps per second = heads × n / seconds (host transfers included).
   out += "policy replays on the GPU (32 KV heads, head_dim 128, 20% budget, every 16th step answered):\n";
-  out += "policy        n     seconds  head-steps/s\n";
+  out += "policy              n     seconds  head-steps/s\n";
   {
     const long long n = quick ? 2048 : 8192;
     std::vector<float> Q(size_t(heads) * n * d), K(Q.size()), V(Q.size());
@@ -203,6 +203,8 @@ std::string bench(bool quick) {
     b.stride = 5;
     specs.push_back(b);
     specs.push_back({"oracle_topk", 0, 0, B, 0, 0});
+    cuda::PolicyReplay kc{"subgen_kcenter", 0, 0, B / 2, B - B / 2, 0};  // streaming: recent + centers = B
+    specs.push_back(kc);
     for (const auto& p : specs) {
       std::vector<float> z;
       std::vector<double> ls;
@@ -211,7 +213,7 @@ std::string bench(bool quick) {
       auto t0 = std::chrono::steady_clock::now();
       cuda_impl::replay_policy(p, Q.data(), K.data(), V.data(), heads, 1, n, d, 1.0 / std::sqrt(double(d)), steps, z, ls, kept, cap);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::snprintf(buf, sizeof buf, "%-8s %6lld %11.3f %13.0f\n", p.name.c_str(), n, s, double(heads) * n / s);
+      std::snprintf(buf, sizeof buf, "%-14s %6lld %11.3f %13.0f\n", p.name.c_str(), n, s, double(heads) * n / s);
       out += buf;
     }
   }

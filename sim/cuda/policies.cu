@@ -3,7 +3,8 @@
 //  - selection, then kept_attend_kernel: policies whose cache does not depend on attention get their
 //    kept token lists first — window / sink (StreamingLLM) in closed form (hd::sink_window_token),
 //    uniform by its Philox reservoir (hd::reservoir_slot, one thread per KV head walking the stream),
-//    oracle_topk by a bitonic sort of the exact attention (hd::topk_prefer) — and one generic kernel then answers every (evaluated step, KV head) as an independent thread
+//    oracle_topk by a bitonic sort of the exact attention (hd::topk_prefer), subgen_kcenter's
+//    streaming clustering (hd::kcenter_insert) — and one generic kernel then answers every (evaluated step, KV head) as an independent thread
 //    block: the group's logits over the kept tokens (fp32), a block-merged hd::OnlineSoftmax in
 //    double (the CPU's policy_precision = "float32"), and the output (one thread per dimension).
 //  - fused state machines, one thread block per KV head over t = 0..n−1, for the policies whose
@@ -19,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,15 +36,17 @@ constexpr int kPolicyThreads = 128;
 /// Attention of each query head of a KV group over a kept token list: grid (rows, kv_heads).
 /// Q [kv_heads·group][n][d], K, V [kv_heads][n][d]; kept [kv_heads][rows][cap] token positions,
 /// −1 entries skipped. Outputs z [kv_heads·group][rows][d], log_sum [kv_heads·group][rows] (log Σ
-/// exp of the logits over the kept tokens). Scratch lg [kv_heads][rows][cap].
+/// exp of the logits over the kept tokens). bias (nullable) [kv_heads][rows][cap] is added to the
+/// logits (subgen_kcenter's weighted centers). Scratch lg [kv_heads][rows][cap].
 __global__ void kept_attend_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d,
                                    float scale, const long long* steps, int rows, const long long* kept, long long cap,
-                                   float* z, double* log_sum, float* lg) {
+                                   const double* bias, float* z, double* log_sum, float* lg) {
   const int r = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x;
   const long long t = steps[r];
   const float* Kh = K + (long long)kvh * n * d;
   const float* Vh = V + (long long)kvh * n * d;
   const long long* kr = kept + ((long long)kvh * rows + r) * cap;
+  const double* br = bias ? bias + ((long long)kvh * rows + r) * cap : nullptr;
   float* lgr = lg + ((long long)kvh * rows + r) * cap;
   extern __shared__ float qs[];  // [d]
   __shared__ double sm[kPolicyThreads], s1[kPolicyThreads], s2[kPolicyThreads];
@@ -57,13 +61,13 @@ __global__ void kept_attend_kernel(const float* Q, const float* K, const float* 
       float acc = 0.f;
       for (int i = 0; i < d; ++i) acc += qs[i] * k[i];
       lgr[j] = acc;
-      st.add(double(acc));
+      st.add(double(acc) + (br ? br[j] : 0.0));
     }
     const hd::OnlineSoftmax<double> tot = block_merge(st, sm, s1, s2);  // also orders lgr's writes
     for (int i = tid; i < d; i += blockDim.x) {
       double acc = 0.0;
       for (long long j = 0; j < cap; ++j)
-        if (kr[j] >= 0) acc += tot.prob(double(lgr[j])) * double(Vh[kr[j] * d + i]);
+        if (kr[j] >= 0) acc += tot.prob(double(lgr[j]) + (br ? br[j] : 0.0)) * double(Vh[kr[j] * d + i]);
       z[((long long)h * rows + r) * d + i] = float(acc);
     }
     if (tid == 0) log_sum[(long long)h * rows + r] = tot.log_tau();
@@ -256,6 +260,59 @@ __global__ void oracle_select_kernel(const float* Q, const float* K, int group, 
   for (long long i = tid; i < B; i += blockDim.x) kr[i] = i < b ? idx[i] : -1;
 }
 
+/// subgen_kcenter streaming: grid (kv_heads); thread 0 walks the stream, each token leaving the
+/// `recent` window joining the centers by hd::kcenter_insert (distances hd::key_sqdist of the
+/// recorded keys: the CPU policy's decisions bit for bit); at each evaluated step the block writes
+/// the kept list in the CPU's order — window ring rows (hd::kcenter_window_token), then the centers —
+/// and the logit bias (log cluster size when weighted). Scratch id_all, count_all [kv_heads][kc + 1].
+/// (Sequential per KV head: one thread's O(k·d) nearest-center scan per token; the first version.)
+__global__ void kcenter_select_kernel(const float* K, long long n, int d, long long recent, long long kc, bool weighted,
+                                      const long long* steps, int rows, long long cap, int64_t* id_all,
+                                      double* count_all, long long* kept, double* bias) {
+  const int kvh = blockIdx.x, tid = threadIdx.x;
+  const float* Kh = K + (long long)kvh * n * d;
+  int64_t* id = id_all + (long long)kvh * (kc + 1);
+  double* count = count_all + (long long)kvh * (kc + 1);
+  __shared__ long long n_c;
+  __shared__ double radius;
+  if (tid == 0) {
+    n_c = 0;
+    radius = 0.0;
+  }
+  __syncthreads();
+  auto sqdist = [&](int64_t a, int64_t b) { return hd::key_sqdist(Kh + a * d, Kh + b * d, d); };
+  long long t0 = 0;
+  for (int r = 0; r < rows; ++r) {
+    const long long T = steps[r];
+    if (tid == 0) {
+      double R = radius;
+      int64_t nc = n_c, joined = -1;
+      for (long long t = t0; t < T; ++t)
+        if (t >= recent) nc = hd::kcenter_insert(id, count, nc, R, kc, t - recent, 1.0, &joined, sqdist);
+      n_c = nc;
+      radius = R;
+    }
+    t0 = T;
+    __syncthreads();
+    const long long w = T < recent ? T : recent, m = w + n_c;
+    long long* kr = kept + ((long long)kvh * rows + r) * cap;
+    double* br = bias + ((long long)kvh * rows + r) * cap;
+    for (long long j = tid; j < cap; j += blockDim.x) {
+      if (j < w) {
+        kr[j] = hd::kcenter_window_token(T, recent, j);
+        br[j] = 0.0;
+      } else if (j < m) {
+        kr[j] = id[j - w];
+        br[j] = weighted ? log(count[j - w]) : 0.0;
+      } else {
+        kr[j] = -1;
+        br[j] = 0.0;
+      }
+    }
+    __syncthreads();
+  }
+}
+
 /// A BUZZ cache entry: token position and accumulated (group-aggregated) attention score.
 struct BuzzTok {
   long long pos;
@@ -372,9 +429,10 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
   require_device();
   const std::string& name = p.name;
-  if (name != "window" && name != "sink" && name != "h2o" && name != "uniform" && name != "buzz" && name != "oracle_topk")
+  if (name != "window" && name != "sink" && name != "h2o" && name != "uniform" && name != "buzz" &&
+      name != "oracle_topk" && name != "subgen_kcenter")
     throw Error("cuda::replay_policy: policy '" + name +
-                "' has no GPU replay yet (window, sink, h2o, uniform, buzz, oracle_topk)");
+                "' has no GPU replay yet (window, sink, h2o, uniform, buzz, oracle_topk, subgen_kcenter)");
   if (steps.empty() || kv_heads < 1 || group < 1 || d < 1 || n < 1 || steps.front() < 1 || steps.back() > n)
     throw Error("cuda::replay_policy: bad shapes or steps");
   for (size_t i = 1; i < steps.size(); ++i)
@@ -383,6 +441,7 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   bool ok = cap >= 1;
   if (name == "h2o") ok = ok && p.recent >= 0 && p.recent < p.budget;
   else if (name == "oracle_topk") ok = ok && p.group_agg >= 0 && p.group_agg <= 2;
+  else if (name == "subgen_kcenter") ok = ok && p.recent >= 1 && p.budget >= 0;
   else if (name == "uniform") ok = ok && p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
   else if (name == "buzz") ok = ok && p.sink >= 0 && p.window >= 1 && p.stride >= 2 && p.threshold >= p.stride;
   else ok = ok && p.sink >= 0 && p.window >= 1;
@@ -399,8 +458,17 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   const std::vector<long long> st(steps.begin(), steps.end());
   dst.upload(st.data(), st.size(), "copy steps");
   const size_t qbytes = size_t(d) * sizeof(float);
-  if (name == "window" || name == "sink" || name == "uniform" || name == "oracle_topk") {
-    if (name == "oracle_topk") {
+  if (name == "window" || name == "sink" || name == "uniform" || name == "oracle_topk" || name == "subgen_kcenter") {
+    std::unique_ptr<DeviceBuffer<double>> bias;
+    if (name == "subgen_kcenter") {
+      bias = std::make_unique<DeviceBuffer<double>>(size_t(kv_heads) * rows * cap);
+      DeviceBuffer<int64_t> ids(size_t(kv_heads) * (p.budget + 1));
+      DeviceBuffer<double> counts(size_t(kv_heads) * (p.budget + 1));
+      kcenter_select_kernel<<<kv_heads, kPolicyThreads>>>(dk.p, n, d, p.recent, p.budget, p.weighted, dst.p, rows, cap,
+                                                          ids.p, counts.p, dkept.p, bias->p);
+      check(cudaGetLastError(), "kcenter_select_kernel launch");
+      check(cudaDeviceSynchronize(), "kcenter_select_kernel");
+    } else if (name == "oracle_topk") {
       // Rows in chunks so the per-row scratch (score, logit, index: 24 bytes × n_pad) stays ≤ ~1 GiB.
       long long n_pad = 1;
       while (n_pad < n) n_pad <<= 1;
@@ -429,7 +497,8 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
     }
     DeviceBuffer<float> lg(size_t(kv_heads) * rows * cap);
     kept_attend_kernel<<<dim3(rows, kv_heads), kPolicyThreads, qbytes>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), dst.p,
-                                                                         rows, dkept.p, cap, dz.p, dls.p, lg.p);
+                                                                         rows, dkept.p, cap, bias ? bias->p : nullptr,
+                                                                         dz.p, dls.p, lg.p);
     check(cudaGetLastError(), "kept_attend_kernel launch");
     check(cudaDeviceSynchronize(), "kept_attend_kernel");
   } else if (name == "h2o") {

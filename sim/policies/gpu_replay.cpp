@@ -1,5 +1,5 @@
 // `[eval] device = "cuda"`: a policy with a GPU replay (Policy::gpu_replay: window, sink, h2o,
-// uniform, buzz) runs on the GPU for a whole cell at once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands
+// uniform, buzz, oracle_topk, subgen_kcenter streaming) runs on the GPU for a whole cell at once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands
 // the GPU's answers to the engine at the evaluated steps, so metrics, memory checks and results are
 // computed exactly as for the CPU policies. policy_ns then holds the cell's replay time (host
 // transfers included) at the first evaluated step and near zero after it.
@@ -19,7 +19,7 @@ class GpuReplayPolicy final : public Policy {
       : cpu_(std::move(cpu)), spec_(std::move(spec)), Q_(std::move(Q)), K_(K), V_(V), scale_(scale),
         steps_(std::move(steps)), replay_fn_(replay ? std::move(replay) : PolicyReplayFn(cuda::replay_policy)) {
     cap_ = cuda::replay_capacity(spec_);
-    fixed_size_ = spec_.name != "buzz";
+    fixed_size_ = spec_.name != "buzz" && spec_.name != "subgen_kcenter";
   }
 
   void observe(int64_t t, const float*, const float*) override {
@@ -38,6 +38,7 @@ class GpuReplayPolicy final : public Policy {
     for (int64_t s = 0; s < kept_cap_; ++s)
       if (const int64_t x = kept_[row_ * size_t(kept_cap_) + size_t(s)]; x >= 0) kept.push_back(x);
     last_count_ = int64_t(kept.size());
+    last_t_ = t;
     for (int g = 0; g < G; ++g) {
       Answer& a = (*out)[g];
       a.z = Eigen::Map<const VecF>(z_.data() + (size_t(g) * rows + row_) * d, d).cast<double>();
@@ -48,10 +49,16 @@ class GpuReplayPolicy final : public Policy {
     }
   }
 
-  /// Fixed-size caches: min(t, capacity) at every step; buzz: the size at the last answered step
+  /// Fixed-size caches: min(t, capacity) at every step; buzz, subgen_kcenter: the size at the last
+  /// answered step
   /// (the engine reads it at evaluated steps, right after attend()).
   int64_t cache_tokens() const override { return fixed_size_ ? std::min(seen_, cap_) : last_count_; }
   bool capacity_matched() const override { return cpu_->capacity_matched(); }
+  /// subgen_kcenter: its centers (the kept tokens beyond the window) at the last answered step.
+  double clusters() const override {
+    if (spec_.name != "subgen_kcenter") return cpu_->clusters();
+    return double(last_count_ - std::min(last_t_, spec_.recent));
+  }
 
  private:
   void replay() {
@@ -77,7 +84,7 @@ class GpuReplayPolicy final : public Policy {
   std::vector<float> z_;
   std::vector<double> log_sum_;
   std::vector<int64_t> kept_;
-  int64_t kept_cap_ = 0, cap_ = 0, seen_ = 0, last_count_ = 0;
+  int64_t kept_cap_ = 0, cap_ = 0, seen_ = 0, last_count_ = 0, last_t_ = 0;
   bool fixed_size_ = true;
   size_t row_ = 0;
 };

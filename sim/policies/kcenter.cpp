@@ -7,10 +7,13 @@
 // log(cluster size), so a center stands for all the keys it absorbed in the softmax.
 #include <cmath>
 #include <deque>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "factories.hpp"
 #include "kvsim/clustering.hpp"
 #include "kvsim/error.hpp"
+#include "kvsim/hd.hpp"
 
 namespace kvsim::policies {
 namespace {
@@ -18,6 +21,7 @@ namespace {
 struct Entry {
   int64_t pos;
   VecD k, v;
+  VecF kf;           // the recorded float32 key (streaming mode's distances: hd::key_sqdist)
   double count = 1;  // keys this entry stands for
 };
 
@@ -31,6 +35,7 @@ class KCenterPolicy final : public Policy {
     e.pos = t;
     e.k = Eigen::Map<const VecF>(kp, dim_).cast<double>();
     e.v = Eigen::Map<const VecF>(vp, dim_).cast<double>();
+    if (streaming_) e.kf = Eigen::Map<const VecF>(kp, dim_);
     const int64_t n_seen = t + 1;
     if (streaming_) {
       // The window is the last `recent` tokens: token t takes ring row t mod recent of the
@@ -40,6 +45,8 @@ class KCenterPolicy final : public Policy {
         V_.resize(recent_ + k_, dim_);
         bias_ = VecD::Zero(recent_ + k_);
         pos_.assign(size_t(recent_ + k_), -1);
+        cid_.assign(size_t(k_ + 1), -1);
+        ccount_.assign(size_t(k_ + 1), 0.0);
       }
       const int64_t row = t % recent_;
       K_.row(row) = e.k.transpose();
@@ -100,13 +107,13 @@ class KCenterPolicy final : public Policy {
   /// Streaming mode: the window rows are written as tokens arrive (observe) and the center rows
   /// only when the centers changed (centers_version_), instead of gathering every entry per step.
   void attend_streaming(const MatD& q, std::vector<Answer>& out) {
-    const int64_t w = int64_t(window_.size()), c = int64_t(centers_.size());
+    const int64_t w = int64_t(window_.size()), c = n_centers_;
     if (gathered_version_ != centers_version_) {
       for (int64_t i = 0; i < c; ++i) {
-        const Entry& e = centers_[size_t(i)];
+        const Entry& e = store_.at(cid_[size_t(i)]);
         K_.row(recent_ + i) = e.k.transpose();
         V_.row(recent_ + i) = e.v.transpose();
-        bias_[recent_ + i] = weighted_ ? std::log(e.count) : 0.0;
+        bias_[recent_ + i] = weighted_ ? std::log(ccount_[size_t(i)]) : 0.0;
         pos_[size_t(recent_ + i)] = e.pos;
       }
       gathered_version_ = centers_version_;
@@ -130,8 +137,17 @@ class KCenterPolicy final : public Policy {
     }
   }
 
-  int64_t cache_tokens() const override { return int64_t(centers_.size() + window_.size()); }
-  double clusters() const override { return double(centers_.size()); }
+  int64_t cache_tokens() const override { return n_center_entries() + int64_t(window_.size()); }
+  double clusters() const override { return double(n_center_entries()); }
+  std::optional<cuda::PolicyReplay> gpu_replay() const override {
+    if (!streaming_) return std::nullopt;  // the prefill form stays on the CPU
+    cuda::PolicyReplay r;
+    r.name = "subgen_kcenter";
+    r.recent = recent_;
+    r.budget = k_;
+    r.weighted = weighted_;
+    return r;
+  }
   bool capacity_matched() const override { return true; }
 
  private:
@@ -170,45 +186,31 @@ class KCenterPolicy final : public Policy {
     for (const auto& e : old) centers_[nearest_row(ck, e.k)].count += 1;
   }
 
-  /// Charikar et al.'s doubling algorithm: a point within 2R of a center joins it; otherwise it
-  /// becomes a center; with more than k centers, R doubles and centers within 2R of an earlier
-  /// kept center merge into it (counts add).
+  int64_t n_center_entries() const { return streaming_ ? n_centers_ : int64_t(centers_.size()); }
+
+  /// Charikar et al.'s doubling algorithm (hd::kcenter_insert, shared with the GPU replay): a point
+  /// within 2R of a center joins it; otherwise it becomes a center; with more than k centers, R
+  /// doubles and centers within 2R of an earlier kept center merge into it (counts add). Distances
+  /// are hd::key_sqdist of the recorded float32 keys, so both paths decide identically.
   void insert_streaming(Entry e) {
     if (k_ == 0) return;
-    if (!centers_.empty() && radius_ > 0) {
-      size_t i = nearest(e.k);
-      if ((centers_[i].k - e.k).norm() <= 2 * radius_) {
-        centers_[i].count += e.count;
-        if (weighted_) ++centers_version_;  // its log-count bias changed
-        return;
-      }
+    const int64_t id = e.pos;
+    const double w = e.count;
+    const float* key = store_.emplace(id, std::move(e)).first->second.kf.data();  // node-based: address stable
+    if (int64_t(kptr_.size()) <= id) kptr_.resize(size_t(id) + 1, nullptr);
+    kptr_[size_t(id)] = key;
+    auto sqdist = [this](int64_t a, int64_t b) { return hd::key_sqdist(kptr_[size_t(a)], kptr_[size_t(b)], dim_); };
+    int64_t joined = -1;
+    n_centers_ = hd::kcenter_insert(cid_.data(), ccount_.data(), n_centers_, radius_, k_, id, w, &joined, sqdist);
+    if (joined >= 0) {
+      store_.erase(id);
+      if (weighted_) ++centers_version_;  // its log-count bias changed
+      return;
     }
     ++centers_version_;
-    centers_.push_back(std::move(e));
-    if (int64_t(centers_.size()) <= k_) return;
-    if (radius_ == 0) {  // initialise R from the closest pair of the first k + 1 centers
-      double md = INFINITY;
-      for (size_t i = 0; i < centers_.size(); ++i)
-        for (size_t j = 0; j < i; ++j) md = std::min(md, (centers_[i].k - centers_[j].k).norm());
-      radius_ = std::max(md / 2, 1e-12);
-    }
-    while (int64_t(centers_.size()) > k_) {
-      radius_ *= 2;
-      std::vector<Entry> kept;
-      for (auto& c : centers_) {
-        size_t best = 0;
-        double bd = INFINITY;
-        for (size_t j = 0; j < kept.size(); ++j) {
-          double d = (kept[j].k - c.k).norm();
-          if (d < bd) {
-            bd = d;
-            best = j;
-          }
-        }
-        if (bd <= 2 * radius_) kept[best].count += c.count;
-        else kept.push_back(std::move(c));
-      }
-      centers_ = std::move(kept);
+    if (int64_t(store_.size()) > n_centers_) {  // merged centers leave the store
+      std::unordered_set<int64_t> live(cid_.begin(), cid_.begin() + n_centers_);
+      for (auto it = store_.begin(); it != store_.end();) it = live.count(it->first) ? std::next(it) : store_.erase(it);
     }
   }
 
@@ -224,6 +226,13 @@ class KCenterPolicy final : public Policy {
   VecD bias_, logits_;
   std::vector<int64_t> pos_;
   uint64_t centers_version_ = 1, gathered_version_ = 0;
+  // Streaming mode's centers (hd::kcenter_insert): ids (token positions) and weights in slots
+  // [0, n_centers_), each id's entry in store_.
+  std::vector<int64_t> cid_;
+  std::vector<double> ccount_;
+  int64_t n_centers_ = 0;
+  std::unordered_map<int64_t, Entry> store_;
+  std::vector<const float*> kptr_;  // key of each stored id, by token position (valid while stored)
 };
 
 }  // namespace
