@@ -82,8 +82,67 @@ struct Json {
 
 }  // namespace
 
+/// `kvsim bench --device cuda`, end to end (issue "GPU path"): a synthetic 7B-shaped recording (32
+/// layers × 32 heads, MHA, n = 8192, head_dim 128; quick: 2 layers, n = 2048) through every policy at
+/// 20% memory, every 16th step evaluated, with `[eval] device = "cuda"` (exact reference and the
+/// policies with a GPU replay on the GPU; subgen, exact and the metrics on the CPU) against the CPU
+/// path on the same machine. The CPU run replays layer 0 only and is scaled by the layer count
+/// (layers are independent cells of equal cost): a measured figure times L, printed as such.
+std::string e2e_bench(const BenchOptions& o, int threads) {
+  const int64_t n = o.quick ? 2048 : 8192;
+  const int L = o.quick ? 2 : 32;
+  Experiment ex;
+  ex.data.synthetic = true;
+  ex.data.synth.preset = "heavy_hitter";
+  ex.data.synth.n = n;
+  ex.data.synth.head_dim = 128;
+  ex.data.synth.n_layers = L;
+  ex.data.synth.n_heads = 32;
+  ex.data.synth.n_kv_heads = 32;
+  ex.eval.every = 16;
+  ex.eval.policy_precision = "float32";  // the GPU replays mirror the CPU's float32 policy arithmetic
+  auto P = [](std::initializer_list<std::pair<std::string, ParamValue>> kv) {
+    Params p;
+    for (auto& [k, v] : kv) p.set(k, v);
+    return p;
+  };
+  ex.policies = {
+      {"exact", "exact", P({})},
+      {"window", "window", P({{"budget", 0.2}})},
+      {"sink", "sink", P({{"budget", 0.2}})},
+      {"h2o", "h2o", P({{"budget", 0.2}})},
+      {"buzz", "buzz", P({{"memory", 0.2}})},
+      {"uniform", "uniform", P({{"budget", 0.2}})},
+      {"oracle_topk", "oracle_topk", P({{"budget", 0.2}})},
+      {"subgen_kcenter", "subgen_kcenter", P({{"memory", 0.2}})},
+      {"subgen", "subgen", P({{"memory", 0.2}})},
+  };
+  SynthSource src(ex.data.synth);
+  Experiment gpu = ex;
+  gpu.eval.device = "cuda";
+  auto t0 = Clock::now();
+  run_experiment(gpu, src, threads);
+  const double g = seconds_since(t0);
+  Experiment cpu = ex;
+  cpu.data.layers = {0};
+  t0 = Clock::now();
+  run_experiment(cpu, src, threads);
+  const double c1 = seconds_since(t0);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "\nend to end: synthetic %d layers x 32 heads x n = %lld x head_dim 128, 9 policies at 20%% memory, every 16th "
+                "step, %d threads:\n"
+                "  --device cuda (all %d layers)      %9.1f s\n"
+                "  CPU path (layer 0: %.1f s) x %d    %9.1f s   (GPU speed-up %.1fx)\n",
+                L, (long long)n, threads, L, g, c1, L, c1 * L, c1 * L / g);
+  return buf;
+}
+
 std::string run_bench(const BenchOptions& o) {
-  if (o.device == "cuda") return cuda::bench(o.quick);
+  if (o.device == "cuda") {
+    const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    return cuda::bench(o.quick) + e2e_bench(o, N);
+  }
   std::ostringstream out;
   Json js;
   char buf[256];

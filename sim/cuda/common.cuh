@@ -17,11 +17,28 @@ inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
+/// Waits for this host thread's stream (the module is built with --default-stream=per-thread:
+/// kernels and copies of one thread never wait for another's; cudaDeviceSynchronize would).
+inline void sync(const char* what) { check(cudaStreamSynchronize(cudaStreamPerThread), what); }
+
+/// Device memory from the stream-ordered allocator of this thread's stream (cudaMallocAsync: no
+/// device-wide synchronization at free, unlike cudaFree), or cudaMalloc where pools are unsupported.
 template <class T>
 struct DeviceBuffer {
   T* p = nullptr;
-  explicit DeviceBuffer(size_t n) { check(cudaMalloc(&p, n * sizeof(T) + 1), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(p); }
+  bool async = true;
+  explicit DeviceBuffer(size_t n) {
+    const size_t bytes = n * sizeof(T) + 1;
+    if (cudaMallocAsync(reinterpret_cast<void**>(&p), bytes, cudaStreamPerThread) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the error; fall back to the synchronous allocator
+      async = false;
+      check(cudaMalloc(&p, bytes), "cudaMalloc");
+    }
+  }
+  ~DeviceBuffer() {
+    if (async) cudaFreeAsync(p, cudaStreamPerThread);
+    else cudaFree(p);
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   void upload(const T* h, size_t n, const char* what) { check(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice), what); }

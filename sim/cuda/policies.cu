@@ -467,7 +467,7 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
       kcenter_select_kernel<<<kv_heads, kPolicyThreads>>>(dk.p, n, d, p.recent, p.budget, p.weighted, dst.p, rows, cap,
                                                           ids.p, counts.p, dkept.p, bias->p);
       check(cudaGetLastError(), "kcenter_select_kernel launch");
-      check(cudaDeviceSynchronize(), "kcenter_select_kernel");
+      sync("kcenter_select_kernel");
     } else if (name == "oracle_topk") {
       // Rows in chunks so the per-row scratch (score, logit, index: 24 bytes × n_pad) stays ≤ ~1 GiB.
       long long n_pad = 1;
@@ -482,7 +482,7 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
             dq.p, dk.p, group, n, d, scale, cap, p.group_agg, dst.p, rows, r0, n_pad, sc.p, lgd.p, idx.p, dkept.p);
         check(cudaGetLastError(), "oracle_select_kernel launch");
       }
-      check(cudaDeviceSynchronize(), "oracle_select_kernel");
+      sync("oracle_select_kernel");
     } else if (name == "uniform") {
       DeviceBuffer<unsigned long long> seeds(p.seeds.size());
       const std::vector<unsigned long long> sd(p.seeds.begin(), p.seeds.end());
@@ -490,7 +490,7 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
       DeviceBuffer<long long> pos(size_t(kv_heads) * cap);
       uniform_select_kernel<<<kv_heads, kPolicyThreads>>>(seeds.p, cap, dst.p, rows, pos.p, dkept.p);
       check(cudaGetLastError(), "uniform_select_kernel launch");
-      check(cudaDeviceSynchronize(), "uniform_select_kernel");
+      sync("uniform_select_kernel");
     } else {
       sink_window_select_kernel<<<dim3(rows, kv_heads), kPolicyThreads>>>(p.sink, p.window, dst.p, rows, dkept.p);
       check(cudaGetLastError(), "sink_window_select_kernel launch");
@@ -500,18 +500,18 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
                                                                          rows, dkept.p, cap, bias ? bias->p : nullptr,
                                                                          dz.p, dls.p, lg.p);
     check(cudaGetLastError(), "kept_attend_kernel launch");
-    check(cudaDeviceSynchronize(), "kept_attend_kernel");
+    sync("kept_attend_kernel");
   } else if (name == "h2o") {
     DeviceBuffer<long long> pos(size_t(kv_heads) * cap);
     DeviceBuffer<double> score(size_t(kv_heads) * cap), pr(size_t(kv_heads) * cap);
     DeviceBuffer<float> lg(size_t(kv_heads) * group * cap);
     DeviceBuffer<int> err(1);
-    check(cudaMemset(err.p, 0, sizeof(int)), "memset");
+    check(cudaMemsetAsync(err.p, 0, sizeof(int), cudaStreamPerThread), "memset");
     h2o_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), cap, p.recent,
                                                      p.group_agg, dst.p, rows, dz.p, dls.p, dkept.p, pos.p, score.p,
                                                      pr.p, lg.p, err.p);
     check(cudaGetLastError(), "h2o_kernel launch");
-    check(cudaDeviceSynchronize(), "h2o_kernel");
+    sync("h2o_kernel");
     int e = 0;
     err.download(&e, 1, "copy error flag");
     if (e) throw Error("cuda::replay_policy: h2o found no evictable token (recent window ≥ budget)");
@@ -526,7 +526,7 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
                                                       dz.p, dls.p, dkept.p, cap, sk.p, ring.p, neu.p, old.p, lst.p,
                                                       pr.p, lg.p);
     check(cudaGetLastError(), "buzz_kernel launch");
-    check(cudaDeviceSynchronize(), "buzz_kernel");
+    sync("buzz_kernel");
   }
   z.resize(size_t(H) * rows * d);
   dz.download(z.data(), z.size(), "copy z");
