@@ -29,7 +29,7 @@ int cmd_run(const std::string& config, std::string out, int threads, std::vector
   Experiment ex = load_experiment(config, sets);
   if (ex.eval.device == "cuda") {
     cuda::require_device();  // a clear error before anything is computed or written
-    std::cerr << "kvsim run: exact reference on " << cuda::device_description() << "\n";
+    std::cerr << "kvsim run: exact reference and policy replays on " << cuda::device_description() << "\n";
   }
   if (out.empty()) out = "results/" + ex.name;
   auto src = open_source(ex.data);
