@@ -1,10 +1,9 @@
 #include "kvsim/subgen.hpp"
 
-#include <boost/random/bernoulli_distribution.hpp>
-#include <boost/random/uniform_01.hpp>
 #include <cmath>
 
 #include "kvsim/error.hpp"
+#include "kvsim/hd.hpp"
 
 namespace kvsim {
 
@@ -21,7 +20,7 @@ int64_t theorem1_t(double eps, double delta, double r, int64_t n, double c_t) {
 }
 
 SubGen::SubGen(const SubGenConfig& cfg, int d, uint64_t seed)
-    : cfg_(cfg), d_(d), eng_(seed), delta_(cfg.delta), reps_(16, d), rep_sqnorm_(16), samples_(16 * cfg.t, d), mk_(cfg.s, d), mv_(cfg.s, d),
+    : cfg_(cfg), d_(d), seed_(seed), delta_(cfg.delta), reps_(16, d), reps_f_(16, d), rep_sqnorm_(16), samples_(16 * cfg.t, d), mk_(cfg.s, d), mv_(cfg.s, d),
       mv_sqnorm_(VecD::Zero(cfg.s)), m_index_(cfg.s, -1) {
   if (!(cfg.delta >= 0)) throw Error("subgen: delta must be ≥ 0");
   if (cfg.s < 1 || cfg.t < 1) throw Error("subgen: s and t must be ≥ 1");
@@ -33,28 +32,28 @@ SubGen::SubGen(const SubGenConfig& cfg, int d, uint64_t seed)
 void SubGen::update(int64_t index, const float* kp, const float* vp) {
   Eigen::Map<const VecF> kf(kp, d_), vf(vp, d_);
   const VecD k = kf.cast<double>(), v = vf.cast<double>();
-  boost::random::uniform_01<double> u01;
+  // Every coin flip is hd::philox_u01 at (seed, token, slot, kind): a pure function, so the GPU
+  // replay (sim/cuda/policies.cu) flips the same coins.
+  const uint32_t tok = uint32_t(index);
 
   // Line 4: UPDATESOFTMAXNORMALIZER(D, δ, t, k).
   const int64_t m = clusters();
   int64_t best = -1;
   double best_d2 = INFINITY;
-  if (m > 0) {
-    // ‖x_i − k‖² = ‖x_i‖² − 2<x_i, k> + ‖k‖², for all representatives at once (line 12).
-    VecD d2 = rep_sqnorm_.head(m) - 2.0 * (reps_.topRows(m) * k);
-    d2.array() += k.squaredNorm();
-    Eigen::Index arg;
-    best_d2 = std::max(0.0, d2.minCoeff(&arg));
-    best = arg;
-    // Guard the expansion's cancellation near the δ boundary with a direct distance.
-    if (std::abs(std::sqrt(best_d2) - delta_) < 1e-6 * (1 + delta_))
-      best_d2 = (reps_.row(best).transpose() - k).squaredNorm();
+  // ‖x_i − k‖² (line 12) by hd::key_sqdist on the recorded keys (both paths bit for bit); the
+  // nearest representative, the first on ties.
+  for (int64_t i = 0; i < m; ++i) {
+    const double d2 = hd::key_sqdist(reps_f_.row(i).data(), kp, d_);
+    if (d2 < best_d2) {
+      best_d2 = d2;
+      best = i;
+    }
   }
   if (best >= 0 && std::sqrt(best_d2) <= delta_) {  // line 13
     count_[best] += 1;                                  // line 14
     const double p = 1.0 / double(count_[best]);
     for (int64_t j = 0; j < cfg_.t; ++j) {              // lines 16-17
-      if (u01(eng_) < p) {
+      if (hd::philox_u01(seed_, tok, uint32_t(j), hd::kDrawCluster) < p) {
         samples_.row(best * cfg_.t + j) = k.transpose();
         sample_index_[best][j] = index;
       }
@@ -63,10 +62,12 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
   } else {  // lines 20-21: a new cluster with t copies of k
     if (m == reps_.rows()) {
       reps_.conservativeResize(2 * m, Eigen::NoChange);
+      reps_f_.conservativeResize(2 * m, Eigen::NoChange);
       rep_sqnorm_.conservativeResize(2 * m);
       samples_.conservativeResize(2 * m * cfg_.t, Eigen::NoChange);
     }
     reps_.row(m) = k.transpose();
+    reps_f_.row(m) = kf.transpose();
     rep_sqnorm_[m] = k.squaredNorm();
     count_.push_back(1);
     rep_index_.push_back(index);
@@ -81,7 +82,7 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
   const double denom = mu_ + w;
   const double p = denom > 0 ? w / denom : 1.0;  // first token (μ = 0): every slot takes it
   for (int64_t j = 0; j < cfg_.s; ++j) {
-    if (p >= 1.0 || u01(eng_) < p) {
+    if (p >= 1.0 || hd::philox_u01(seed_, tok, uint32_t(j), hd::kDrawProduct) < p) {
       mk_.row(j) = k.transpose();
       mv_.row(j) = v.transpose();
       mv_sqnorm_[j] = cfg_.sample_by_key ? k.squaredNorm() : v.squaredNorm();
@@ -96,11 +97,11 @@ void SubGen::merge_clusters() {
     const int64_t m = clusters();
     double md = INFINITY;
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < i; ++j) md = std::min(md, (reps_.row(i) - reps_.row(j)).norm());
+      for (int64_t j = 0; j < i; ++j) md = std::min(md, std::sqrt(hd::key_sqdist(reps_f_.row(i).data(), reps_f_.row(j).data(), d_)));
     delta_ = std::max(md / 2, 1e-12);
   }
   delta_ *= 2;
-  boost::random::uniform_01<double> u01;
+  const uint32_t round = uint32_t(merges_++);
   const int64_t m = clusters();
   std::vector<int64_t> kept;         // surviving cluster ids, in order
   std::vector<int32_t> into(m, -1);  // old id -> new id
@@ -108,7 +109,7 @@ void SubGen::merge_clusters() {
     int64_t best = -1;
     double bd = INFINITY;
     for (size_t j = 0; j < kept.size(); ++j) {
-      double dist = (reps_.row(kept[j]) - reps_.row(i)).norm();
+      double dist = std::sqrt(hd::key_sqdist(reps_f_.row(kept[j]).data(), reps_f_.row(i).data(), d_));
       if (dist < bd) {
         bd = dist;
         best = int64_t(j);
@@ -118,7 +119,7 @@ void SubGen::merge_clusters() {
       const int64_t a = kept[best];
       const double pa = double(count_[a]) / double(count_[a] + count_[i]);
       for (int64_t j = 0; j < cfg_.t; ++j) {
-        if (!(u01(eng_) < pa)) {
+        if (!(hd::philox_u01(seed_, round, uint32_t(i * cfg_.t + j), hd::kDrawMerge) < pa)) {
           samples_.row(a * cfg_.t + j) = samples_.row(i * cfg_.t + j);
           sample_index_[a][j] = sample_index_[i][j];
         }
@@ -134,6 +135,7 @@ void SubGen::merge_clusters() {
     const int64_t i = kept[j];
     if (int64_t(j) == i) continue;
     reps_.row(j) = reps_.row(i);
+    reps_f_.row(j) = reps_f_.row(i);
     rep_sqnorm_[j] = rep_sqnorm_[i];
     count_[j] = count_[i];
     rep_index_[j] = rep_index_[i];

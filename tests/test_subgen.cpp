@@ -9,6 +9,7 @@
 
 #include "helpers.hpp"
 #include "kvsim/reference.hpp"
+#include "kvsim/rng.hpp"
 #include "kvsim/subgen.hpp"
 
 using namespace kvsim;

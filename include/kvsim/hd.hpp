@@ -21,6 +21,7 @@
 //  - key_sqdist / kcenter_insert: subgen_kcenter's streaming clustering (Charikar et al.'s doubling
 //    algorithm, SubGen ref. [3]) over token ids, with squared key distances summed in a fixed order
 //    with explicit fma, so CPU and GPU make bit-identical join/merge decisions.
+//  - philox_u01: SubGen Algorithm 1's coin flips as pure functions of (stream seed, token, slot).
 //  - buzz_evict: BUZZ's eviction (seeds/002 §3.3, Algorithm 2: local max sampling of new tokens,
 //    interval sampling of old ones), and buzz_log_scale (§3.5, Eq. 7-8).
 #pragma once
@@ -115,6 +116,14 @@ KVSIM_HD uint32_t philox_uniform_int(uint64_t range, uint32_t k0, uint32_t k1, u
     }
   }
 }
+
+/// A uniform double in [0, 1) for draw (a, b) of a stream: Philox4x32-10 at counter (a, b, tag, 0)
+/// with key (seed, seed >> 32). SubGen's coin flips (tags kDrawCluster, kDrawProduct, kDrawMerge).
+KVSIM_HD double philox_u01(uint64_t seed, uint32_t a, uint32_t b, uint32_t tag) {
+  const Philox4 r = philox4x32_10(Philox4{{a, b, tag, 0u}}, uint32_t(seed), uint32_t(seed >> 32));
+  return philox_uniform01(r.v[0], r.v[1]);
+}
+enum SubGenDraw : uint32_t { kDrawCluster = 0, kDrawProduct = 1, kDrawMerge = 2 };
 
 /// `uniform` (reservoir sampling, Vitter's Algorithm R): the slot token t (0-based) takes in a cache
 /// of `budget` slots, or −1 when it is not sampled. Tokens 0..budget−1 fill slots in order; token

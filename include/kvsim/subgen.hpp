@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvsim/rng.hpp"
 #include "kvsim/types.hpp"
 
 namespace kvsim {
@@ -77,11 +76,13 @@ class SubGen {
  private:
   SubGenConfig cfg_;
   int d_;
-  Engine eng_;
+  uint64_t seed_;       // coin flips: hd::philox_u01(seed_, token or merge round, slot, kind)
+  int64_t merges_ = 0;  // merge rounds so far (the merge flips' counter)
   double delta_;
   void merge_clusters();  // one doubling round (max_clusters > 0)
   // D
   MatD reps_;                 // [capacity, d] representatives
+  MatF reps_f_;               // the same keys as recorded (float32): distances by hd::key_sqdist
   VecD rep_sqnorm_;
   std::vector<int64_t> count_, rep_index_;
   MatD samples_;               // [capacity·t, d]: cluster i's t samples in rows i·t .. i·t + t − 1
