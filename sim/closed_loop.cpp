@@ -1,6 +1,7 @@
 #include "kvsim/closed_loop.hpp"
 
 #include <cmath>
+#include <iostream>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -165,8 +166,18 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
             }
         }
       } catch (const Error& e) {
-        if (std::string(e.what()).find("non-causal oracle") == std::string::npos) throw;
-        r.ce_policy = r.ce_increase = NAN;  // oracles are open-loop only
+        const std::string what = e.what();
+        if (what.find("non-finite") != std::string::npos) {
+          // The policy drove the model's activations to inf/NaN: its closed loop has no finite
+          // cross-entropy. Reported as NaN with the reason, not as a number.
+          std::cerr << "kvsim closed-loop: " << spec.label << ", window " << w << ": the model broke down (" << what
+                    << "); ce = nan\n";
+          r.ce_policy = r.ce_increase = NAN;
+        } else if (what.find("non-causal oracle") != std::string::npos) {
+          r.ce_policy = r.ce_increase = NAN;  // oracles are open-loop only
+        } else {
+          throw;
+        }
       }
       rows.push_back(r);
     }

@@ -31,6 +31,12 @@ SubGen::SubGen(const SubGenConfig& cfg, int d, uint64_t seed)
 
 void SubGen::update(int64_t index, const float* kp, const float* vp) {
   Eigen::Map<const VecF> kf(kp, d_), vf(vp, d_);
+  // A non-finite key has no distance to anything: it would open clusters that no merge round can
+  // absorb (the cap could never be met). Refuse it by name instead (e.g. a closed loop whose
+  // activations overflowed under this policy).
+  if (!kf.allFinite() || !vf.allFinite())
+    throw Error("subgen: non-finite key or value at token " + std::to_string(index) +
+                " (the stream itself overflowed; SubGen needs finite keys)");
   const VecD k = kf.cast<double>(), v = vf.cast<double>();
   // Every coin flip is hd::philox_u01 at (seed, token, slot, kind): a pure function, so the GPU
   // replay (sim/cuda/policies.cu) flips the same coins.
@@ -78,14 +84,14 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
   }
 
   // Line 5: UPDATEMATRIXPRODUCT(M, s, μ, k, v); line 6: μ += ‖v‖².
-  const double w = cfg_.sample_by_key ? k.squaredNorm() : v.squaredNorm();
+  const double w = hd::key_sqnorm(cfg_.sample_by_key ? kp : vp, d_);  // the GPU's ‖v‖² bit for bit
   const double denom = mu_ + w;
   const double p = denom > 0 ? w / denom : 1.0;  // first token (μ = 0): every slot takes it
   for (int64_t j = 0; j < cfg_.s; ++j) {
     if (p >= 1.0 || hd::philox_u01(seed_, tok, uint32_t(j), hd::kDrawProduct) < p) {
       mk_.row(j) = k.transpose();
       mv_.row(j) = v.transpose();
-      mv_sqnorm_[j] = cfg_.sample_by_key ? k.squaredNorm() : v.squaredNorm();
+      mv_sqnorm_[j] = w;
       m_index_[j] = index;
     }
   }

@@ -130,8 +130,7 @@ memory = 0.2
     REQUIRE(a.policies[p].rows.size() == b.policies[p].rows.size());
     for (size_t i = 0; i < a.policies[p].rows.size(); ++i) {
       const MetricRow &x = a.policies[p].rows[i], &y = b.policies[p].rows[i];
-      // window, sink, h2o, buzz, uniform, oracle_topk and subgen_kcenter (streaming) run on the GPU
-      // in the cuda run (Policy::gpu_replay), subgen on the CPU.
+      // every policy but exact runs on the GPU in the cuda run (Policy::gpu_replay).
       REQUIRE(x.cache_tokens == y.cache_tokens);
       REQUIRE(x.cache_bytes == y.cache_bytes);
       REQUIRE(rel(y.rel_err, x.rel_err) <= 1e-4 + 1e-6 / std::max(x.rel_err, 1e-2));
@@ -219,7 +218,10 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
         const Answer& a = answers[g];
         std::vector<int64_t> ck = a.kept;
         INFO(name << " KV head " << kvh << " step " << t << " query " << g);
-        if (name != "window" && name != "sink") REQUIRE(gk == ck);  // same slots in the same order
+        if (name == "subgen") {  // no subset: the same clusters (count), and τ̂
+          REQUIRE(kept[(size_t(kvh) * rows + r) * cap] == int64_t(pol->clusters()));
+          worst = std::max(worst, std::abs(std::expm1(ls[size_t(kvh * G + g) * rows + r] - a.log_tau)));
+        } else if (name != "window" && name != "sink") REQUIRE(gk == ck);  // same slots in the same order
         else {  // a ring on the CPU, the closed form on the GPU
           std::sort(ck.begin(), ck.end());
           REQUIRE(gk == ck);
@@ -239,6 +241,33 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
   CHECK(worst <= 1e-4);
 }
 }  // namespace
+
+TEST_CASE("cuda: subgen replayed on the GPU matches the CPU policy", "[cuda]") {
+  // SubGen Algorithm 1, published (fixed δ) and fixed-memory (cluster cap, merges): same clusters
+  // and samples (Philox flips, bit-identical distances), answers and τ̂ ≤ 1e-4.
+  std::vector<int64_t> steps;
+  for (int64_t t = 1; t <= 600; t += 11) steps.push_back(t);
+  steps.push_back(600);
+  for (std::string preset : {"clustered", "heavy_hitter"}) {
+    INFO(preset);
+    SynthSource src(test::small_synth(preset, 600, 64, 1, 8, 2));
+    for (int64_t cap : {int64_t(0), int64_t(24)}) {
+      Params sp;
+      sp.set("s", int64_t(48));
+      sp.set("t", int64_t(4));
+      if (cap > 0) sp.set("max_clusters", cap);
+      else sp.set("delta", 8.0);
+      cuda::PolicyReplay gs;
+      gs.name = "subgen";
+      gs.s = 48;
+      gs.t = 4;
+      gs.max_clusters = cap;
+      gs.delta = cap > 0 ? 0.0 : 8.0;
+      for (int kvh = 0; kvh < 2; ++kvh) gs.seeds.push_back(derive_seed({99, uint64_t(kvh)}));
+      compare_policy(src, "subgen", sp, gs, "mean", steps);
+    }
+  }
+}
 
 TEST_CASE("cuda: uniform buzz and k-center replayed on the GPU match the CPU policies", "[cuda]") {
   std::vector<int64_t> steps;

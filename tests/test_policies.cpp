@@ -339,7 +339,7 @@ TEST_CASE("policies: the GPU replay adapter hands a replay's answers to the engi
                     Catch::Matchers::Contains("no GPU replay"));
 }
 
-TEST_CASE("policies: GPU replays of uniform buzz and k-center carry tau, cache sizes, clusters and kept order", "[policies][cuda]") {
+TEST_CASE("policies: GPU replays of uniform buzz k-center and subgen carry tau, cache sizes, clusters and kept order", "[policies][cuda]") {
   // A stand-in with cuda::replay_policy's contract that steps a fresh CPU instance of the same policy
   // and writes its answers in the replay's layout (kept in answer order, padded to
   // replay_capacity; log_sum from uniform's τ̂ inverted). Through the adapter they must come back
@@ -355,9 +355,13 @@ TEST_CASE("policies: GPU replays of uniform buzz and k-center carry tau, cache s
   info.head_dim = 16;
   info.n_queries = 2;
   info.seed = 4242;
-  for (const std::string name : {"uniform", "buzz", "subgen_kcenter"}) {
+  for (const std::string name : {"uniform", "buzz", "subgen_kcenter", "subgen"}) {
     Params prm;
     if (name == "uniform") prm.set("budget", int64_t(40));
+    else if (name == "subgen") {
+      prm.set("memory", int64_t(60));  // fixed-memory variant: s = 30, t = 3, clusters ≤ 7
+      prm.set("t", int64_t(3));
+    }
     else if (name == "subgen_kcenter") {
       prm.set("recent", int64_t(30));
       prm.set("centers", int64_t(12));
@@ -391,10 +395,12 @@ TEST_CASE("policies: GPU replays of uniform buzz and k-center carry tau, cache s
         pol->attend(t, q, ev ? &a : nullptr, nullptr);
         if (!ev) continue;
         REQUIRE(int64_t(a[0].kept.size()) <= kept_cap);
-        std::copy(a[0].kept.begin(), a[0].kept.end(), kept.begin() + r * kept_cap);
+        if (name == "subgen") kept[r * kept_cap] = int64_t(pol->clusters());  // the replay's encoding
+        else std::copy(a[0].kept.begin(), a[0].kept.end(), kept.begin() + r * kept_cap);
         for (int g = 0; g < 2; ++g) {
           for (int i = 0; i < d; ++i) z[(size_t(g) * rows + r) * d + i] = float(a[g].z[i]);
           if (name == "uniform") log_sum[size_t(g) * rows + r] = a[g].log_tau - std::log(double(t) / a[g].kept.size());
+          if (name == "subgen") log_sum[size_t(g) * rows + r] = a[g].log_tau;
         }
         ++r;
       }
@@ -406,6 +412,7 @@ TEST_CASE("policies: GPU replays of uniform buzz and k-center carry tau, cache s
     REQUIRE(spec.has_value());
     if (name == "uniform") CHECK((spec->budget == 40 && spec->seeds == std::vector<uint64_t>{4242}));
     else if (name == "subgen_kcenter") CHECK((spec->recent == 30 && spec->budget == 12 && spec->weighted));
+    else if (name == "subgen") CHECK((spec->s == 30 && spec->t == 3 && spec->max_clusters > 0 && spec->seeds == std::vector<uint64_t>{4242}));
     else CHECK((spec->sink == 4 && spec->window == 20 && spec->threshold == 30 && spec->stride == 3 && spec->log_scale));
     MatD q(2, 16);
     std::vector<Answer> a(2), b(2);
@@ -422,14 +429,16 @@ TEST_CASE("policies: GPU replays of uniform buzz and k-center carry tau, cache s
       gpu->attend(t, q, &b, nullptr);
       INFO(name << " step " << t);
       REQUIRE(gpu->cache_tokens() == cpu->cache_tokens());
-      if (name == "subgen_kcenter") REQUIRE(gpu->clusters() == cpu->clusters());
+      REQUIRE(gpu->cache_vectors() == cpu->cache_vectors());
+      if (name == "subgen_kcenter" || name == "subgen") REQUIRE(gpu->clusters() == cpu->clusters());
       else REQUIRE(std::isnan(gpu->clusters()));
       sizes_varied |= cpu->cache_tokens() != std::min<int64_t>(t, cuda::replay_capacity(*spec));
       for (int g = 0; g < 2; ++g) {
         REQUIRE(b[g].kept == a[g].kept);
         CHECK((a[g].z - b[g].z).norm() <= 1e-6 * a[g].z.norm());
-        if (name == "uniform") CHECK(b[g].log_tau == Approx(a[g].log_tau).epsilon(1e-12));
+        if (name == "uniform" || name == "subgen") CHECK(b[g].log_tau == Approx(a[g].log_tau).epsilon(1e-12));
         else CHECK(std::isnan(b[g].log_tau));
+        CHECK(b[g].has_kept == a[g].has_kept);
       }
       ++r;
     }

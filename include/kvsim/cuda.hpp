@@ -38,6 +38,10 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
 ///    group_agg for the accumulated scores;
 ///  - "subgen_kcenter" (streaming mode): the `recent` last tokens plus at most `budget` centers of
 ///    the older keys by hd::kcenter_insert; `weighted` adds log(cluster size) to a center's logit;
+///  - "subgen": SubGen Algorithm 1 with radius `delta`, `s` matrix-product and `t` cluster samples,
+///    `max_clusters` (0 = as published), one Philox seed per KV head in `seeds` (hd::philox_u01:
+///    the CPU policy's seed gives its coin flips). It keeps no token subset: its kept rows hold one
+///    entry, the cluster count m, and log_sum is log τ̂;
 ///  - "oracle_topk": at each evaluated step the `budget` tokens of largest exact attention (the KV
 ///    group's by group_agg, undivided), ties to the older token (hd::topk_prefer); kept ascending.
 struct PolicyReplay {
@@ -49,15 +53,18 @@ struct PolicyReplay {
   int64_t threshold = 0, stride = 0;  ///< buzz: T and s
   bool log_scale = false;             ///< buzz: logits × log_512(t)
   bool weighted = false;              ///< subgen_kcenter: center logits + log(cluster size)
+  double delta = 0;                   ///< subgen: cluster radius δ (0 with max_clusters: adaptive)
+  int64_t s = 0, t = 0, max_clusters = 0;  ///< subgen: |M|, |S_i|, cluster cap (0 = none)
 };
 
 /// Slots of the `kept` rows cuda::replay_policy returns for `p` (the most tokens its cache holds):
 /// budget (h2o, uniform, oracle_topk), sink + window (window, sink), sink + window + threshold (buzz),
-/// recent + centers (subgen_kcenter).
+/// recent + centers (subgen_kcenter), 1 (subgen: its cluster count).
 inline int64_t replay_capacity(const PolicyReplay& p) {
   if (p.name == "h2o" || p.name == "uniform" || p.name == "oracle_topk") return p.budget;
   if (p.name == "buzz") return p.sink + p.window + p.threshold;
   if (p.name == "subgen_kcenter") return p.recent + p.budget;
+  if (p.name == "subgen") return 1;  // the cluster count
   return p.sink + p.window;
 }
 

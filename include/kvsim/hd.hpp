@@ -240,6 +240,16 @@ KVSIM_HD double key_sqdist(const float* a, const float* b, int d) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/// ‖a‖² of a float32 vector of length d, in double, in key_sqdist's fixed lane order (SubGen's ‖v‖²).
+KVSIM_HD double key_sqnorm(const float* a, int d) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] = fma(double(a[i + l]), double(a[i + l]), acc[l]);
+  for (int l = 0; i < d; ++i, ++l) acc[l] = fma(double(a[i]), double(a[i]), acc[l]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 /// subgen_kcenter streaming (SubGen §3.2's practical variant; Charikar, Chekuri, Feder, Motwani's
 /// doubling algorithm, SubGen ref. [3]): token `new_id` (weight new_count) joins the nearest of the
 /// n centers (ids `id[0, n)`, weights `count`) when within 2R; otherwise it becomes a center, and

@@ -206,6 +206,12 @@ std::string bench(bool quick) {
     specs.push_back({"oracle_topk", 0, 0, B, 0, 0});
     cuda::PolicyReplay kc{"subgen_kcenter", 0, 0, B / 2, B - B / 2, 0};  // streaming: recent + centers = B
     specs.push_back(kc);
+    cuda::PolicyReplay sg{"subgen", 0, 0, 0, 0, 0};  // fixed-memory SubGen at the same memory, t = 1
+    sg.s = B / 2;
+    sg.t = 1;
+    sg.max_clusters = (B - sg.s) / 2;
+    sg.seeds = u.seeds;
+    specs.push_back(sg);
     for (const auto& p : specs) {
       std::vector<float> z;
       std::vector<double> ls;

@@ -12,7 +12,8 @@
 //    hd::h2o_prefer, a total order, so the CPU's serial scan picks the same slot) and buzz (seeds/002
 //    §3.3: sink + beehive body + window, hd::buzz_evict run by thread 0 when the body reaches T;
 //    log-n scaled answers, §3.5). Each step: every query head's attention over the cache, combined by
-//    hd::group_combine into the accumulated scores.
+//    hd::group_combine into the accumulated scores; and subgen (SubGen Algorithm 1: online clustering
+//    by a block arg-min, Philox coin flips per sample slot, merge rounds, lines 29-31 answers).
 // Slots hold token positions; keys and values are read from the stream in device memory (a real
 // cache would copy them: the arithmetic is the same).
 // Written and compiled without a GPU: tests/cuda_parity.cpp compares it with the CPU policies
@@ -313,6 +314,202 @@ __global__ void kcenter_select_kernel(const float* K, long long n, int d, long l
   }
 }
 
+/// subgen (SubGen Algorithm 1, seeds/000 §2; include/kvsim/subgen.hpp), one block per KV head over
+/// the stream, the CPU's SubGen::update step by step: the nearest representative by a block arg-min
+/// of hd::key_sqdist under (distance, index) order (the CPU's first minimum); each sample slot's coin
+/// hd::philox_u01 at (seed, token, slot) — the CPU's flips; merge rounds (max_clusters > 0) run by
+/// thread 0 exactly as SubGen::merge_clusters. At each evaluated step the group's answers (lines
+/// 29-31, one shared shift): z/τ into z, log τ̂ into log_sum, the cluster count into kept[..][0].
+/// Token ids index the stream in device memory. Scratch per KV head: rep, cnt, keep [cap_m], samp
+/// [cap_m·t], midx [s], mvsq [s], lg [cap_m·t + s].
+__global__ void subgen_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, double scale,
+                              double delta0, long long s, long long tt, long long max_clusters, long long cap_m,
+                              const unsigned long long* seeds, const long long* steps, int rows, float* z,
+                              double* log_sum, long long* kept, long long* rep_all, long long* cnt_all,
+                              long long* keep_all, long long* samp_all, long long* midx_all, double* mvsq_all,
+                              double* lg_all, int* error) {
+  const int kvh = blockIdx.x, tid = threadIdx.x;
+  const float* Kh = K + (long long)kvh * n * d;
+  const float* Vh = V + (long long)kvh * n * d;
+  long long* rep = rep_all + (long long)kvh * cap_m;
+  long long* cnt = cnt_all + (long long)kvh * cap_m;
+  long long* keep = keep_all + (long long)kvh * cap_m;
+  long long* samp = samp_all + (long long)kvh * cap_m * tt;
+  long long* midx = midx_all + (long long)kvh * s;
+  double* mvsq = mvsq_all + (long long)kvh * s;
+  double* lg = lg_all + (long long)kvh * (cap_m * tt + s);
+  const uint64_t seed = seeds[kvh];
+  extern __shared__ double qd[];  // [d]
+  __shared__ double bd[kPolicyThreads], red[kPolicyThreads];
+  __shared__ long long bi[kPolicyThreads];
+  __shared__ long long m, merges;
+  __shared__ double mu, delta, p_new;
+  __shared__ long long target;  // the cluster the token joins, or −1 for a new one
+  if (tid == 0) {
+    m = 0;
+    merges = 0;
+    mu = 0.0;
+    delta = delta0;
+  }
+  for (long long j = tid; j < s; j += blockDim.x) {
+    midx[j] = -1;
+    mvsq[j] = 0.0;
+  }
+  __syncthreads();
+  int r = 0;
+  for (long long t = 0; t < n; ++t) {
+    const float* kt = Kh + t * d;
+    // Line 12: the nearest representative (block arg-min, ties to the lower index).
+    double my_d = INFINITY;
+    long long my_i = -1;
+    for (long long i = tid; i < m; i += blockDim.x) {
+      const double d2 = hd::key_sqdist(Kh + rep[i] * d, kt, d);
+      if (d2 < my_d) {
+        my_d = d2;
+        my_i = i;
+      }
+    }
+    bd[tid] = my_d;
+    bi[tid] = my_i;
+    __syncthreads();
+    for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+      if (tid < off) {
+        const double od = bd[tid + off];
+        const long long oi = bi[tid + off];
+        if (oi >= 0 && (bi[tid] < 0 || od < bd[tid] || (od == bd[tid] && oi < bi[tid]))) {
+          bd[tid] = od;
+          bi[tid] = oi;
+        }
+      }
+      __syncthreads();
+    }
+    if (tid == 0) {
+      const long long b = bi[0];
+      if (b >= 0 && sqrt(bd[0]) <= delta) {  // lines 13-14
+        cnt[b] += 1;
+        target = b;
+        p_new = 1.0 / double(cnt[b]);
+      } else {  // lines 20-21
+        if (m >= cap_m) *error = 1;
+        else {
+          rep[m] = t;
+          cnt[m] = 1;
+          target = -1 - m;
+          ++m;
+        }
+      }
+    }
+    __syncthreads();
+    if (*error) return;
+    if (target >= 0) {  // lines 16-17: each sample slot replaced w.p. 1/n_i
+      for (long long j = tid; j < tt; j += blockDim.x)
+        if (hd::philox_u01(seed, uint32_t(t), uint32_t(j), hd::kDrawCluster) < p_new) samp[target * tt + j] = t;
+    } else {
+      const long long c = -1 - target;
+      for (long long j = tid; j < tt; j += blockDim.x) samp[c * tt + j] = t;
+    }
+    __syncthreads();
+    // Merge rounds (kvsim's max_clusters variant; SubGen::merge_clusters, thread 0).
+    if (tid == 0 && target < 0)
+      while (max_clusters > 0 && m > max_clusters) {
+        if (!(delta > 0)) {
+          double md = INFINITY;
+          for (long long i = 0; i < m; ++i)
+            for (long long j = 0; j < i; ++j) md = fmin(md, sqrt(hd::key_sqdist(Kh + rep[i] * d, Kh + rep[j] * d, d)));
+          delta = md / 2 > 1e-12 ? md / 2 : 1e-12;
+        }
+        delta *= 2;
+        const uint32_t round = uint32_t(merges++);
+        long long nk = 0;
+        for (long long i = 0; i < m; ++i) {
+          long long best = -1;
+          double bdist = INFINITY;
+          for (long long j = 0; j < nk; ++j) {
+            const double dist = sqrt(hd::key_sqdist(Kh + rep[keep[j]] * d, Kh + rep[i] * d, d));
+            if (dist < bdist) {
+              bdist = dist;
+              best = j;
+            }
+          }
+          if (best >= 0 && bdist <= delta) {
+            const long long a = keep[best];
+            const double pa = double(cnt[a]) / double(cnt[a] + cnt[i]);
+            for (long long j = 0; j < tt; ++j)
+              if (!(hd::philox_u01(seed, round, uint32_t(i * tt + j), hd::kDrawMerge) < pa)) samp[a * tt + j] = samp[i * tt + j];
+            cnt[a] += cnt[i];
+          } else {
+            keep[nk++] = i;
+          }
+        }
+        for (long long j = 0; j < nk; ++j) {
+          const long long i = keep[j];
+          if (i == j) continue;
+          rep[j] = rep[i];
+          cnt[j] = cnt[i];
+          for (long long x = 0; x < tt; ++x) samp[j * tt + x] = samp[i * tt + x];
+        }
+        m = nk;
+      }
+    __syncthreads();
+    // Lines 5-6: each matrix-product slot replaced w.p. ‖v‖²/(μ + ‖v‖²); μ += ‖v‖².
+    const double w = hd::key_sqnorm(Vh + t * d, d);
+    const double denom = mu + w, p = denom > 0 ? w / denom : 1.0;
+    for (long long j = tid; j < s; j += blockDim.x)
+      if (p >= 1.0 || hd::philox_u01(seed, uint32_t(t), uint32_t(j), hd::kDrawProduct) < p) {
+        midx[j] = t;
+        mvsq[j] = w;
+      }
+    __syncthreads();
+    if (tid == 0) mu += w;
+    __syncthreads();
+    // Lines 29-31 at evaluated steps (query q_{t+1}).
+    if (!(r < rows && steps[r] == t + 1)) continue;
+    const long long ms = m * tt, L = ms + s;
+    for (int g = 0; g < group; ++g) {
+      const int h = kvh * group + g;
+      for (int i = tid; i < d; i += blockDim.x) qd[i] = scale * double(Q[((long long)h * n + t) * d + i]);
+      __syncthreads();
+      double mx = -INFINITY;
+      for (long long j = tid; j < L; j += blockDim.x) {
+        const long long id = j < ms ? samp[j] : midx[j - ms];
+        double acc = 0.0;
+        if (id >= 0)
+          for (int i = 0; i < d; ++i) acc += qd[i] * double(Kh[id * d + i]);
+        lg[j] = acc;
+        mx = fmax(mx, acc);
+      }
+      red[tid] = mx;
+      __syncthreads();
+      for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+        if (tid < off) red[tid] = fmax(red[tid], red[tid + off]);
+        __syncthreads();
+      }
+      const double c = red[0];
+      __syncthreads();
+      double part = 0.0;  // τ·e^{−c} = Σ_i n_i/t Σ_{k∈S_i} e^{<q,k>−c}
+      for (long long j = tid; j < ms; j += blockDim.x) part += double(cnt[j / tt]) / double(tt) * exp(lg[j] - c);
+      red[tid] = part;
+      __syncthreads();
+      for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+        if (tid < off) red[tid] += red[tid + off];
+        __syncthreads();
+      }
+      const double tau = red[0];
+      for (int i = tid; i < d; i += blockDim.x) {
+        double acc = 0.0;  // z·e^{−c} = Σ_j μ/(s‖v_j‖²) e^{<q,k_j>−c} v_j
+        for (long long j = 0; j < s; ++j)
+          if (mvsq[j] > 0) acc += mu / (double(s) * mvsq[j]) * exp(lg[ms + j] - c) * double(Vh[midx[j] * d + i]);
+        z[((long long)h * rows + r) * d + i] = float(tau > 0 ? acc / tau : acc);
+      }
+      if (tid == 0) log_sum[(long long)h * rows + r] = tau > 0 ? c + log(tau) : -INFINITY;
+      __syncthreads();
+    }
+    if (tid == 0) kept[(long long)kvh * rows + r] = m;
+    ++r;
+    __syncthreads();
+  }
+}
+
 /// A BUZZ cache entry: token position and accumulated (group-aggregated) attention score.
 struct BuzzTok {
   long long pos;
@@ -430,9 +627,9 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   require_device();
   const std::string& name = p.name;
   if (name != "window" && name != "sink" && name != "h2o" && name != "uniform" && name != "buzz" &&
-      name != "oracle_topk" && name != "subgen_kcenter")
+      name != "oracle_topk" && name != "subgen_kcenter" && name != "subgen")
     throw Error("cuda::replay_policy: policy '" + name +
-                "' has no GPU replay yet (window, sink, h2o, uniform, buzz, oracle_topk, subgen_kcenter)");
+                "' has no GPU replay (window, sink, h2o, uniform, buzz, oracle_topk, subgen_kcenter, subgen)");
   if (steps.empty() || kv_heads < 1 || group < 1 || d < 1 || n < 1 || steps.front() < 1 || steps.back() > n)
     throw Error("cuda::replay_policy: bad shapes or steps");
   for (size_t i = 1; i < steps.size(); ++i)
@@ -442,6 +639,9 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   if (name == "h2o") ok = ok && p.recent >= 0 && p.recent < p.budget;
   else if (name == "oracle_topk") ok = ok && p.group_agg >= 0 && p.group_agg <= 2;
   else if (name == "subgen_kcenter") ok = ok && p.recent >= 1 && p.budget >= 0;
+  else if (name == "subgen")
+    ok = ok && p.s >= 1 && p.t >= 1 && p.max_clusters >= 0 && p.delta >= 0 && (p.delta > 0 || p.max_clusters > 0) &&
+         p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
   else if (name == "uniform") ok = ok && p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
   else if (name == "buzz") ok = ok && p.sink >= 0 && p.window >= 1 && p.stride >= 2 && p.threshold >= p.stride;
   else ok = ok && p.sink >= 0 && p.window >= 1;
@@ -515,6 +715,30 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
     int e = 0;
     err.download(&e, 1, "copy error flag");
     if (e) throw Error("cuda::replay_policy: h2o found no evictable token (recent window ≥ budget)");
+  } else if (name == "subgen") {
+    // Clusters: at most max_clusters + 1 (the cap) or n (Algorithm 1 as published).
+    const long long cap_m = p.max_clusters > 0 ? std::min<long long>(p.max_clusters + 1, n) : n;
+    const double bytes = double(kv_heads) * (double(cap_m) * (3 * 8 + 16 * p.t) + 24.0 * p.s);
+    if (bytes > 8e9)
+      throw Error("cuda::replay_policy: subgen's scratch (" + std::to_string(int64_t(bytes / 1e9)) +
+                  " GB for up to " + std::to_string(cap_m) + " clusters × t = " + std::to_string(p.t) +
+                  ") is too large for the GPU replay; set max_clusters or use the CPU");
+    DeviceBuffer<unsigned long long> seeds(p.seeds.size());
+    const std::vector<unsigned long long> sd(p.seeds.begin(), p.seeds.end());
+    seeds.upload(sd.data(), sd.size(), "copy seeds");
+    DeviceBuffer<long long> rep(size_t(kv_heads) * cap_m), cnt(size_t(kv_heads) * cap_m), keep(size_t(kv_heads) * cap_m),
+        samp(size_t(kv_heads) * cap_m * p.t), midx(size_t(kv_heads) * p.s);
+    DeviceBuffer<double> mvsq(size_t(kv_heads) * p.s), lgs(size_t(kv_heads) * (cap_m * p.t + p.s));
+    DeviceBuffer<int> err(1);
+    check(cudaMemsetAsync(err.p, 0, sizeof(int), cudaStreamPerThread), "memset");
+    subgen_kernel<<<kv_heads, kPolicyThreads, size_t(d) * sizeof(double)>>>(
+        dq.p, dk.p, dv.p, group, n, d, scale, p.delta, p.s, p.t, p.max_clusters, cap_m, seeds.p, dst.p, rows, dz.p, dls.p,
+        dkept.p, rep.p, cnt.p, keep.p, samp.p, midx.p, mvsq.p, lgs.p, err.p);
+    check(cudaGetLastError(), "subgen_kernel launch");
+    sync("subgen_kernel");
+    int e = 0;
+    err.download(&e, 1, "copy error flag");
+    if (e) throw Error("cuda::replay_policy: subgen exceeded its cluster capacity (internal)");
   } else {  // buzz
     DeviceBuffer<BuzzTok> sk(size_t(kv_heads) * (p.sink > 0 ? p.sink : 1)), ring(size_t(kv_heads) * p.window),
         neu(size_t(kv_heads) * p.threshold), old(size_t(kv_heads) * p.threshold);

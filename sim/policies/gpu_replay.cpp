@@ -1,5 +1,5 @@
 // `[eval] device = "cuda"`: a policy with a GPU replay (Policy::gpu_replay: window, sink, h2o,
-// uniform, buzz, oracle_topk, subgen_kcenter streaming) runs on the GPU for a whole cell at once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands
+// uniform, buzz, oracle_topk, subgen_kcenter streaming, subgen) runs on the GPU for a whole cell at once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands
 // the GPU's answers to the engine at the evaluated steps, so metrics, memory checks and results are
 // computed exactly as for the CPU policies. policy_ns then holds the cell's replay time (host
 // transfers included) at the first evaluated step and near zero after it.
@@ -19,7 +19,7 @@ class GpuReplayPolicy final : public Policy {
       : cpu_(std::move(cpu)), spec_(std::move(spec)), Q_(std::move(Q)), K_(K), V_(V), scale_(scale),
         steps_(std::move(steps)), replay_fn_(replay ? std::move(replay) : PolicyReplayFn(cuda::replay_policy)) {
     cap_ = cuda::replay_capacity(spec_);
-    fixed_size_ = spec_.name != "buzz" && spec_.name != "subgen_kcenter";
+    fixed_size_ = spec_.name != "buzz" && spec_.name != "subgen_kcenter" && spec_.name != "subgen";
   }
 
   void observe(int64_t t, const float*, const float*) override {
@@ -34,30 +34,47 @@ class GpuReplayPolicy final : public Policy {
     const int G = int(Q_.size()), d = int(K_.cols());
     if (q.rows() != G) throw Error("gpu replay: query group size changed");
     const size_t rows = steps_.size();
-    std::vector<int64_t> kept;
-    for (int64_t s = 0; s < kept_cap_; ++s)
-      if (const int64_t x = kept_[row_ * size_t(kept_cap_) + size_t(s)]; x >= 0) kept.push_back(x);
-    last_count_ = int64_t(kept.size());
     last_t_ = t;
+    const bool subgen = spec_.name == "subgen";
+    std::vector<int64_t> kept;
+    if (subgen) {  // no token subset: the row holds the cluster count m
+      const int64_t m = kept_[row_ * size_t(kept_cap_)];
+      last_vectors_ = m * (1 + spec_.t) + 2 * spec_.s;  // SubGen::stored_vectors
+      last_count_ = (last_vectors_ + 1) / 2;
+      last_clusters_ = double(m);
+    } else {
+      for (int64_t s = 0; s < kept_cap_; ++s)
+        if (const int64_t x = kept_[row_ * size_t(kept_cap_) + size_t(s)]; x >= 0) kept.push_back(x);
+      last_count_ = int64_t(kept.size());
+      last_vectors_ = 2 * last_count_;
+      if (spec_.name == "subgen_kcenter") last_clusters_ = double(last_count_ - std::min(t, spec_.recent));
+    }
     for (int g = 0; g < G; ++g) {
       Answer& a = (*out)[g];
       a.z = Eigen::Map<const VecF>(z_.data() + (size_t(g) * rows + row_) * d, d).cast<double>();
-      if (spec_.name == "uniform")  // τ̂ as UniformPolicy::attend gives it
-        a.log_tau = hd::uniform_log_tau(log_sum_[size_t(g) * rows + row_], t, last_count_);
-      a.has_kept = true;
-      a.kept = kept;
+      const double ls = log_sum_[size_t(g) * rows + row_];
+      if (spec_.name == "uniform") a.log_tau = hd::uniform_log_tau(ls, t, last_count_);  // as UniformPolicy
+      if (subgen) {
+        a.log_tau = ls;  // log τ̂ (SubGen line 30)
+        a.has_kept = false;
+        a.kept.clear();
+      } else {
+        a.has_kept = true;
+        a.kept = kept;
+      }
     }
   }
 
-  /// Fixed-size caches: min(t, capacity) at every step; buzz, subgen_kcenter: the size at the last
-  /// answered step
-  /// (the engine reads it at evaluated steps, right after attend()).
+  /// Fixed-size caches: min(t, capacity) at every step; buzz, subgen_kcenter, subgen: the size at the
+  /// last answered step (the engine reads it at evaluated steps, right after attend()).
   int64_t cache_tokens() const override { return fixed_size_ ? std::min(seen_, cap_) : last_count_; }
+  int64_t cache_vectors() const override { return fixed_size_ ? 2 * cache_tokens() : last_vectors_; }
   bool capacity_matched() const override { return cpu_->capacity_matched(); }
-  /// subgen_kcenter: its centers (the kept tokens beyond the window) at the last answered step.
+  /// subgen_kcenter: its centers (the kept tokens beyond the window); subgen: its clusters; at the
+  /// last answered step. NaN for the others (as their CPU policies).
   double clusters() const override {
-    if (spec_.name != "subgen_kcenter") return cpu_->clusters();
-    return double(last_count_ - std::min(last_t_, spec_.recent));
+    if (spec_.name != "subgen_kcenter" && spec_.name != "subgen") return cpu_->clusters();
+    return last_clusters_;
   }
 
  private:
@@ -84,7 +101,8 @@ class GpuReplayPolicy final : public Policy {
   std::vector<float> z_;
   std::vector<double> log_sum_;
   std::vector<int64_t> kept_;
-  int64_t kept_cap_ = 0, cap_ = 0, seen_ = 0, last_count_ = 0, last_t_ = 0;
+  int64_t kept_cap_ = 0, cap_ = 0, seen_ = 0, last_count_ = 0, last_t_ = 0, last_vectors_ = 0;
+  double last_clusters_ = 0;
   bool fixed_size_ = true;
   size_t row_ = 0;
 };

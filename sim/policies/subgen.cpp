@@ -10,7 +10,7 @@ namespace {
 
 class SubGenPolicy final : public Policy {
  public:
-  SubGenPolicy(const SubGenConfig& c, const StreamInfo& s) : sg_(c, s.head_dim, s.seed) {}
+  SubGenPolicy(const SubGenConfig& c, const StreamInfo& s) : seed_(s.seed), sg_(c, s.head_dim, s.seed) {}
   void observe(int64_t t, const float* k, const float* v) override { sg_.update(t, k, v); }
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     if (!out) return;
@@ -24,8 +24,21 @@ class SubGenPolicy final : public Policy {
   int64_t cache_vectors() const override { return sg_.stored_vectors(); }
   double clusters() const override { return double(sg_.clusters()); }
   bool capacity_matched() const override { return true; }
+  std::optional<cuda::PolicyReplay> gpu_replay() const override {
+    const SubGenConfig& c = sg_.config();
+    if (c.sample_by_key) return std::nullopt;  // Lemma 1's negative control stays on the CPU
+    cuda::PolicyReplay r;
+    r.name = "subgen";
+    r.delta = c.delta;
+    r.s = c.s;
+    r.t = c.t;
+    r.max_clusters = c.max_clusters;
+    r.seeds = {seed_};
+    return r;
+  }
 
  private:
+  uint64_t seed_;
   SubGen sg_;
 };
 
