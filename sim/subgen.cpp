@@ -46,13 +46,27 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
   const int64_t m = clusters();
   int64_t best = -1;
   double best_d2 = INFINITY;
-  // ‖x_i − k‖² (line 12) by hd::key_sqdist on the recorded keys (both paths bit for bit); the
-  // nearest representative, the first on ties.
-  for (int64_t i = 0; i < m; ++i) {
-    const double d2 = hd::key_sqdist(reps_f_.row(i).data(), kp, d_);
-    if (d2 < best_d2) {
-      best_d2 = d2;
-      best = i;
+  // Line 12: the nearest representative under hd::key_sqdist on the recorded keys, the first on
+  // ties — the GPU replay's choice bit for bit. Found fast: ‖x_i‖² − 2<x_i, k> + ‖k‖² for all
+  // representatives in one matrix-vector product, then the exact distance only for those whose
+  // estimate is within a rounding bound (1e-9·(‖x_i‖² + ‖k‖²), far above the expansion's
+  // ~d·1e-16) of the smallest — usually one.
+  if (m > 0) {
+    const double kk = k.squaredNorm();
+    est_.noalias() = reps_.topRows(m) * k;
+    double cut = INFINITY;
+    for (int64_t i = 0; i < m; ++i) {
+      const double tol = 1e-9 * (rep_sqnorm_[i] + kk) + 1e-300;
+      est_[i] = rep_sqnorm_[i] - 2.0 * est_[i] + kk;
+      cut = std::min(cut, est_[i] + tol);
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      if (est_[i] - 1e-9 * (rep_sqnorm_[i] + kk) > cut) continue;
+      const double d2 = hd::key_sqdist(reps_f_.row(i).data(), kp, d_);
+      if (d2 < best_d2) {
+        best_d2 = d2;
+        best = i;
+      }
     }
   }
   if (best >= 0 && std::sqrt(best_d2) <= delta_) {  // line 13

@@ -83,6 +83,7 @@ class SubGen {
   // D
   MatD reps_;                 // [capacity, d] representatives
   MatF reps_f_;               // the same keys as recorded (float32): distances by hd::key_sqdist
+  VecD est_;                  // update() scratch: estimated distances to the representatives
   VecD rep_sqnorm_;
   std::vector<int64_t> count_, rep_index_;
   MatD samples_;               // [capacity·t, d]: cluster i's t samples in rows i·t .. i·t + t − 1
