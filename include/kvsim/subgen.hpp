@@ -80,6 +80,8 @@ class SubGen {
   int64_t merges_ = 0;  // merge rounds so far (the merge flips' counter)
   double delta_;
   void merge_clusters();  // one doubling round (max_clusters > 0)
+  void draw(uint32_t token, int64_t count, uint32_t kind);  // u_[0, count) = this token's coin flips
+  std::vector<double> u_;
   // D
   MatD reps_;                 // [capacity, d] representatives
   MatF reps_f_;               // the same keys as recorded (float32): distances by hd::key_sqdist
