@@ -37,7 +37,7 @@ struct EvalSpec {
   std::string policy_precision = "float64";
   /// "cpu" (default) or "cuda": where the exact reference runs (include/kvsim/cuda.hpp; fp32 on the
   /// GPU, so reference-relative metrics carry ~1e-5 of its rounding). Policies with a GPU replay
-  /// (Policy::gpu_replay: all but subgen, subgen_kcenter prefill and h2o oracle scores) run there
+  /// (Policy::gpu_replay: all but subgen_kcenter prefill and h2o oracle scores) run there
   /// too (sim/policies/gpu_replay.cpp).
   std::string device = "cpu";
   /// "float64" (default; ≤ 1e-6 of long double, DESIGN §6) or "float32": arithmetic of the CPU exact
