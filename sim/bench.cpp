@@ -71,6 +71,26 @@ double exact_pass_seconds(int64_t n, int d, bool f32, int reps) {
   return best;
 }
 
+/// Builds Params from {key, value} pairs.
+Params make_params(std::initializer_list<std::pair<std::string, ParamValue>> kv) {
+  Params p;
+  for (auto& [k, v] : kv) p.set(k, v);
+  return p;
+}
+
+/// A synthetic heavy_hitter experiment of the given shape (head_dim 128) for the benchmarks.
+Experiment synthetic_experiment(int64_t n, int layers, int heads, int kv_heads) {
+  Experiment ex;
+  ex.data.synthetic = true;
+  ex.data.synth.preset = "heavy_hitter";
+  ex.data.synth.n = n;
+  ex.data.synth.head_dim = 128;
+  ex.data.synth.n_layers = layers;
+  ex.data.synth.n_heads = heads;
+  ex.data.synth.n_kv_heads = kv_heads;
+  return ex;
+}
+
 struct Json {
   std::ostringstream s;
   bool first = true;
@@ -91,21 +111,10 @@ struct Json {
 std::string e2e_bench(const BenchOptions& o, int threads) {
   const int64_t n = o.quick ? 2048 : 8192;
   const int L = o.quick ? 2 : 32;
-  Experiment ex;
-  ex.data.synthetic = true;
-  ex.data.synth.preset = "heavy_hitter";
-  ex.data.synth.n = n;
-  ex.data.synth.head_dim = 128;
-  ex.data.synth.n_layers = L;
-  ex.data.synth.n_heads = 32;
-  ex.data.synth.n_kv_heads = 32;
+  Experiment ex = synthetic_experiment(n, L, 32, 32);
   ex.eval.every = 16;
   ex.eval.policy_precision = "float32";  // the GPU replays mirror the CPU's float32 policy arithmetic
-  auto P = [](std::initializer_list<std::pair<std::string, ParamValue>> kv) {
-    Params p;
-    for (auto& [k, v] : kv) p.set(k, v);
-    return p;
-  };
+  const auto P = make_params;
   ex.policies = {
       {"exact", "exact", P({})},
       {"window", "window", P({{"budget", 0.2}})},
@@ -177,20 +186,9 @@ std::string run_bench(const BenchOptions& o) {
 
   // Per policy: one cell (n tokens, head_dim 128, group of 2 query heads), 25% budgets.
   const int64_t n = o.quick ? 512 : 4096;
-  Experiment ex;
-  ex.data.synthetic = true;
-  ex.data.synth.preset = "heavy_hitter";
-  ex.data.synth.n = n;
-  ex.data.synth.head_dim = 128;
-  ex.data.synth.n_layers = 1;
-  ex.data.synth.n_heads = 2;
-  ex.data.synth.n_kv_heads = 1;
+  Experiment ex = synthetic_experiment(n, 1, 2, 1);
   ex.eval.every = 1;  // every policy answers every step, so the per-step bound below is uniform
-  auto P = [](std::initializer_list<std::pair<std::string, ParamValue>> kv) {
-    Params p;
-    for (auto& [k, v] : kv) p.set(k, v);
-    return p;
-  };
+  const auto P = make_params;
   ex.policies = {
       {"window", "window", P({{"budget", 0.25}})},
       {"sink", "sink", P({{"budget", 0.25}})},

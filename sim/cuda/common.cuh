@@ -75,6 +75,14 @@ __device__ inline hd::OnlineSoftmax<T> block_merge(hd::OnlineSoftmax<T> st, T* s
   return tot;
 }
 
+/// <q, k> of a (scaled, shared-memory) query and a key, fp32, sequential over the d dimensions: the
+/// policy kernels' logit (the CPU's policy_precision = "float32" products, up to summation order).
+__device__ inline float dot_f32(const float* q, const float* k, int d) {
+  float acc = 0.f;
+  for (int i = 0; i < d; ++i) acc += q[i] * k[i];
+  return acc;
+}
+
 /// Usable devices (0 with `why`); require_device throws naming the reason.
 int device_count(std::string* why);
 void require_device();

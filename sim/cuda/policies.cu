@@ -59,8 +59,7 @@ __global__ void kept_attend_kernel(const float* Q, const float* K, const float* 
     for (long long j = tid; j < cap; j += blockDim.x) {
       if (kr[j] < 0) continue;
       const float* k = Kh + kr[j] * d;
-      float acc = 0.f;
-      for (int i = 0; i < d; ++i) acc += qs[i] * k[i];
+      const float acc = dot_f32(qs, k, d);
       lgr[j] = acc;
       st.add(double(acc) + (br ? br[j] : 0.0));
     }
@@ -169,8 +168,7 @@ __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int g
       hd::OnlineSoftmax<double> st;
       for (long long s = tid; s < size; s += blockDim.x) {
         const float* k = Kh + pos[s] * d;
-        float acc = 0.f;
-        for (int i = 0; i < d; ++i) acc += qs[i] * k[i];
+        const float acc = dot_f32(qs, k, d);
         lgg[s] = acc;
         st.add(double(acc));
       }
@@ -590,8 +588,7 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
       hd::OnlineSoftmax<double> st, sl;
       for (long long j = tid; j < m; j += blockDim.x) {
         const float* k = Kh + lst[j] * d;
-        float acc = 0.f;
-        for (int i = 0; i < d; ++i) acc += qs[i] * k[i];
+        const float acc = dot_f32(qs, k, d);
         lgg[j] = acc;
         st.add(double(acc));
         sl.add(lambda * double(acc));
