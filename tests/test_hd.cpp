@@ -387,3 +387,36 @@ TEST_CASE("hd: kcenter_window_token is the ring's content", "[hd]") {
     }
   }
 }
+
+TEST_CASE("hd: kcenter_nearest equals the GPU's block tree under (distance, index)", "[hd]") {
+  // kcenter_select_kernel and subgen_kernel find the nearest center/representative by per-thread
+  // first minima then a pairwise tree; with many tied distances it must give the serial first minimum.
+  Engine eng = make_engine({29});
+  boost::random::uniform_int_distribution<int> few(0, 3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 1 + trial % 300;
+    std::vector<double> dist(n);
+    for (auto& x : dist) x = double(few(eng));  // heavy ties
+    std::vector<int64_t> id(n);
+    std::iota(id.begin(), id.end(), 0);
+    auto sq = [&](int64_t a, int64_t) { return dist[a]; };
+    double bd = 0;
+    const int64_t serial = hd::kcenter_nearest(id.data(), n, -1, &bd, sq);
+    std::vector<double> ld(128, INFINITY);
+    std::vector<int64_t> li(128, -1);
+    for (int tid = 0; tid < 128; ++tid)
+      for (int64_t i = tid; i < n; i += 128)
+        if (dist[i] < ld[tid]) {
+          ld[tid] = dist[i];
+          li[tid] = i;
+        }
+    for (int off = 64; off > 0; off >>= 1)
+      for (int tid = 0; tid < off; ++tid)
+        if (li[tid + off] >= 0 && (li[tid] < 0 || ld[tid + off] < ld[tid] || (ld[tid + off] == ld[tid] && li[tid + off] < li[tid]))) {
+          ld[tid] = ld[tid + off];
+          li[tid] = li[tid + off];
+        }
+    REQUIRE(li[0] == serial);
+    REQUIRE(ld[0] == bd);
+  }
+}

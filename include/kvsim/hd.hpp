@@ -259,25 +259,44 @@ KVSIM_HD double key_sqnorm(const float* a, int d) {
 /// "nearest" go to the lower index). Arrays hold ≥ k + 1 entries. Returns the new n; *joined is the
 /// center the token joined, or −1 when the center set changed.
 template <class SqDist>
+KVSIM_HD int64_t kcenter_apply(int64_t* id, double* count, int64_t n, double& radius, int64_t k, int64_t new_id,
+                               double new_count, int64_t best, double bd, int64_t* joined, SqDist sqdist);
+
+/// The nearest center to token new_id: the first index of the smallest sqdist(id[i], new_id) (−1 and
+/// +inf when n = 0). A GPU block may compute it in parallel under the (distance, index) order.
+template <class SqDist>
+KVSIM_HD int64_t kcenter_nearest(const int64_t* id, int64_t n, int64_t new_id, double* bd, SqDist sqdist) {
+  int64_t best = -1;
+  *bd = INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    const double dd = sqdist(id[i], new_id);
+    if (dd < *bd) {
+      *bd = dd;
+      best = i;
+    }
+  }
+  return best;
+}
+
+template <class SqDist>
 KVSIM_HD int64_t kcenter_insert(int64_t* id, double* count, int64_t n, double& radius, int64_t k, int64_t new_id,
                                 double new_count, int64_t* joined, SqDist sqdist) {
+  double bd = INFINITY;
+  const int64_t best = (k > 0 && radius > 0) ? kcenter_nearest(id, n, new_id, &bd, sqdist) : -1;
+  return kcenter_apply(id, count, n, radius, k, new_id, new_count, best, bd, joined, sqdist);
+}
+
+/// kcenter_insert after its nearest-center search: `best`/`bd` are kcenter_nearest's answer (only
+/// read when k > 0, R > 0 and n > 0).
+template <class SqDist>
+KVSIM_HD int64_t kcenter_apply(int64_t* id, double* count, int64_t n, double& radius, int64_t k, int64_t new_id,
+                               double new_count, int64_t best, double bd, int64_t* joined, SqDist sqdist) {
   *joined = -1;
   if (k == 0) return n;
-  if (n > 0 && radius > 0) {
-    int64_t best = 0;
-    double bd = INFINITY;
-    for (int64_t i = 0; i < n; ++i) {
-      const double dd = sqdist(id[i], new_id);
-      if (dd < bd) {
-        bd = dd;
-        best = i;
-      }
-    }
-    if (sqrt(bd) <= 2 * radius) {
-      count[best] += new_count;
-      *joined = best;
-      return n;
-    }
+  if (n > 0 && radius > 0 && best >= 0 && sqrt(bd) <= 2 * radius) {
+    count[best] += new_count;
+    *joined = best;
+    return n;
   }
   id[n] = new_id;
   count[n] = new_count;

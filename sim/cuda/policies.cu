@@ -259,12 +259,12 @@ __global__ void oracle_select_kernel(const float* Q, const float* K, int group, 
   for (long long i = tid; i < B; i += blockDim.x) kr[i] = i < b ? idx[i] : -1;
 }
 
-/// subgen_kcenter streaming: grid (kv_heads); thread 0 walks the stream, each token leaving the
-/// `recent` window joining the centers by hd::kcenter_insert (distances hd::key_sqdist of the
+/// subgen_kcenter streaming: grid (kv_heads); the block walks the stream, each token leaving the
+/// `recent` window joining the centers by hd::kcenter_nearest + hd::kcenter_apply (= kcenter_insert) (distances hd::key_sqdist of the
 /// recorded keys: the CPU policy's decisions bit for bit); at each evaluated step the block writes
 /// the kept list in the CPU's order — window ring rows (hd::kcenter_window_token), then the centers —
 /// and the logit bias (log cluster size when weighted). Scratch id_all, count_all [kv_heads][kc + 1].
-/// (Sequential per KV head: one thread's O(k·d) nearest-center scan per token; the first version.)
+/// (The nearest-center scan is block-parallel; joins, new centers and merge rounds run on thread 0.)
 __global__ void kcenter_select_kernel(const float* K, long long n, int d, long long recent, long long kc, bool weighted,
                                       const long long* steps, int rows, long long cap, int64_t* id_all,
                                       double* count_all, long long* kept, double* bias) {
@@ -279,17 +279,47 @@ __global__ void kcenter_select_kernel(const float* K, long long n, int d, long l
     radius = 0.0;
   }
   __syncthreads();
+  __shared__ double bdist[kPolicyThreads];
+  __shared__ int64_t bidx[kPolicyThreads];
   auto sqdist = [&](int64_t a, int64_t b) { return hd::key_sqdist(Kh + a * d, Kh + b * d, d); };
   long long t0 = 0;
   for (int r = 0; r < rows; ++r) {
     const long long T = steps[r];
-    if (tid == 0) {
-      double R = radius;
-      int64_t nc = n_c, joined = -1;
-      for (long long t = t0; t < T; ++t)
-        if (t >= recent) nc = hd::kcenter_insert(id, count, nc, R, kc, t - recent, 1.0, &joined, sqdist);
-      n_c = nc;
-      radius = R;
+    for (long long t = t0 < recent ? recent : t0; t < T; ++t) {  // token t − recent leaves the window
+      const int64_t id_new = t - recent;
+      // hd::kcenter_nearest by the block: per-thread first minimum, then a tree under the
+      // (distance, index) order — the serial scan's answer.
+      double my = INFINITY;
+      int64_t mi = -1;
+      if (kc > 0 && radius > 0)
+        for (long long i = tid; i < n_c; i += blockDim.x) {
+          const double dd = sqdist(id[i], id_new);
+          if (dd < my) {
+            my = dd;
+            mi = i;
+          }
+        }
+      bdist[tid] = my;
+      bidx[tid] = mi;
+      __syncthreads();
+      for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+        if (tid < off) {
+          const double od = bdist[tid + off];
+          const int64_t oi = bidx[tid + off];
+          if (oi >= 0 && (bidx[tid] < 0 || od < bdist[tid] || (od == bdist[tid] && oi < bidx[tid]))) {
+            bdist[tid] = od;
+            bidx[tid] = oi;
+          }
+        }
+        __syncthreads();
+      }
+      if (tid == 0) {  // join, or a new center and merge rounds (serial: rare)
+        double R = radius;
+        int64_t joined = -1;
+        n_c = hd::kcenter_apply(id, count, int64_t(n_c), R, kc, id_new, 1.0, bidx[0], bdist[0], &joined, sqdist);
+        radius = R;
+      }
+      __syncthreads();
     }
     t0 = T;
     __syncthreads();
