@@ -389,7 +389,7 @@ TEST_CASE("hd: kcenter_window_token is the ring's content", "[hd]") {
 }
 
 TEST_CASE("hd: kcenter_nearest equals the GPU's block tree under (distance, index)", "[hd]") {
-  // kcenter_select_kernel and subgen_kernel find the nearest center/representative by per-thread
+  // block_argmin (sim/cuda/common.cuh: k-center and SubGen) finds the nearest center/representative by per-thread
   // first minima then a pairwise tree; with many tied distances it must give the serial first minimum.
   Engine eng = make_engine({29});
   boost::random::uniform_int_distribution<int> few(0, 3);

@@ -250,18 +250,6 @@ KVSIM_HD double key_sqnorm(const float* a, int d) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-/// subgen_kcenter streaming (SubGen §3.2's practical variant; Charikar, Chekuri, Feder, Motwani's
-/// doubling algorithm, SubGen ref. [3]): token `new_id` (weight new_count) joins the nearest of the
-/// n centers (ids `id[0, n)`, weights `count`) when within 2R; otherwise it becomes a center, and
-/// while there are more than k centers R doubles and each center (in order) merges into the nearest
-/// earlier kept one within 2R (weights add). R starts, at the first overflow, at half the closest
-/// pair's distance (≥ 1e-12). sqdist(a, b) is ‖k_a − k_b‖² of the tokens with ids a and b (ties in
-/// "nearest" go to the lower index). Arrays hold ≥ k + 1 entries. Returns the new n; *joined is the
-/// center the token joined, or −1 when the center set changed.
-template <class SqDist>
-KVSIM_HD int64_t kcenter_apply(int64_t* id, double* count, int64_t n, double& radius, int64_t k, int64_t new_id,
-                               double new_count, int64_t best, double bd, int64_t* joined, SqDist sqdist);
-
 /// The nearest center to token new_id: the first index of the smallest sqdist(id[i], new_id) (−1 and
 /// +inf when n = 0). A GPU block may compute it in parallel under the (distance, index) order.
 template <class SqDist>
@@ -278,16 +266,8 @@ KVSIM_HD int64_t kcenter_nearest(const int64_t* id, int64_t n, int64_t new_id, d
   return best;
 }
 
-template <class SqDist>
-KVSIM_HD int64_t kcenter_insert(int64_t* id, double* count, int64_t n, double& radius, int64_t k, int64_t new_id,
-                                double new_count, int64_t* joined, SqDist sqdist) {
-  double bd = INFINITY;
-  const int64_t best = (k > 0 && radius > 0) ? kcenter_nearest(id, n, new_id, &bd, sqdist) : -1;
-  return kcenter_apply(id, count, n, radius, k, new_id, new_count, best, bd, joined, sqdist);
-}
-
-/// kcenter_insert after its nearest-center search: `best`/`bd` are kcenter_nearest's answer (only
-/// read when k > 0, R > 0 and n > 0).
+/// kcenter_insert (below) after its nearest-center search: `best`/`bd` are kcenter_nearest's answer
+/// (only read when k > 0, R > 0 and n > 0).
 template <class SqDist>
 KVSIM_HD int64_t kcenter_apply(int64_t* id, double* count, int64_t n, double& radius, int64_t k, int64_t new_id,
                                double new_count, int64_t best, double bd, int64_t* joined, SqDist sqdist) {
@@ -335,6 +315,22 @@ KVSIM_HD int64_t kcenter_apply(int64_t* id, double* count, int64_t n, double& ra
     n = kept;
   }
   return n;
+}
+
+/// subgen_kcenter streaming (SubGen §3.2's practical variant; Charikar, Chekuri, Feder, Motwani's
+/// doubling algorithm, SubGen ref. [3]): token `new_id` (weight new_count) joins the nearest of the
+/// n centers (ids `id[0, n)`, weights `count`) when within 2R; otherwise it becomes a center, and
+/// while there are more than k centers R doubles and each center (in order) merges into the nearest
+/// earlier kept one within 2R (weights add). R starts, at the first overflow, at half the closest
+/// pair's distance (≥ 1e-12). sqdist(a, b) is ‖k_a − k_b‖² of the tokens with ids a and b (ties in
+/// "nearest" go to the lower index). Arrays hold ≥ k + 1 entries. Returns the new n; *joined is the
+/// center the token joined, or −1 when the center set changed.
+template <class SqDist>
+KVSIM_HD int64_t kcenter_insert(int64_t* id, double* count, int64_t n, double& radius, int64_t k, int64_t new_id,
+                                double new_count, int64_t* joined, SqDist sqdist) {
+  double bd = INFINITY;
+  const int64_t best = (k > 0 && radius > 0) ? kcenter_nearest(id, n, new_id, &bd, sqdist) : -1;
+  return kcenter_apply(id, count, n, radius, k, new_id, new_count, best, bd, joined, sqdist);
 }
 
 /// subgen_kcenter streaming: the window token in ring row j (0 ≤ j < min(T, recent)) after T tokens —

@@ -83,6 +83,31 @@ __device__ inline float dot_f32(const float* q, const float* k, int d) {
   return acc;
 }
 
+/// Block-wide arg-min of every thread's (distance, index) candidate (index −1 = none) under the
+/// (distance, index) order, so the block returns the serial scan's first minimum
+/// (hd::kcenter_nearest; tests/test_hd.cpp emulates this tree). All threads get the result in
+/// *d, *i. `sd`, `si` are shared arrays of blockDim.x entries, reusable on return.
+__device__ inline void block_argmin(double my_d, int64_t my_i, double* sd, int64_t* si, double* d, int64_t* i) {
+  const int tid = threadIdx.x;
+  sd[tid] = my_d;
+  si[tid] = my_i;
+  __syncthreads();
+  for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+    if (tid < off) {
+      const double od = sd[tid + off];
+      const int64_t oi = si[tid + off];
+      if (oi >= 0 && (si[tid] < 0 || od < sd[tid] || (od == sd[tid] && oi < si[tid]))) {
+        sd[tid] = od;
+        si[tid] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  *d = sd[0];
+  *i = si[0];
+  __syncthreads();
+}
+
 /// Usable devices (0 with `why`); require_device throws naming the reason.
 int device_count(std::string* why);
 void require_device();

@@ -299,24 +299,13 @@ __global__ void kcenter_select_kernel(const float* K, long long n, int d, long l
             mi = i;
           }
         }
-      bdist[tid] = my;
-      bidx[tid] = mi;
-      __syncthreads();
-      for (int off = blockDim.x / 2; off > 0; off >>= 1) {
-        if (tid < off) {
-          const double od = bdist[tid + off];
-          const int64_t oi = bidx[tid + off];
-          if (oi >= 0 && (bidx[tid] < 0 || od < bdist[tid] || (od == bdist[tid] && oi < bidx[tid]))) {
-            bdist[tid] = od;
-            bidx[tid] = oi;
-          }
-        }
-        __syncthreads();
-      }
+      double bd;
+      int64_t bi;
+      block_argmin(my, mi, bdist, bidx, &bd, &bi);
       if (tid == 0) {  // join, or a new center and merge rounds (serial: rare)
         double R = radius;
         int64_t joined = -1;
-        n_c = hd::kcenter_apply(id, count, int64_t(n_c), R, kc, id_new, 1.0, bidx[0], bdist[0], &joined, sqdist);
+        n_c = hd::kcenter_apply(id, count, int64_t(n_c), R, kc, id_new, 1.0, bi, bd, &joined, sqdist);
         radius = R;
       }
       __syncthreads();
@@ -369,7 +358,7 @@ __global__ void subgen_kernel(const float* Q, const float* K, const float* V, in
   const uint64_t seed = seeds[kvh];
   extern __shared__ double qd[];  // [d]
   __shared__ double bd[kPolicyThreads], red[kPolicyThreads];
-  __shared__ long long bi[kPolicyThreads];
+  __shared__ int64_t bi[kPolicyThreads];
   __shared__ long long m, merges;
   __shared__ double mu, delta, p_new;
   __shared__ long long target;  // the cluster the token joins, or −1 for a new one
@@ -389,7 +378,7 @@ __global__ void subgen_kernel(const float* Q, const float* K, const float* V, in
     const float* kt = Kh + t * d;
     // Line 12: the nearest representative (block arg-min, ties to the lower index).
     double my_d = INFINITY;
-    long long my_i = -1;
+    int64_t my_i = -1;
     for (long long i = tid; i < m; i += blockDim.x) {
       const double d2 = hd::key_sqdist(Kh + rep[i] * d, kt, d);
       if (d2 < my_d) {
@@ -397,23 +386,11 @@ __global__ void subgen_kernel(const float* Q, const float* K, const float* V, in
         my_i = i;
       }
     }
-    bd[tid] = my_d;
-    bi[tid] = my_i;
-    __syncthreads();
-    for (int off = blockDim.x / 2; off > 0; off >>= 1) {
-      if (tid < off) {
-        const double od = bd[tid + off];
-        const long long oi = bi[tid + off];
-        if (oi >= 0 && (bi[tid] < 0 || od < bd[tid] || (od == bd[tid] && oi < bi[tid]))) {
-          bd[tid] = od;
-          bi[tid] = oi;
-        }
-      }
-      __syncthreads();
-    }
+    double best_d2;
+    int64_t b;
+    block_argmin(my_d, my_i, bd, bi, &best_d2, &b);
     if (tid == 0) {
-      const long long b = bi[0];
-      if (b >= 0 && sqrt(bd[0]) <= delta) {  // lines 13-14
+      if (b >= 0 && sqrt(best_d2) <= delta) {  // lines 13-14
         cnt[b] += 1;
         target = b;
         p_new = 1.0 / double(cnt[b]);

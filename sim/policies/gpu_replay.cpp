@@ -34,7 +34,6 @@ class GpuReplayPolicy final : public Policy {
     const int G = int(Q_.size()), d = int(K_.cols());
     if (q.rows() != G) throw Error("gpu replay: query group size changed");
     const size_t rows = steps_.size();
-    last_t_ = t;
     const bool subgen = spec_.name == "subgen";
     std::vector<int64_t> kept;
     if (subgen) {  // no token subset: the row holds the cluster count m
@@ -101,7 +100,7 @@ class GpuReplayPolicy final : public Policy {
   std::vector<float> z_;
   std::vector<double> log_sum_;
   std::vector<int64_t> kept_;
-  int64_t kept_cap_ = 0, cap_ = 0, seen_ = 0, last_count_ = 0, last_t_ = 0, last_vectors_ = 0;
+  int64_t kept_cap_ = 0, cap_ = 0, seen_ = 0, last_count_ = 0, last_vectors_ = 0;
   double last_clusters_ = 0;
   bool fixed_size_ = true;
   size_t row_ = 0;
