@@ -1,7 +1,8 @@
 // `[eval] device = "cuda"`: a policy with a GPU replay (Policy::gpu_replay: window, sink, h2o,
-// uniform, buzz, oracle_topk, subgen_kcenter streaming, subgen) runs on the GPU for a whole cell at once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands
-// the GPU's answers to the engine at the evaluated steps, so metrics, memory checks and results are
-// computed exactly as for the CPU policies. policy_ns then holds the cell's replay time (host
+// uniform, buzz, oracle_topk, subgen_kcenter streaming, subgen) runs on the GPU for a whole cell at
+// once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands the GPU's answers to the
+// engine at the evaluated steps, so metrics, memory checks and results are computed exactly as for
+// the CPU policies. policy_ns then holds the cell's replay time (host
 // transfers included) at the first evaluated step and near zero after it.
 #include <algorithm>
 
