@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""Compares two trees of kvsim results (e.g. `scripts/reproduce.sh` output before and after a refactor)
+bit for bit, timings aside.
+
+Usage: python3 scripts/compare_results.py BEFORE_DIR AFTER_DIR
+
+For every results.h5 under BEFORE_DIR: every dataset of every /policy_* group (metric datasets and
+layer/head/step) must exist in AFTER_DIR's file with identical bytes (NaN = NaN), except `policy_ns`
+(wall-clock time per step); the groups' name/label/params attributes must match. For every CSV
+(summary.csv, cells.csv, closed_loop.csv, clusters.csv, ...) the rows must match, except the
+policy_ns rows of summary/cells. Prints one line per difference and exits 1 if there is any, 0
+(printing a one-line count) otherwise; exits 2 when a directory is missing or a file unreadable.
+"""
+import csv
+import os
+import sys
+
+TIMING = {"policy_ns", "wall_seconds", "threads"}
+
+
+def die(msg):
+    print(f"compare_results: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def files(root, suffix):
+    out = []
+    for d, _, names in os.walk(root):
+        for n in names:
+            if n.endswith(suffix):
+                out.append(os.path.relpath(os.path.join(d, n), root))
+    return sorted(out)
+
+
+def compare_h5(a_path, b_path, diffs):
+    import h5py
+    import numpy as np
+    with h5py.File(a_path, "r") as a, h5py.File(b_path, "r") as b:
+        for g in sorted(k for k in a.keys() if k.startswith("policy_")):
+            if g not in b:
+                diffs.append(f"{b_path}: group {g} missing")
+                continue
+            for attr in ("name", "label", "params"):
+                if a[g].attrs.get(attr) != b[g].attrs.get(attr):
+                    diffs.append(f"{b_path}: /{g} attribute {attr}: {a[g].attrs.get(attr)!r} vs {b[g].attrs.get(attr)!r}")
+            for ds in sorted(a[g].keys()):
+                if ds in TIMING:
+                    continue
+                if ds not in b[g]:
+                    diffs.append(f"{b_path}: /{g}/{ds} missing")
+                    continue
+                x, y = a[g][ds][()], b[g][ds][()]
+                if x.shape != y.shape or x.dtype != y.dtype or x.tobytes() != y.tobytes():
+                    n = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y))))) if x.shape == y.shape else -1
+                    diffs.append(f"{b_path}: /{g}/{ds} differs ({n} entries)")
+
+
+def compare_csv(a_path, b_path, diffs):
+    with open(a_path, newline="") as fa, open(b_path, newline="") as fb:
+        ra, rb = list(csv.reader(fa)), list(csv.reader(fb))
+    if not ra or not rb or ra[0] != rb[0]:
+        diffs.append(f"{b_path}: header differs")
+        return
+    head = ra[0]
+    timing_cols = [i for i, h in enumerate(head) if h in TIMING]
+    metric_col = head.index("metric") if "metric" in head else -1
+
+    def keep(r):
+        return metric_col < 0 or r[metric_col] not in TIMING
+
+    ra = [[c for i, c in enumerate(r) if i not in timing_cols] for r in ra[1:] if keep(r)]
+    rb = [[c for i, c in enumerate(r) if i not in timing_cols] for r in rb[1:] if keep(r)]
+    if len(ra) != len(rb):
+        diffs.append(f"{b_path}: {len(rb)} rows vs {len(ra)}")
+        return
+    for i, (x, y) in enumerate(zip(ra, rb)):
+        if x != y:
+            diffs.append(f"{b_path}: row {i + 2}: {','.join(y)} (before: {','.join(x)})")
+
+
+def main():
+    if len(sys.argv) != 3:
+        die("usage: compare_results.py BEFORE_DIR AFTER_DIR")
+    a_root, b_root = sys.argv[1], sys.argv[2]
+    for r in (a_root, b_root):
+        if not os.path.isdir(r):
+            die(f"{r}: not a directory")
+    diffs, n = [], 0
+    for rel in files(a_root, "results.h5"):
+        b = os.path.join(b_root, rel)
+        if not os.path.exists(b):
+            diffs.append(f"{b}: missing")
+            continue
+        compare_h5(os.path.join(a_root, rel), b, diffs)
+        n += 1
+    for rel in files(a_root, ".csv"):
+        b = os.path.join(b_root, rel)
+        if not os.path.exists(b):
+            diffs.append(f"{b}: missing")
+            continue
+        compare_csv(os.path.join(a_root, rel), b, diffs)
+        n += 1
+    for d in diffs:
+        print(d)
+    if diffs:
+        sys.exit(1)
+    print(f"compare_results: {n} files identical (timings aside)")
+
+
+if __name__ == "__main__":
+    main()
