@@ -6,9 +6,9 @@
 #include <random>
 #include <string>
 
-#include "kvsim/recording.hpp"
-#include "kvsim/error.hpp"
-#include "kvsim/synth.hpp"
+#include "kvsim/io/recording.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/io/synth.hpp"
 
 namespace kvsim::test {
 

@@ -7,8 +7,8 @@
 
 #include "../sim/policies/factories.hpp"
 #include "helpers.hpp"
-#include "kvsim/buzz.hpp"
-#include "kvsim/rng.hpp"
+#include "kvsim/analysis/buzz.hpp"
+#include "kvsim/core/rng.hpp"
 
 using namespace kvsim;
 

@@ -5,9 +5,9 @@
 #include <fstream>
 
 #include "helpers.hpp"
-#include "kvsim/config.hpp"
-#include "kvsim/h5.hpp"
-#include "kvsim/results.hpp"
+#include "kvsim/cli/config.hpp"
+#include "kvsim/io/h5.hpp"
+#include "kvsim/io/results.hpp"
 
 using namespace kvsim;
 using Catch::Matchers::Contains;
@@ -83,10 +83,10 @@ TEST_CASE("engine: identical results at 1 2 and 3 threads", "[engine]") {
         REQUIRE(a[i].layer == b[i].layer);
         REQUIRE(a[i].head == b[i].head);
         REQUIRE(a[i].step == b[i].step);
-        for (size_t m = 0; m < metric_names().size(); ++m) {
-          if (metric_names()[m] == "policy_ns") continue;  // wall-clock time, not a result
-          INFO(r1.policies[p].spec.label << " " << metric_names()[m] << " row " << i);
-          REQUIRE(same_bits(metric_value(a[i], m), metric_value(b[i], m)));
+        for (size_t m = 0; m < r1.metrics.size(); ++m) {
+          if (r1.metrics[m].name == "policy_ns") continue;  // wall-clock time, not a result
+          INFO(r1.policies[p].spec.label << " " << r1.metrics[m].name << " row " << i);
+          REQUIRE(same_bits(a[i][m], b[i][m]));
         }
       }
     }
@@ -175,7 +175,7 @@ TEST_CASE("results: files are written whole and summaries are consistent", "[res
   CHECK(f.attr_string("label", "/policy_02") == "window(budget=0.25)");
   auto rel = f.read_double_vector("/policy_02/rel_err");
   REQUIRE(rel.size() == r.policies[2].rows.size());
-  for (size_t i = 0; i < rel.size(); ++i) REQUIRE(rel[i] == r.policies[2].rows[i].rel_err);
+  for (size_t i = 0; i < rel.size(); ++i) REQUIRE(rel[i] == metric_of(r.policies[2].rows[i], "rel_err"));
   // summary.csv "all" mean of rel_err equals the mean of the rows.
   std::ifstream csv(out + "/summary.csv");
   std::string line;
@@ -246,7 +246,7 @@ memory = 0.3
       REQUIRE((M == 20 || M == 60));
       for (const auto& row : pr.rows) {
         const double target = double(std::min<int64_t>(M, row.step)) * 2 * 8 * 4 * copies;
-        REQUIRE(std::abs(row.cache_bytes - target) <= 0.02 * target);
+        REQUIRE(std::abs(metric_of(row, "cache_bytes") - target) <= 0.02 * target);
       }
     }
   }
@@ -282,10 +282,10 @@ memory = [0.1, 0.3]
     const double target = double(memory_target_tokens(pr.spec.params, 400)) * 2 * 8 * 4;
     double peak = 0;
     for (const auto& row : pr.rows) {
-      REQUIRE(row.cache_bytes <= 1.02 * target);
-      peak = std::max(peak, row.cache_bytes);
+      REQUIRE(metric_of(row, "cache_bytes") <= 1.02 * target);
+      peak = std::max(peak, metric_of(row, "cache_bytes"));
       // The per-query best set of the same size (oracle_topk) keeps at least as much attention.
-      if (!std::isnan(row.kept_mass)) REQUIRE(row.attention_loss >= 1 - row.oracle_mass - 1e-12);
+      if (!std::isnan(metric_of(row, "kept_mass"))) REQUIRE(metric_of(row, "attention_loss") >= 1 - metric_of(row, "oracle_mass") - 1e-12);
     }
     INFO(pr.spec.label << ": peak " << peak << " target " << target);
     CHECK(peak >= 0.95 * target);
@@ -343,7 +343,8 @@ TEST_CASE("results: rows streamed to disk cell by cell give the in-memory writer
       std::snprintf(g, sizeof g, "/policy_%02zu/", p);
       CHECK(a.attr_string("label", g) == b.attr_string("label", g));
       for (const char* ic : {"layer", "head"}) CHECK(a.read_int_vector(g + std::string(ic)) == b.read_int_vector(g + std::string(ic)));
-      for (const auto& m : metric_names()) {
+      for (const auto& col : metric_columns()) {
+        const std::string& m = col.name;
         if (m == "policy_ns") continue;
         const auto x = a.read_double_vector(g + m), y = b.read_double_vector(g + m);
         REQUIRE(x.size() == y.size());
@@ -354,7 +355,7 @@ TEST_CASE("results: rows streamed to disk cell by cell give the in-memory writer
   // An unfinished run (an error mid-way) leaves neither files nor the folder it created.
   {
     ResultSpill spill(tmp.file("aborted"), ex);
-    spill.begin({3, 3});
+    spill.begin({3, 3}, metric_columns());
   }
   CHECK_FALSE(std::filesystem::exists(tmp.file("aborted")));
 }
@@ -374,13 +375,13 @@ TEST_CASE("engine: the float32 reference gives the float64 run's metrics within 
       INFO(a.policies[p].spec.label << " row " << i);
       REQUIRE(ra[i].step == rb[i].step);
       if (a.policies[p].spec.name == "exact") {
-        worst_exact = std::max(worst_exact, rb[i].rel_err);
+        worst_exact = std::max(worst_exact, metric_of(rb[i], "rel_err"));
         continue;
       }
       // Policy errors are ≥ 1e-3 here; the reference's rounding (~1e-6) moves them by far less.
-      CHECK(rb[i].rel_err == Approx(ra[i].rel_err).epsilon(1e-3).margin(1e-5));
-      CHECK(rb[i].eps_spectral == Approx(ra[i].eps_spectral).epsilon(1e-3).margin(1e-5));
-      if (!std::isnan(ra[i].kept_mass)) CHECK(rb[i].kept_mass == Approx(ra[i].kept_mass).margin(1e-5));
+      CHECK(metric_of(rb[i], "rel_err") == Approx(metric_of(ra[i], "rel_err")).epsilon(1e-3).margin(1e-5));
+      CHECK(metric_of(rb[i], "eps_spectral") == Approx(metric_of(ra[i], "eps_spectral")).epsilon(1e-3).margin(1e-5));
+      if (!std::isnan(metric_of(ra[i], "kept_mass"))) CHECK(metric_of(rb[i], "kept_mass") == Approx(metric_of(ra[i], "kept_mass")).margin(1e-5));
     }
   }
   // The exact policy (double arithmetic) now measures the float32 reference's own rounding.

@@ -1,12 +1,12 @@
-// The step logic shared by the CPU and CUDA paths (include/kvsim/hd.hpp), tested on the CPU: these
+// The step logic shared by the CPU and CUDA paths (include/kvsim/core/hd.hpp), tested on the CPU: these
 // are the functions the kernels run, so CPU/GPU parity of this logic holds by construction.
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "kvsim/hd.hpp"
-#include "kvsim/policy.hpp"
-#include "kvsim/reference.hpp"
-#include "kvsim/rng.hpp"
+#include "kvsim/core/hd.hpp"
+#include "kvsim/policies/policy.hpp"
+#include "kvsim/replay/reference.hpp"
+#include "kvsim/core/rng.hpp"
 #include <boost/random/normal_distribution.hpp>
 #include <boost/random/uniform_int_distribution.hpp>
 #include <algorithm>

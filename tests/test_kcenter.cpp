@@ -5,8 +5,8 @@
 #include <functional>
 
 #include "helpers.hpp"
-#include "kvsim/policy.hpp"
-#include "kvsim/rng.hpp"
+#include "kvsim/policies/policy.hpp"
+#include "kvsim/core/rng.hpp"
 
 using namespace kvsim;
 

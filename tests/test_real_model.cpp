@@ -10,9 +10,9 @@
 
 #include "helpers.hpp"
 #include "submodular.hpp"
-#include "kvsim/record.hpp"
-#include "kvsim/reference.hpp"
-#include "kvsim/subgen.hpp"
+#include "kvsim/model/record.hpp"
+#include "kvsim/replay/reference.hpp"
+#include "kvsim/analysis/subgen.hpp"
 
 using namespace kvsim;
 

@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "kvsim/reference.hpp"
-#include "kvsim/rng.hpp"
+#include "kvsim/replay/reference.hpp"
+#include "kvsim/core/rng.hpp"
 
 using namespace kvsim;
 
@@ -112,7 +112,7 @@ TEST_CASE("reference: operator norm with a degenerate top eigenvalue", "[referen
 }
 
 TEST_CASE("reference: float32 reference stays within its rounding bound of long double", "[reference]") {
-  // exact_attention_f32's documented bound (include/kvsim/reference.hpp): with Δ = γ_{d+1}·max_i Σ_j
+  // exact_attention_f32's documented bound (include/kvsim/replay/reference.hpp): with Δ = γ_{d+1}·max_i Σ_j
   // |q̃_j k_ij| bounding every logit's rounding, |δ log τ| ≤ Δ + O(t·u) and
   // ‖δ Attn‖₂ ≤ (e^{2Δ} − 1 + O(t·u))·Σ_i a_i‖v_i‖₂. O(t·u) is taken as (t + 16)·u.
   Engine eng = make_engine({43});

@@ -5,8 +5,8 @@
 #include <functional>
 
 #include "helpers.hpp"
-#include "kvsim/error.hpp"
-#include "kvsim/h5.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/io/h5.hpp"
 
 using namespace kvsim;
 using Catch::Matchers::Contains;

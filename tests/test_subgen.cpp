@@ -9,9 +9,9 @@
 #include <limits>
 
 #include "helpers.hpp"
-#include "kvsim/reference.hpp"
-#include "kvsim/rng.hpp"
-#include "kvsim/subgen.hpp"
+#include "kvsim/replay/reference.hpp"
+#include "kvsim/core/rng.hpp"
+#include "kvsim/analysis/subgen.hpp"
 
 using namespace kvsim;
 

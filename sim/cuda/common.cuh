@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "kvsim/cuda.hpp"
+#include "kvsim/cuda/cuda.hpp"
 
-#include "kvsim/error.hpp"
-#include "kvsim/hd.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/hd.hpp"
 
 namespace kvsim::cuda_impl {
 

@@ -4,8 +4,8 @@
 // state; a block reduction merges the states (hd::OnlineSoftmax::merge — the same code the CPU tests
 // run); pass 2 forms the output with one thread per output dimension (coalesced reads of V) and,
 // when asked, writes the normalized attention row. fp32 arithmetic throughout.
-// Built as the module libkvsim_cuda.so, loaded by sim/cuda_loader.cpp on first use
-// (include/kvsim/cuda_module.hpp); the functions below implement include/kvsim/cuda.hpp's API.
+// Built as the module libkvsim_cuda.so, loaded by sim/cuda/loader.cpp on first use
+// (include/kvsim/cuda/module.hpp); the functions below implement include/kvsim/cuda/cuda.hpp's API.
 // First version, written and compiled without a GPU: correctness is checked by the parity tests
 // (tests/cuda_parity.cpp) wherever a device exists; speed has not been tuned yet.
 #include <cublas_v2.h>
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "kvsim/cuda_module.hpp"
-#include "kvsim/error.hpp"
-#include "kvsim/hd.hpp"
+#include "kvsim/cuda/module.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/hd.hpp"
 #include "common.cuh"
 
 namespace kvsim::cuda_impl {

@@ -1,5 +1,5 @@
 // kvsim CUDA path, step 2: policy replays on the GPU for every KV head of a layer at once, with the
-// step logic of include/kvsim/hd.hpp that the CPU policies run too. Two kinds of kernel:
+// step logic of include/kvsim/core/hd.hpp that the CPU policies run too. Two kinds of kernel:
 //  - selection, then kept_attend_kernel: policies whose cache does not depend on attention get their
 //    kept token lists first — window / sink (StreamingLLM) in closed form (hd::sink_window_token),
 //    uniform by its Philox reservoir (hd::reservoir_slot, one thread per KV head walking the stream),
@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "common.cuh"
-#include "kvsim/cuda_module.hpp"
-#include "kvsim/hd.hpp"
+#include "kvsim/cuda/module.hpp"
+#include "kvsim/core/hd.hpp"
 
 namespace kvsim::cuda_impl {
 namespace {
@@ -331,7 +331,7 @@ __global__ void kcenter_select_kernel(const float* K, long long n, int d, long l
   }
 }
 
-/// subgen (SubGen Algorithm 1, seeds/000 §2; include/kvsim/subgen.hpp), one block per KV head over
+/// subgen (SubGen Algorithm 1, seeds/000 §2; include/kvsim/analysis/subgen.hpp), one block per KV head over
 /// the stream, the CPU's SubGen::update step by step: the nearest representative by a block arg-min
 /// of hd::key_sqdist under (distance, index) order (the CPU's first minimum); each sample slot's coin
 /// hd::philox_u01 at (seed, token, slot) — the CPU's flips; merge rounds (max_clusters > 0) run by

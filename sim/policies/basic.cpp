@@ -4,8 +4,8 @@
 #include <numeric>
 
 #include "factories.hpp"
-#include "kvsim/error.hpp"
-#include "kvsim/hd.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/hd.hpp"
 #include "slot_cache.hpp"
 
 namespace kvsim::policies {
@@ -39,7 +39,7 @@ class SinkWindowPolicy final : public Policy {
   SinkWindowPolicy(int64_t sink, int64_t window, int d, bool f32)
       : sink_(sink), window_(window), cache_(sink + window, d, f32) {}
   void observe(int64_t t, const float* k, const float* v) override {
-    // Shared with the CUDA path (include/kvsim/hd.hpp): the first sink + window tokens fill the
+    // Shared with the CUDA path (include/kvsim/core/hd.hpp): the first sink + window tokens fill the
     // slots in order, later ones replace the oldest non-sink token (a ring over the window part).
     const int64_t slot = hd::sink_window_slot(t, sink_, window_);
     if (slot == cache_.size()) cache_.append(t, k, v);

@@ -1,14 +1,14 @@
 // `buzz`: BUZZ (seeds/002) §3.3 Algorithms 1-2 — sink + beehive body + sliding window; see
-// include/kvsim/buzz.hpp for the body recurrence. `log_scale = true` multiplies the logits by
+// include/kvsim/analysis/buzz.hpp for the body recurrence. `log_scale = true` multiplies the logits by
 // log_512(t) (BUZZ §3.5, Eq. 7-8; t = tokens so far), measured against the unscaled exact reference.
-#include "kvsim/buzz.hpp"
+#include "kvsim/analysis/buzz.hpp"
 
 #include <cmath>
 #include <deque>
 
 #include "factories.hpp"
-#include "kvsim/error.hpp"
-#include "kvsim/hd.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/hd.hpp"
 #include "slot_cache.hpp"
 
 namespace kvsim {

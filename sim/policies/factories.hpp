@@ -1,9 +1,9 @@
-// Internal: factory functions of the built-in policies (registered in sim/policy.cpp).
+// Internal: factory functions of the built-in policies (registered in sim/policies/policy.cpp).
 #pragma once
 #include <memory>
 
-#include "kvsim/hd.hpp"
-#include "kvsim/policy.hpp"
+#include "kvsim/core/hd.hpp"
+#include "kvsim/policies/policy.hpp"
 
 namespace kvsim::policies {
 

@@ -6,9 +6,9 @@
 // transfers included) at the first evaluated step and near zero after it.
 #include <algorithm>
 
-#include "kvsim/error.hpp"
-#include "kvsim/hd.hpp"
-#include "kvsim/policy.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/hd.hpp"
+#include "kvsim/policies/policy.hpp"
 
 namespace kvsim {
 namespace {

@@ -15,8 +15,8 @@
 #include <cmath>
 
 #include "factories.hpp"
-#include "kvsim/error.hpp"
-#include "kvsim/hd.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/hd.hpp"
 #include "slot_cache.hpp"
 
 namespace kvsim::policies {
@@ -45,7 +45,7 @@ class H2OPolicy final : public Policy {
     }
     // Evict the lowest-score token outside the recent window: after token t joins, positions
     // t − recent_ + 1 .. t are the recent ones, so candidates have position ≤ t − recent_.
-    // The rule is shared with the CUDA path (include/kvsim/hd.hpp).
+    // The rule is shared with the CUDA path (include/kvsim/core/hd.hpp).
     int64_t victim = -1;
     for (int64_t s = 0; s < cache_.size(); ++s) {
       if (!hd::h2o_evictable(cache_.position(s), t, recent_)) continue;  // token t is not yet cached

@@ -11,9 +11,9 @@
 #include <unordered_set>
 
 #include "factories.hpp"
-#include "kvsim/clustering.hpp"
-#include "kvsim/error.hpp"
-#include "kvsim/hd.hpp"
+#include "kvsim/analysis/clustering.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/hd.hpp"
 
 namespace kvsim::policies {
 namespace {

@@ -14,8 +14,8 @@
 #pragma once
 #include <vector>
 
-#include "kvsim/error.hpp"
-#include "kvsim/policy.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/policies/policy.hpp"
 
 namespace kvsim::policies {
 

@@ -1,9 +1,9 @@
-// `subgen`: SubGen Algorithm 1 (seeds/000, §2) as a cache policy. See include/kvsim/subgen.hpp.
+// `subgen`: SubGen Algorithm 1 (seeds/000, §2) as a cache policy. See include/kvsim/analysis/subgen.hpp.
 #include <cmath>
 
 #include "factories.hpp"
-#include "kvsim/error.hpp"
-#include "kvsim/subgen.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/analysis/subgen.hpp"
 
 namespace kvsim::policies {
 namespace {

@@ -1,0 +1,31 @@
+// kvsim: H2O's submodular attention objectives (seeds/004 §4.1, Appendix D; DESIGN §5–6).
+//
+// With A(i, j) = a_i(j), the attention of query i on token j (zero for j > i):
+//   facility location  f_t(S) = Σ_{i ≤ t} max_{j ∈ S} A(i, j)   — monotone submodular in S;
+//   log mass           g_t(S) = log(1 + Σ_{j ∈ S} e^{<k_j, q̃_t>}/τ_t) = log(1 + Σ_{j∈S} a_t(j)),
+//                      maximized over |S| = m by the top-m tokens (so greedy = OPT for g).
+// H2O Theorem 4.4: the eviction policy's set S̃_t satisfies f(S̃_t) ≥ (1 − α)(1 − 1/e)·max_{|S|=k} f(S) − β.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kvsim/core/types.hpp"
+
+namespace kvsim {
+
+/// f_t(S) for the first t queries (rows) of A. Indices in S must be < A.cols().
+double facility_value(const MatD& A, int64_t t, const std::vector<int64_t>& S);
+
+/// Lazy greedy (Minoux) for max f_t(S) over |S| = m, S ⊆ {0..t−1}: each pick has the largest
+/// marginal gain (exactly greedy; equal gains may resolve differently than a plain left-to-right
+/// scan), so the value is ≥ (1 − 1/e)·OPT.
+double facility_greedy(const MatD& A, int64_t t, int64_t m);
+
+/// Exact max f_t(S) over |S| = m by enumeration when C(t, m) ≤ limit; NaN otherwise.
+double facility_brute(const MatD& A, int64_t t, int64_t m, double limit = 2e4);
+
+/// Theorem 4.4 verdict for value f against (1 − α)(1 − 1/e)·OPT − β, when OPT is only known to lie in
+/// [greedy, greedy/(1 − 1/e)] (or exactly, when `opt` is not NaN): 1 = holds, 0 = fails, NaN = cannot tell.
+double theorem44_verdict(double f, double greedy, double opt, double alpha, double beta);
+
+}  // namespace kvsim

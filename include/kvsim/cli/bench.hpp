@@ -1,0 +1,17 @@
+// kvsim: `kvsim bench` — throughput figures against the machine's own limits (issue "Performance").
+#pragma once
+#include <string>
+
+namespace kvsim {
+
+struct BenchOptions {
+  bool quick = false;        ///< smaller sizes (used by the test); the default runs the full set
+  int threads = 0;           ///< N for the 1-vs-N comparison (0 = all cores)
+  std::string json;          ///< also write the figures as JSON here (atomically)
+  std::string device = "cpu";  ///< "cuda": the GPU figures of include/kvsim/cuda/cuda.hpp instead
+};
+
+/// Runs the benchmarks and returns the printable report (figures, not pass/fail).
+std::string run_bench(const BenchOptions& o);
+
+}  // namespace kvsim

@@ -1,0 +1,48 @@
+// kvsim: named parameters (a [[policy]] table, a --set override) and a policy specification.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <variant>
+
+namespace kvsim {
+
+/// One parameter value from a config ([[policy]] table) or the command line.
+using ParamValue = std::variant<int64_t, double, bool, std::string>;
+
+/// Named parameters with the place they came from (for error messages). Every getter marks the key
+/// as used; `check_all_used` rejects keys no policy asked for (typos are errors, not silent defaults).
+class Params {
+ public:
+  void set(const std::string& key, ParamValue v, std::string where = "");
+  bool has(const std::string& key) const { return values_.count(key) > 0; }
+  int64_t get_int(const std::string& key, int64_t def) const;
+  double get_double(const std::string& key, double def) const;
+  bool get_bool(const std::string& key, bool def) const;
+  std::string get_string(const std::string& key, const std::string& def) const;
+  /// A token budget: an integer is a number of tokens, a float in (0, 1] a fraction of n (rounded,
+  /// at least 1). Throws if missing and `required`.
+  int64_t get_budget(const std::string& key, int64_t n, int64_t def = -1) const;
+  void check_all_used(const std::string& owner) const;
+  std::string where(const std::string& key) const;
+  /// "key=value, ..." in key order (for labels and result attributes).
+  std::string to_string() const;
+  const std::map<std::string, ParamValue>& values() const { return values_; }
+
+ private:
+  std::map<std::string, ParamValue> values_;
+  std::map<std::string, std::string> where_;
+  mutable std::set<std::string> used_;
+};
+
+std::string param_to_string(const ParamValue& v);
+
+/// A [[policy]] entry of an experiment: registry name, unique display label, parameters.
+struct PolicySpec {
+  std::string name;    ///< registry name (exact, window, ...)
+  std::string label;   ///< unique display label, e.g. "window(budget=0.25)"
+  Params params;
+};
+
+}  // namespace kvsim

@@ -1,0 +1,98 @@
+// kvsim: result files. `results.h5` holds every evaluated row; `summary.csv` the aggregates.
+//
+// results.h5: root attributes experiment, source, config (the resolved TOML), n_tokens, seed,
+//   n_layers, n_heads, n_kv_heads, head_dim, threads, wall_seconds; one group per policy
+//   /policy_{i:02d} with attributes name, label, params and 1-D datasets layer, head, step and one
+//   per metric column (the metric registry's, with `unit`, `description` and `source` attributes).
+//   NaN = not applicable.
+// summary.csv: policy,label,layer,metric,count,mean,median,p95,max — one row per policy, layer
+//   ("all" for every layer together) and metric, NaN rows skipped in the statistics.
+// cells.csv: policy,label,layer,head,metric,count,mean,median,p95,max — the same per (layer, query
+//   head) cell, over its evaluated steps.
+// All files are written to a temporary name and renamed into place (never half-written).
+#pragma once
+#include <array>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvsim/io/recording.hpp"
+#include "kvsim/io/spec.hpp"
+
+namespace kvsim {
+
+/// A metric column of a result: its name (dataset / CSV `metric` value), unit, description and
+/// source, from the metric registry (include/kvsim/replay/metrics.hpp).
+struct MetricColumn {
+  std::string name, unit, description, source;
+};
+
+/// Most metrics a row can hold (the registry's size is checked against it).
+inline constexpr size_t kMaxMetrics = 32;
+
+/// One evaluated (policy, layer, query head, step): the value of each metric column, in the run's
+/// column order. NaN marks a metric that does not apply.
+struct MetricRow {
+  int32_t layer = 0, head = 0;
+  int64_t step = 0;
+  std::array<double, kMaxMetrics> value;
+  double operator[](size_t i) const { return value[i]; }
+  double& operator[](size_t i) { return value[i]; }
+};
+
+struct PolicyResult {
+  PolicySpec spec;
+  std::vector<MetricRow> rows;   ///< ordered by (layer, kv head, query head, step)
+};
+
+struct RunResult {
+  RecordingMeta meta;
+  std::string source;
+  int64_t n_tokens = 0;          ///< tokens replayed
+  std::vector<int> layers;
+  std::vector<PolicyResult> policies;
+  double wall_seconds = 0;
+  int threads = 1;
+  std::vector<MetricColumn> metrics;  ///< the columns of every row, in order
+};
+
+
+struct Stat {
+  int64_t count = 0;
+  double mean = NAN, median = NAN, p95 = NAN, max = NAN;
+};
+
+/// Statistics over the finite values of `v` (NaN entries are skipped).
+Stat summarize(std::vector<double> v);
+
+void write_results(const RunResult& r, const Experiment& ex, const std::string& out_dir);
+
+/// The human-readable table printed by `kvsim run` (policy × key metrics, means and p95 over all rows).
+std::string summary_table(const RunResult& r);
+
+/// Streams a run's rows to disk as its cells finish, so memory does not grow with the number of
+/// layers (issue "Performance"): run_experiment() calls begin() once with the rows each cell yields
+/// per policy, then write_cell() for every finished cell (any thread, any order: rows land at the
+/// cell's fixed offset, so the files are those write_results() writes, at any thread count — tested);
+/// finish() adds the attributes, writes summary.csv and cells.csv reading one column at a time, and
+/// renames everything into place. Until finish() succeeds nothing is visible under the final names;
+/// the destructor removes the temporary files of an unfinished run.
+class ResultSpill {
+ public:
+  ResultSpill(const std::string& out_dir, const Experiment& ex);
+  ~ResultSpill();
+  ResultSpill(const ResultSpill&) = delete;
+  ResultSpill& operator=(const ResultSpill&) = delete;
+  void begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics);
+  void write_cell(size_t cell, const std::vector<std::vector<MetricRow>>& rows);
+  /// `r` carries meta, source, policy specs, wall time and threads (its rows are empty). Returns the
+  /// summary table text (as summary_table()).
+  std::string finish(const RunResult& r);
+
+ private:
+  struct State;
+  std::unique_ptr<State> st_;
+};
+
+}  // namespace kvsim

@@ -1,0 +1,56 @@
+// kvsim: an experiment's description — what to replay, when to evaluate, which policies — as read
+// from a config (sim/cli/config.cpp) and stored with its results.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvsim/core/params.hpp"
+#include "kvsim/io/synth.hpp"
+
+namespace kvsim {
+
+struct DataSpec {
+  std::string path;              ///< a recording file, or empty for the synthetic preset
+  bool synthetic = false;
+  SynthParams synth;
+  std::vector<int> layers;       ///< empty = all
+  std::vector<int> heads;        ///< query heads; empty = all
+  int64_t tokens = 0;            ///< replay only the first `tokens` (0 = all)
+};
+
+struct EvalSpec {
+  int64_t every = 1;             ///< evaluate every `every` steps ...
+  int64_t from = 1;              ///< ... starting at step `from`; the last step is always evaluated
+  std::string gqa = "kv_head";   ///< "kv_head" (one cache per KV head) or "query_head"
+  std::string group_agg = "mean";
+  /// "float64" (default) or "float32": arithmetic of the window, sink, h2o, buzz and uniform policies
+  /// (sim/policies/slot_cache.hpp). The exact reference and metrics are always double.
+  std::string policy_precision = "float64";
+  /// "cpu" (default) or "cuda": where the exact reference runs (include/kvsim/cuda/cuda.hpp; fp32 on the
+  /// GPU, so reference-relative metrics carry ~1e-5 of its rounding). Policies with a GPU replay
+  /// (Policy::gpu_replay: all but subgen_kcenter prefill and h2o oracle scores) run there
+  /// too (sim/policies/gpu_replay.cpp).
+  std::string device = "cpu";
+  /// "float64" (default; ≤ 1e-6 of long double, DESIGN §6) or "float32": arithmetic of the CPU exact
+  /// reference (include/kvsim/replay/reference.hpp, exact_attention_f32: ~2x faster, ~1e-5 relative error,
+  /// which the exact policy's metrics then show). Metrics and τ's sum stay double.
+  std::string reference_precision = "float64";
+  // H2O objectives (include/kvsim/analysis/objectives.hpp), off by default: computed at evaluated steps t that
+  // are multiples of objectives_every (and the last), for t ≤ objectives_max_t.
+  bool objectives = false;
+  int64_t objectives_every = 16;
+  int64_t objectives_max_t = 1024;
+  double theorem44_alpha = 0.0, theorem44_beta = 0.0;
+};
+
+struct Experiment {
+  std::string name = "experiment";
+  uint64_t seed = 1;
+  DataSpec data;
+  EvalSpec eval;
+  std::vector<PolicySpec> policies;
+  std::string config_text;       ///< the resolved configuration, stored with the results
+};
+
+}  // namespace kvsim

@@ -1,0 +1,85 @@
+// kvsim: a Llama-architecture forward pass for llama2.c checkpoints, used by `kvsim record` to
+// capture real query/key/value tensors (DESIGN §8).
+//
+// Checkpoint format (llama2.c "version 0"): 7 little-endian int32 (dim, hidden_dim, n_layers,
+// n_heads, n_kv_heads, vocab_size, seq_len; vocab_size < 0 means a separate classifier), then float32
+// weights: token_embedding [vocab, dim], rms_att [L, dim], wq [L, dim, dim], wk [L, kv_dim, dim],
+// wv [L, kv_dim, dim], wo [L, dim, dim], rms_ffn [L, dim], w1 [L, hidden, dim], w2 [L, dim, hidden],
+// w3 [L, hidden, dim], rms_final [dim], freq_cis_real/imag [seq_len, head_dim/2] (unused: rotary
+// angles are recomputed with θ = 10000), then wcls [vocab, dim] when not shared.
+// Block: x += Wo·Attn(RoPE(Wq·n(x)), RoPE(Wk·n(x)), Wv·n(x)); x += W2(silu(W1·n(x)) ⊙ W3·n(x)),
+// n = RMSNorm (eps 1e-5); rotary on adjacent pairs (2i, 2i+1) of each head.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvsim/core/types.hpp"
+
+namespace kvsim {
+
+struct LlamaConfig {
+  int dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, vocab_size = 0, seq_len = 0;
+  bool shared_classifier = true;
+  int head_dim() const { return dim / n_heads; }
+  int kv_dim() const { return head_dim() * n_kv_heads; }
+};
+
+/// What one layer computed for one token: post-rotary q [n_heads·hd], k and v [n_kv_heads·hd], and
+/// the per-head attention output [n_heads·hd] (before Wo).
+struct LayerTrace {
+  const float* q;
+  const float* k;
+  const float* v;
+  const float* attn;
+};
+
+/// Who computes attention inside the model. The default (no override) is exact attention over the
+/// model's own cache; `kvsim record --policy` installs a cache policy instead (closed loop: later
+/// tokens are computed from the compressed attention, as a deployed cache would behave).
+class KVAttention {
+ public:
+  virtual ~KVAttention() = default;
+  /// Token `pos` (0-based) of `layer`: q is [n_heads·hd] (post-rotary), k and v are [n_kv_heads·hd];
+  /// write the per-head attention output [n_heads·hd] into `out`.
+  virtual void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) = 0;
+};
+
+class LlamaModel {
+ public:
+  /// Loads and validates a checkpoint (header sanity, file size matches the header exactly).
+  explicit LlamaModel(const std::string& path);
+  const LlamaConfig& config() const { return cfg_; }
+  const std::string& path() const { return path_; }
+
+  /// Runs one token at position `pos` (0-based, positions must be fed in order from 0) and returns
+  /// the logits [vocab]. The exact KV cache is kept internally. `trace`, if set, is called once per
+  /// layer with that layer's tensors.
+  const std::vector<float>& forward(int token, int pos,
+                                    const std::function<void(int layer, const LayerTrace&)>& trace = {});
+  /// Install (or with nullptr remove) an attention override; not owned. Positions restart at 0
+  /// with a fresh exact cache whenever forward(·, 0) is called.
+  void set_attention(KVAttention* a) { override_ = a; }
+
+ private:
+  LlamaConfig cfg_;
+  std::string path_;
+  std::vector<float> data_;
+  // Weight pointers into data_.
+  const float *emb_, *rms_att_, *wq_, *wk_, *wv_, *wo_, *rms_ffn_, *w1_, *w2_, *w3_, *rms_final_, *wcls_;
+  // Activations and cache.
+  std::vector<float> x_, xb_, q_, k_, v_, att_out_, hb_, hb2_, logits_;
+  // Exact cache in double, one [seq_len, head_dim] matrix per (layer, kv head): the same arithmetic
+  // as the `exact` policy (attend_cached), so a closed loop with `exact` reproduces it bit for bit.
+  std::vector<MatD> key_cache_, value_cache_;
+  KVAttention* override_ = nullptr;
+};
+
+/// Mean of a vector (helper for cross-entropy reports).
+double mean_of(const std::vector<float>& v);
+
+/// Cross-entropy (nats) of `target` under `logits`, log-sum-exp in double, stored as float — the one
+/// definition `kvsim record` and the closed loop share, so their means agree bit for bit.
+float token_cross_entropy(const std::vector<float>& logits, int target);
+
+}  // namespace kvsim

@@ -1,0 +1,43 @@
+// kvsim: `kvsim record` — run a llama2.c checkpoint and write its post-rotary q, k and v of every
+// layer and head (plus the model's own per-head attention output) in the recording schema.
+#pragma once
+#include <string>
+#include <cmath>
+#include <vector>
+
+#include "kvsim/policies/policy.hpp"
+
+namespace kvsim {
+
+struct RecordOptions {
+  std::string checkpoint;
+  std::string tokenizer;
+  std::string text_path;    ///< teacher-forced mode: encode this text (with BOS)
+  int tokens = 256;         ///< teacher-forced: number of tokens (≤ the model's seq_len)
+  int generate = 0;         ///< >0: greedy generation of up to this many positions
+  std::string prompt;       ///< generation mode: optional prompt (else BOS only)
+  std::string out;          ///< output .h5 (written atomically); empty = do not write
+  bool with_attn = true;    ///< also store /layer_*/attn (the model's attention output)
+  std::vector<int> token_ids;  ///< teacher-forced: use these tokens instead of encoding text_path
+  /// Closed loop: a policy manages every (layer, KV head) cache while recording (`--policy`).
+  std::string policy;
+  Params policy_params;
+  std::string gqa = "kv_head";
+  uint64_t seed = 1;
+};
+
+struct RecordResult {
+  std::vector<int> tokens;
+  std::vector<float> cross_entropy;  ///< teacher-forced: nats, size tokens-1
+  double mean_cross_entropy = 0;
+  std::string text;                  ///< decoded text of the recorded tokens
+  /// Closed loop only: the exact run's mean cross-entropy (teacher-forced) and, when generating, the
+  /// first position where the policy's greedy tokens differ from exact ones (-1 = never).
+  double exact_cross_entropy = NAN;
+  int diverge_at = -1;
+};
+
+/// Runs the model; throws kvsim::Error naming the file at fault.
+RecordResult record_model(const RecordOptions& opt);
+
+}  // namespace kvsim

@@ -1,0 +1,153 @@
+// kvsim: the KV-cache policy interface (DESIGN §4) and the parameter map policies are built from.
+//
+// Stream protocol per (layer, cache) cell, for t = 1..n (SubGen Algorithm 1 order: update, then query):
+//   observe(t, k_t, v_t)               token t joins the stream (every policy sees every token)
+//   attend(Q̃_t, answers?, probs?)      the group's scaled queries at step t. Called every step when
+//                                      needs_every_query() (score-based policies), else only at
+//                                      evaluated steps; `answers` is non-null exactly at evaluated steps.
+// A policy owns only what a real cache would hold; the engine owns the exact reference.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "kvsim/core/params.hpp"
+#include "kvsim/cuda/cuda.hpp"
+#include "kvsim/core/hd.hpp"
+#include "kvsim/core/types.hpp"
+
+namespace kvsim {
+
+/// What the stream looks like to a policy instance.
+struct StreamInfo {
+  int64_t n = 0;             ///< total tokens in the stream (budgets given as fractions use it)
+  int head_dim = 0;
+  int n_queries = 1;         ///< query heads answered by this instance (group size in kv_head mode)
+  std::string group_agg = "mean";  ///< how score-based policies combine the group's scores
+  uint64_t seed = 0;         ///< seed for this instance (config seed, layer, head, policy index, trial)
+  /// `[eval] policy_precision = "float32"`: window, sink, h2o, buzz and uniform hold keys/values in float32
+  /// and run their products in float32 (see sim/policies/slot_cache.hpp); false = double.
+  bool policy_f32 = false;
+};
+
+/// A policy's answer for one query head at an evaluated step.
+struct Answer {
+  VecD z;                    ///< the attention output estimate, [head_dim]
+  double log_tau = std::numeric_limits<double>::quiet_NaN();  ///< log τ̂ if the policy estimates τ
+  bool has_kept = false;     ///< true when the policy's output is attention over a subset of tokens
+  std::vector<int64_t> kept; ///< that subset (0-based token indices) when has_kept
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual void observe(int64_t t, const float* k, const float* v) = 0;
+  /// `q_scaled` is [n_queries, head_dim] = softmax_scale · q. `exact_probs[i]`, when given (only to
+  /// non-causal oracle baselines that declare needs_exact_probs(), and only at evaluated steps),
+  /// points at the exact a_t (length t) of query i.
+  virtual void attend(int64_t t, const MatD& q_scaled, std::vector<Answer>* answers,
+                      const std::vector<const double*>* exact_probs) = 0;
+  virtual bool needs_every_query() const { return false; }
+  virtual bool needs_exact_probs() const { return false; }
+  /// Non-causal oracles that rank tokens by the attention of *all* queries (H2O's "global" heavy
+  /// hitters, H2O §3 / Fig. 2) declare this; the engine then calls set_global_scores once before
+  /// the stream with, per query head answered, g(j) = Σ_{i ≥ j} a_i(j) over the whole stream.
+  virtual bool needs_global_scores() const { return false; }
+  virtual void set_global_scores(const std::vector<const VecD*>& /*per_query_head*/) {}
+  /// Tokens held in the cache now.
+  virtual int64_t cache_tokens() const = 0;
+  /// Stored vectors of dimension head_dim now (keys + values + representatives...).
+  virtual int64_t cache_vectors() const { return 2 * cache_tokens(); }
+  /// Number of key clusters the policy maintains (SubGen's m', k-center's centers); NaN if none.
+  virtual double clusters() const { return std::numeric_limits<double>::quiet_NaN(); }
+  /// Equal-memory matching rule under `memory = M`: false (default) — the cache holds exactly
+  /// min(M, t) tokens' worth of vectors at every step (±2%); true — the policy's size oscillates by
+  /// design (BUZZ's batch evictions, k-center's merges, SubGen's cluster merges), so it is matched
+  /// on *capacity*: it never stores more than M tokens' worth (+2%), and its mean occupancy
+  /// (summary cache_bytes) shows how much of M it actually uses.
+  virtual bool capacity_matched() const { return false; }
+  /// The policy's GPU replay (include/kvsim/cuda/cuda.hpp), if it has one: with `[eval] device = "cuda"`
+  /// the engine then replays the whole stream on the GPU (sim/policies/gpu_replay.cpp) instead of
+  /// stepping this instance. Sizes come from the instance, so parameters are parsed once.
+  virtual std::optional<cuda::PolicyReplay> gpu_replay() const { return std::nullopt; }
+};
+
+/// `cpu` (a policy with gpu_replay()) replayed on the GPU by cuda::replay_policy for one cell: the
+/// first observe() runs the whole stream of its query heads (Q: one [n, d] matrix per head,
+/// unscaled; K, V [n, d]); attend() then returns the GPU's answers (and uniform's τ̂) at the
+/// evaluated `steps`; capacity_matched() is `cpu`'s. The referenced matrices must outlive it.
+/// `replay` defaults to cuda::replay_policy (tests pass a CPU stand-in with the same contract).
+using PolicyReplayFn = std::function<void(const cuda::PolicyReplay&, const float* Q, const float* K, const float* V,
+                                          int kv_heads, int group, int64_t n, int d, double scale,
+                                          const std::vector<int64_t>& steps, std::vector<float>& z,
+                                          std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap)>;
+std::unique_ptr<Policy> make_gpu_replay(std::unique_ptr<Policy> cpu, std::vector<const MatF*> Q, const MatF& K,
+                                        const MatF& V, double scale, std::vector<int64_t> steps,
+                                        PolicyReplayFn replay = {});
+
+/// Combines a KV group's per-query-head vectors (attention, scores) by `group_agg` (DESIGN §4):
+/// "sum" and "mean" add them ("mean" divides by the count in result()), "max" takes the elementwise
+/// maximum. ranking() is the undivided accumulator, ordered like result(). The element rule is
+/// hd::group_combine / hd::group_result, shared with the CUDA path.
+class GroupAggregate {
+ public:
+  GroupAggregate(const std::string& agg, Eigen::Index size)
+      : agg_(agg == "max" ? hd::kAggMax : agg == "sum" ? hd::kAggSum : hd::kAggMean), acc_(VecD::Zero(size)) {}
+  void add(const Eigen::Ref<const VecD>& p) {
+    // hd::group_combine's rule, written with Eigen's vectorized max/+ (exact operations, so equal to
+    // folding group_combine element by element: tests/test_hd.cpp checks it).
+    if (agg_ == hd::kAggMax) acc_ = acc_.cwiseMax(p);
+    else acc_ += p;
+    ++count_;
+  }
+  VecD result() const {
+    if (count_ == 0) return acc_;
+    const int agg = agg_, c = count_;
+    return acc_.unaryExpr([agg, c](double a) { return hd::group_result(a, agg, c); });
+  }
+  const VecD& ranking() const { return acc_; }
+
+ private:
+  int agg_;
+  VecD acc_;
+  int count_ = 0;
+};
+
+/// Builds a policy by name. Known: exact, window, sink, oracle_topk, uniform.
+/// Throws kvsim::Error naming the policy and parameter on bad input.
+std::unique_ptr<Policy> make_policy(const std::string& name, const Params& params, const StreamInfo& info);
+
+/// Equal-memory matching (DESIGN §4, issue "headline comparison"): a policy given `memory = M`
+/// (tokens, or a fraction of n) instead of its own size parameters is sized so that its cache holds
+/// min(M, t) tokens' worth of key/value vectors at step t: window/sink/uniform/oracle_topk/h2o get
+/// budget = M and are checked at every evaluated step (cache_bytes within 2% of the target). Policies
+/// whose size oscillates by design are matched on capacity (Policy::capacity_matched: never above M
+/// tokens' worth +2%): buzz gets sink + window + threshold = M with T/w from Theorem 3.1;
+/// subgen_kcenter gets recent + centers = M (streaming); subgen gets s = ⌊M/2⌋ matrix-product
+/// samples (2s vectors) and at most ⌊M/(1+t)⌋ clusters (SubGenConfig::max_clusters, t default 3).
+/// exact is refused. The engine refuses a policy that breaks its rule, naming the step and head.
+/// Returns −1 when `memory` is not given.
+int64_t memory_target_tokens(const Params& params, int64_t n);
+
+/// Names accepted by make_policy.
+const std::vector<std::string>& policy_names();
+
+/// Exact attention over an explicit set of cached tokens, in double with a log-domain softmax.
+/// keys/values are [m, d]; returns z (= softmax-weighted values) and log Σ exp(logits).
+void attend_cached(const MatD& keys, const MatD& values, int64_t m, const Eigen::Ref<const VecD>& q, VecD& z,
+                   double& log_sum);
+
+/// The same for a group of G queries sharing one cache (a KV head's query group): q is [G, d];
+/// on return P is [m, G] (column g = softmax of query g's logits), Z is [G, d] and log_sum[g] =
+/// log Σ exp(logits of query g). m = 0 gives Z = 0 and log_sum = −∞.
+void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const MatD& q, MatD& P, MatD& Z,
+                         VecD& log_sum);
+
+}  // namespace kvsim

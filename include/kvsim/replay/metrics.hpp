@@ -1,0 +1,87 @@
+// kvsim: the metric registry (DESIGN §5). Every metric the engine reports is one entry of the list
+// in sim/replay/metrics.cpp: its name (the results.h5 dataset and CSV `metric` value), unit,
+// one-line description, source (paper, section, equation) and a small function computing it for one
+// evaluated (policy, query head, step) from a MetricContext. Results files, summary tables and the
+// docs' metric table all come from this list; adding a metric is adding one entry there.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "kvsim/core/types.hpp"
+#include "kvsim/io/results.hpp"
+#include "kvsim/io/spec.hpp"
+#include "kvsim/policies/policy.hpp"
+
+namespace kvsim {
+
+/// Everything a metric may look at for one evaluated step t of one query head: the policy's answer,
+/// the exact reference at t, the cache's size, and (when [eval] objectives = true) the full causal
+/// attention of the first objectives_max_t queries. Shared intermediate values (‖z − Attn‖, the kept
+/// mass, the best-m mass, the facility-location triple) are computed once, on first use.
+class MetricContext {
+ public:
+  int64_t t = 0, n = 0;              ///< step (1-based) and stream length
+  const Answer* answer = nullptr;    ///< the policy's answer: z [head_dim], log τ̂, kept tokens
+  const Policy* policy = nullptr;    ///< the instance that answered (cache size, clusters)
+  const double* exact_out = nullptr; ///< Attn(q_t, K, V) [head_dim]
+  int head_dim = 0;
+  const double* probs = nullptr;     ///< the exact attention row a_t [t]
+  double probs_norm = 0;             ///< ‖a_t‖₂
+  double log_tau = 0;                ///< log τ_t = log Σ_{j ≤ t} e^{<k_j, q̃_t>}
+  double v_opnorm = 0;               ///< ‖V_{1..t}‖_op
+  double cache_bytes = 0;            ///< the cell's stored vectors × head_dim × 4 bytes (all instances)
+  double policy_ns = 0;              ///< mean policy time per step since the last evaluated step
+  // H2O objectives (seeds/004 §4.1): on when `objectives`; the facility-location triple only at steps
+  // `objectives_due`. `attn_all` is [T_obj, T_obj] full causal attention; `greedy_cache` memoizes
+  // (greedy, OPT) per (query head, t, |S|) across policies of a cell.
+  bool objectives = false, objectives_due = false;
+  double theorem44_alpha = 0, theorem44_beta = 0;
+  const MatD* attn_all = nullptr;
+  int group_index = 0;
+  std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>>* greedy_cache = nullptr;
+  std::vector<double>* scratch = nullptr;
+
+  bool has_kept() const { return answer->has_kept; }
+  double diff_norm();     ///< ‖z − Attn‖₂
+  double kept_mass();     ///< Σ_{j ∈ kept} a_t(j) (requires has_kept)
+  double oracle_mass();   ///< the largest mass any |kept| (or cache_tokens) tokens can hold
+  double fl_value();      ///< f_t(kept)
+  double fl_greedy();     ///< lazy-greedy f_t at |kept|
+  double fl_opt();        ///< brute-force OPT (NaN when too many subsets)
+
+ private:
+  double diff_ = -1, kept_ = -1, oracle_ = -1, flv_ = -1;
+  const std::pair<double, double>* greedy_ = nullptr;
+  const std::pair<double, double>& greedy_opt();
+};
+
+/// One metric. `compute` returns NaN where the metric does not apply (e.g. kept_mass for a policy
+/// that keeps no token subset).
+struct Metric {
+  const char* name;
+  const char* unit;
+  const char* description;
+  const char* source;
+  double (*compute)(MetricContext&);
+};
+
+/// Every metric, in results order (the list in sim/replay/metrics.cpp). At most kMaxMetrics.
+const std::vector<Metric>& metric_registry();
+/// The registry as result columns (name, unit, description, source) for the writers.
+std::vector<MetricColumn> metric_columns();
+/// Position of `name` in the registry; throws kvsim::Error naming the known metrics if absent.
+size_t metric_index(std::string_view name);
+/// A row's value of metric `name` (tests, tools).
+double metric_of(const MetricRow& row, std::string_view name);
+
+/// Top-m sum of p[0..t) (the best any set of m tokens can keep); `scratch` is reused storage.
+double top_mass(const double* p, int64_t t, int64_t m, std::vector<double>& scratch);
+
+/// Fills row[i] for every registry metric i.
+void compute_metrics(MetricContext& c, MetricRow& row);
+
+}  // namespace kvsim

@@ -1,0 +1,182 @@
+#include "kvsim/analysis/clustering.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "kvsim/core/error.hpp"
+#include "kvsim/io/recording.hpp"
+#include "kvsim/analysis/subgen.hpp"
+
+namespace kvsim {
+
+std::vector<int64_t> greedy_kcenter(const MatD& X, int64_t k) {
+  const int64_t n = X.rows();
+  std::vector<int64_t> chosen;
+  if (n == 0 || k <= 0) return chosen;
+  VecD dist = VecD::Constant(n, INFINITY);
+  int64_t next = 0;
+  while (int64_t(chosen.size()) < std::min(k, n)) {
+    chosen.push_back(next);
+    double far = -1;
+    int64_t farthest = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      dist[i] = std::min(dist[i], (X.row(i) - X.row(next)).squaredNorm());
+      if (dist[i] > far) {
+        far = dist[i];
+        farthest = i;
+      }
+    }
+    next = farthest;
+  }
+  return chosen;
+}
+
+int64_t nearest_row(const MatD& centers, const VecD& x) {
+  int64_t best = 0;
+  double bd = INFINITY;
+  for (int64_t i = 0; i < centers.rows(); ++i) {
+    double d = (centers.row(i).transpose() - x).squaredNorm();
+    if (d < bd) {
+      bd = d;
+      best = i;
+    }
+  }
+  return best;
+}
+
+namespace {
+
+double median_norm(const MatF& X) {
+  std::vector<double> n(X.rows());
+  for (int64_t i = 0; i < X.rows(); ++i) n[i] = X.row(i).norm();
+  std::nth_element(n.begin(), n.begin() + n.size() / 2, n.end());
+  return n[n.size() / 2];
+}
+
+/// m' after each power-of-two prefix (and the last n) of SubGen's online δ-clustering of X's rows.
+std::vector<std::pair<int64_t, int64_t>> cluster_counts(const MatF& X, double delta) {
+  SubGenConfig c;
+  c.delta = delta;
+  c.s = 1;
+  c.t = 1;
+  SubGen sg(c, int(X.cols()), 1);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const float zero_v = 0;
+  std::vector<float> v(X.cols(), zero_v);
+  for (int64_t i = 0; i < X.rows(); ++i) {
+    sg.update(i, X.row(i).data(), v.data());
+    const int64_t n = i + 1;
+    if ((n & (n - 1)) == 0 || n == X.rows()) out.emplace_back(n, sg.clusters());
+  }
+  return out;
+}
+
+double loglog_slope(const std::vector<double>& x, const std::vector<double>& y) {
+  if (x.size() < 2) return NAN;
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    mx += std::log(x[i]);
+    my += std::log(y[i]);
+  }
+  mx /= double(x.size());
+  my /= double(y.size());
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (std::log(x[i]) - mx) * (std::log(y[i]) - my);
+    sxx += (std::log(x[i]) - mx) * (std::log(x[i]) - mx);
+  }
+  return sxx > 0 ? sxy / sxx : NAN;
+}
+
+}  // namespace
+
+std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  RecordingReader rec(s.path);
+  const auto& m = rec.meta();
+  std::vector<int> layers = s.layers;
+  if (layers.empty())
+    for (int l = 0; l < m.n_layers; ++l) layers.push_back(l);
+  for (int l : layers)
+    if (l < 0 || l >= m.n_layers) throw Error("clusters.layers: layer " + std::to_string(l) + " out of range");
+  if (!(s.delta_rel > 0)) throw Error("clusters.delta_rel must be > 0");
+  std::ostringstream counts, fit, pca, summary;
+  counts << "layer,kv_head,tensor,n,clusters\n";
+  fit << "layer,tensor,delta,delta_r,gamma,clusters_at_n\n";
+  pca << "layer,tensor,index,pc1,pc2,center\n";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%5s %6s %9s %9s %7s %9s\n", "layer", "tensor", "delta", "delta*r", "gamma", "m'(n)");
+  summary << "clusterability of " << s.path << " (" << m.n_tokens << " tokens), delta = " << s.delta_rel
+          << " x median norm\n" << buf;
+  for (int l : layers) {
+    // r = the largest scaled query norm of the layer (SubGen Theorem 1's bound).
+    double r = 0;
+    for (int h = 0; h < m.n_heads; ++h)
+      r = std::max(r, double(rec.read(l, Tensor::q, h).rowwise().norm().maxCoeff()) * m.softmax_scale);
+    for (Tensor which : {Tensor::k, Tensor::v}) {
+      const char* tname = which == Tensor::k ? "key" : "value";
+      std::map<int64_t, double> mean_m;
+      double delta_sum = 0;
+      for (int h = 0; h < m.n_kv_heads; ++h) {
+        MatF X = rec.read(l, which, h);
+        const double delta = s.delta_rel * median_norm(X);
+        delta_sum += delta;
+        for (auto [n, c] : cluster_counts(X, delta)) {
+          counts << l << ',' << h << ',' << tname << ',' << n << ',' << c << '\n';
+          mean_m[n] += double(c) / m.n_kv_heads;
+        }
+        if (h == 0) {
+          MatD Xd = X.cast<double>();
+          VecD mu = Xd.colwise().mean().transpose();
+          MatD C = Xd.rowwise() - mu.transpose();
+          Eigen::SelfAdjointEigenSolver<MatD> es(C.transpose() * C);
+          const int d = int(Xd.cols());
+          MatD P = C * es.eigenvectors().rightCols(std::min(2, d)).rowwise().reverse();
+          auto centers = greedy_kcenter(Xd, s.centers);
+          std::vector<char> is_center(X.rows(), 0);
+          for (int64_t c : centers) is_center[c] = 1;
+          for (int64_t i = 0; i < X.rows(); ++i)
+            pca << l << ',' << tname << ',' << i << ',' << P(i, 0) << ',' << (P.cols() > 1 ? P(i, 1) : 0.0) << ','
+                << int(is_center[i]) << '\n';
+        }
+      }
+      std::vector<double> xs, ys;
+      for (auto [n, c] : mean_m)
+        if (n >= 16) {
+          xs.push_back(double(n));
+          ys.push_back(c);
+        }
+      const double gamma = loglog_slope(xs, ys);
+      const double delta = delta_sum / m.n_kv_heads;
+      const double dr = which == Tensor::k ? delta * r : NAN;
+      const double last = mean_m.rbegin()->second;
+      fit << l << ',' << tname << ',' << delta << ',' << dr << ',' << gamma << ',' << last << '\n';
+      std::snprintf(buf, sizeof buf, "%5d %6s %9.4g %9.4g %7.3f %9.1f\n", l, tname, delta, dr, gamma, last);
+      summary << buf;
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
+  const std::vector<std::pair<std::string, std::string>> files{
+      {"clusters.csv", counts.str()}, {"clusters_fit.csv", fit.str()}, {"pca.csv", pca.str()}};
+  for (const auto& [name, body] : files) {
+    const std::string path = (fs::path(out_dir) / name).string();
+    {
+      std::ofstream o(path + ".tmp");
+      o << body;
+      if (!o) throw Error(path + ": write failed");
+    }
+    fs::rename(path + ".tmp", path, ec);
+    if (ec) throw Error(path + ": cannot move into place: " + ec.message());
+  }
+  summary << "wrote " << out_dir << "/clusters.csv, clusters_fit.csv, pca.csv\n";
+  return summary.str();
+}
+
+}  // namespace kvsim

@@ -1,0 +1,386 @@
+#include "kvsim/cli/config.hpp"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml.hpp>
+
+#include "kvsim/cli/closed_loop.hpp"
+#include "kvsim/analysis/clustering.hpp"
+#include "kvsim/core/error.hpp"
+
+namespace kvsim {
+namespace {
+
+using TV = toml::value;
+
+[[noreturn]] void fail_at(const TV& v, const std::string& msg) {
+  throw Error(toml::format_error("[error] " + msg, v, "here"));
+}
+
+void check_keys(const TV& table, const std::set<std::string>& allowed, const std::string& where) {
+  for (const auto& [k, v] : table.as_table()) {
+    if (!allowed.count(k)) {
+      std::string list;
+      for (auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      fail_at(v, "unknown key '" + k + "' in " + where + " (allowed: " + list + ")");
+    }
+  }
+}
+
+int64_t get_int(const TV& t, const std::string& key, int64_t def, const std::string& where) {
+  if (!t.contains(key)) return def;
+  const TV& v = t.at(key);
+  if (!v.is_integer()) fail_at(v, where + key + " must be an integer");
+  return v.as_integer();
+}
+
+double get_double(const TV& t, const std::string& key, double def, const std::string& where) {
+  if (!t.contains(key)) return def;
+  const TV& v = t.at(key);
+  if (v.is_integer()) return double(v.as_integer());
+  if (!v.is_floating()) fail_at(v, where + key + " must be a number");
+  return v.as_floating();
+}
+
+std::string get_string(const TV& t, const std::string& key, const std::string& def, const std::string& where) {
+  if (!t.contains(key)) return def;
+  const TV& v = t.at(key);
+  if (!v.is_string()) fail_at(v, where + key + " must be a string");
+  return v.as_string();
+}
+
+std::vector<int> get_int_list(const TV& t, const std::string& key, const std::string& where) {
+  std::vector<int> out;
+  if (!t.contains(key)) return out;
+  const TV& v = t.at(key);
+  if (v.is_integer()) return {static_cast<int>(v.as_integer())};
+  if (!v.is_array()) fail_at(v, where + key + " must be a list of integers");
+  for (const auto& e : v.as_array()) {
+    if (!e.is_integer()) fail_at(e, where + key + " must be a list of integers");
+    out.push_back(static_cast<int>(e.as_integer()));
+  }
+  return out;
+}
+
+ParamValue to_param(const TV& v, const std::string& key) {
+  if (v.is_integer()) return int64_t(v.as_integer());
+  if (v.is_floating()) return double(v.as_floating());
+  if (v.is_boolean()) return bool(v.as_boolean());
+  if (v.is_string()) return std::string(v.as_string());
+  fail_at(v, "policy parameter '" + key + "' must be a number, boolean, string, or a list of those (a sweep)");
+}
+
+std::string where_of(const TV& v) {
+  const auto loc = v.location();
+  return loc.file_name() + ":" + std::to_string(loc.line());
+}
+
+/// Parse `value` (TOML syntax; a bare word falls back to a string).
+TV parse_override_value(const std::string& text) {
+  std::istringstream in("x = " + text);
+  try {
+    auto t = toml::parse(in, "--set");
+    return t.at("x");
+  } catch (const std::exception&) {
+    return TV(text);
+  }
+}
+
+void apply_override(TV& root, const std::string& spec) {
+  auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0) throw Error("--set '" + spec + "': expected key=value");
+  std::string path = spec.substr(0, eq);
+  TV value = parse_override_value(spec.substr(eq + 1));
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  std::function<void(TV&, size_t)> go = [&](TV& node, size_t i) {
+    const std::string& key = parts[i];
+    if (node.is_array()) {
+      auto& arr = node.as_array();
+      bool numeric = !key.empty() && std::all_of(key.begin(), key.end(), ::isdigit);
+      if (numeric) {
+        size_t idx = std::stoul(key);
+        if (idx >= arr.size()) throw Error("--set '" + spec + "': index " + key + " out of range (" + std::to_string(arr.size()) + " entries)");
+        if (i + 1 == parts.size()) throw Error("--set '" + spec + "': cannot replace a whole entry");
+        go(arr[idx], i + 1);
+      } else {
+        for (auto& e : arr) go(e, i);  // apply to every entry
+      }
+      return;
+    }
+    if (!node.is_table()) throw Error("--set '" + spec + "': '" + key + "' is not inside a table");
+    if (i + 1 == parts.size()) {
+      node.as_table()[key] = value;
+      return;
+    }
+    auto& tab = node.as_table();
+    if (!tab.count(key)) tab[key] = toml::table{};
+    go(tab[key], i + 1);
+  };
+  go(root, 0);
+}
+
+void parse_eval(const TV& root, EvalSpec& e) {
+  if (root.contains("eval")) {
+    const TV& ev = root.at("eval");
+    if (!ev.is_table()) fail_at(ev, "[eval] must be a table");
+    check_keys(ev, {"every", "from", "gqa", "group_agg", "policy_precision", "device", "reference_precision", "objectives", "objectives_every", "objectives_max_t",
+                    "theorem44_alpha", "theorem44_beta"},
+               "[eval]");
+    if (ev.contains("objectives")) {
+      if (!ev.at("objectives").is_boolean()) fail_at(ev.at("objectives"), "eval.objectives must be true or false");
+      e.objectives = ev.at("objectives").as_boolean();
+    }
+    e.objectives_every = get_int(ev, "objectives_every", e.objectives_every, "eval.");
+    if (e.objectives_every < 1) fail_at(ev.at("objectives_every"), "eval.objectives_every must be ≥ 1");
+    e.objectives_max_t = get_int(ev, "objectives_max_t", e.objectives_max_t, "eval.");
+    if (e.objectives_max_t < 1 || e.objectives_max_t > 16384)
+      fail_at(ev.at("objectives_max_t"), "eval.objectives_max_t must be in [1, 16384] (memory is t² doubles per head)");
+    e.theorem44_alpha = get_double(ev, "theorem44_alpha", 0.0, "eval.");
+    e.theorem44_beta = get_double(ev, "theorem44_beta", 0.0, "eval.");
+    if (!(e.theorem44_alpha >= 0 && e.theorem44_alpha < 1))
+      fail_at(ev.at("theorem44_alpha"), "eval.theorem44_alpha must be in [0, 1)");
+    e.every = get_int(ev, "every", 1, "eval.");
+    if (e.every < 1) fail_at(ev.at("every"), "eval.every must be ≥ 1");
+    e.from = get_int(ev, "from", 1, "eval.");
+    if (e.from < 1) fail_at(ev.at("from"), "eval.from must be ≥ 1");
+    e.gqa = get_string(ev, "gqa", "kv_head", "eval.");
+    if (e.gqa != "kv_head" && e.gqa != "query_head") fail_at(ev.at("gqa"), "eval.gqa must be \"kv_head\" or \"query_head\"");
+    e.group_agg = get_string(ev, "group_agg", "mean", "eval.");
+    if (e.group_agg != "mean" && e.group_agg != "max" && e.group_agg != "sum")
+      fail_at(ev.at("group_agg"), "eval.group_agg must be \"mean\", \"max\" or \"sum\"");
+    e.policy_precision = get_string(ev, "policy_precision", "float64", "eval.");
+    if (e.policy_precision != "float64" && e.policy_precision != "float32")
+      fail_at(ev.at("policy_precision"), "eval.policy_precision must be \"float64\" or \"float32\"");
+    e.device = get_string(ev, "device", "cpu", "eval.");
+    if (e.device != "cpu" && e.device != "cuda") fail_at(ev.at("device"), "eval.device must be \"cpu\" or \"cuda\"");
+    e.reference_precision = get_string(ev, "reference_precision", "float64", "eval.");
+    if (e.reference_precision != "float64" && e.reference_precision != "float32")
+      fail_at(ev.at("reference_precision"), "eval.reference_precision must be \"float64\" or \"float32\"");
+  }
+
+}
+
+std::vector<PolicySpec> parse_policies(const TV& root, const std::string& origin) {
+  std::vector<PolicySpec> out;
+  if (!root.contains("policy") || !root.at("policy").is_array() || root.at("policy").as_array().empty())
+    throw Error(origin + ": no [[policy]] entries");
+  std::set<std::string> labels;
+  for (const auto& pe : root.at("policy").as_array()) {
+    if (!pe.is_table()) fail_at(pe, "each [[policy]] must be a table");
+    if (!pe.contains("name")) fail_at(pe, "[[policy]] entry without 'name'");
+    std::string name = get_string(pe, "name", "", "policy.");
+    std::string label = get_string(pe, "label", "", "policy.");
+    // Expand list-valued parameters (cartesian product, in key order).
+    std::vector<std::pair<std::string, std::vector<std::pair<ParamValue, std::string>>>> axes;
+    for (const auto& [k, v] : pe.as_table()) {
+      if (k == "name" || k == "label") continue;
+      std::vector<std::pair<ParamValue, std::string>> vals;
+      if (v.is_array()) {
+        if (v.as_array().empty()) fail_at(v, "policy parameter '" + k + "' is an empty list");
+        for (const auto& e : v.as_array()) vals.emplace_back(to_param(e, k), where_of(e));
+      } else {
+        vals.emplace_back(to_param(v, k), where_of(v));
+      }
+      axes.emplace_back(k, std::move(vals));
+    }
+    std::sort(axes.begin(), axes.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    size_t total = 1;
+    for (auto& a : axes) total *= a.second.size();
+    for (size_t combo = 0; combo < total; ++combo) {
+      PolicySpec spec;
+      spec.name = name;
+      size_t rest = combo;
+      bool swept = false;
+      std::string sweep_part;
+      for (auto& [k, vals] : axes) {
+        const auto& [val, where] = vals[rest % vals.size()];
+        if (vals.size() > 1) {
+          swept = true;
+          sweep_part += (sweep_part.empty() ? "" : ",") + k + "=" + param_to_string(val);
+        }
+        rest /= vals.size();
+        spec.params.set(k, val, where);
+      }
+      std::string pstr = spec.params.to_string();
+      if (!label.empty()) spec.label = swept ? label + "(" + sweep_part + ")" : label;
+      else spec.label = pstr.empty() ? name : name + "(" + pstr + ")";
+      if (!labels.insert(spec.label).second)
+        fail_at(pe, "duplicate policy label '" + spec.label + "' (give each [[policy]] a distinct 'label')");
+      out.push_back(std::move(spec));
+    }
+  }
+  // Validate the policy names and parameters now, so a typo fails before any data is read.
+  for (const auto& p : out) {
+    StreamInfo info;
+    info.n = 4096;
+    info.head_dim = 1;
+    info.n_queries = 1;
+    try {
+      make_policy(p.name, p.params, info);
+    } catch (const Error& e) {
+      throw Error(origin + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+Experiment interpret(const TV& root, const std::string& origin) {
+  Experiment ex;
+  check_keys(root, {"name", "seed", "data", "eval", "policy"}, origin + " (top level)");
+  ex.name = get_string(root, "name", "experiment", "");
+  int64_t seed = get_int(root, "seed", 1, "");
+  if (seed < 0) fail_at(root.at("seed"), "seed must be ≥ 0");
+  ex.seed = uint64_t(seed);
+
+  if (!root.contains("data") || !root.at("data").is_table()) throw Error(origin + ": missing [data] table");
+  const TV& data = root.at("data");
+  check_keys(data, {"path", "synthetic", "n", "d", "n_layers", "n_heads", "n_kv_heads", "layers", "heads", "tokens",
+                    "softmax_scale", "q_scale", "k_scale", "v_scale", "cluster_c", "cluster_gamma", "cluster_diameter",
+                    "center_scale", "query_norm", "n_heavy", "heavy_strength"},
+             "[data]");
+  const bool has_path = data.contains("path"), has_syn = data.contains("synthetic");
+  if (has_path == has_syn) throw Error(origin + ": [data] needs exactly one of 'path' (a recording) or 'synthetic' (a preset)");
+  ex.data.layers = get_int_list(data, "layers", "data.");
+  ex.data.heads = get_int_list(data, "heads", "data.");
+  ex.data.tokens = get_int(data, "tokens", 0, "data.");
+  if (ex.data.tokens < 0) fail_at(data.at("tokens"), "data.tokens must be ≥ 0");
+  if (has_path) {
+    ex.data.path = get_string(data, "path", "", "data.");
+    for (const char* k : {"n", "d", "n_layers", "n_heads", "n_kv_heads"})
+      if (data.contains(k)) fail_at(data.at(k), std::string("data.") + k + " only applies to synthetic data");
+  } else {
+    auto& s = ex.data.synth;
+    ex.data.synthetic = true;
+    s.preset = get_string(data, "synthetic", "", "data.");
+    s.n = get_int(data, "n", s.n, "data.");
+    s.head_dim = int(get_int(data, "d", s.head_dim, "data."));
+    s.n_layers = int(get_int(data, "n_layers", s.n_layers, "data."));
+    s.n_heads = int(get_int(data, "n_heads", s.n_heads, "data."));
+    s.n_kv_heads = int(get_int(data, "n_kv_heads", s.n_heads, "data."));
+    s.seed = ex.seed;
+    s.softmax_scale = get_double(data, "softmax_scale", s.softmax_scale, "data.");
+    s.q_scale = get_double(data, "q_scale", s.q_scale, "data.");
+    s.k_scale = get_double(data, "k_scale", s.k_scale, "data.");
+    s.v_scale = get_double(data, "v_scale", s.v_scale, "data.");
+    s.cluster_c = get_double(data, "cluster_c", s.cluster_c, "data.");
+    s.cluster_gamma = get_double(data, "cluster_gamma", s.cluster_gamma, "data.");
+    s.cluster_diameter = get_double(data, "cluster_diameter", s.cluster_diameter, "data.");
+    s.center_scale = get_double(data, "center_scale", s.center_scale, "data.");
+    s.query_norm = get_double(data, "query_norm", s.query_norm, "data.");
+    s.n_heavy = int(get_int(data, "n_heavy", s.n_heavy, "data."));
+    s.heavy_strength = get_double(data, "heavy_strength", s.heavy_strength, "data.");
+    s.validate(origin + ": data.");
+  }
+
+  parse_eval(root, ex.eval);
+  ex.policies = parse_policies(root, origin);
+  return ex;
+}
+
+/// Parse TOML from `in` (named `origin` in errors) and apply `--set` overrides.
+TV parse_root(std::istream& in, const std::string& origin, const std::vector<std::string>& overrides) {
+  TV root;
+  try {
+    root = toml::parse(in, origin);
+  } catch (const toml::syntax_error& e) {
+    throw Error(std::string("config syntax error: ") + e.what());
+  }
+  for (const auto& o : overrides) apply_override(root, o);
+  return root;
+}
+
+TV load_root(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open config file");
+  return parse_root(in, path, overrides);
+}
+
+}  // namespace
+
+ParamValue parse_param_value(const std::string& text) {
+  TV v = parse_override_value(text);
+  if (v.is_array()) throw Error("--param " + text + ": lists are not allowed here (one value per run)");
+  return to_param(v, text);
+}
+
+ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std::string>& overrides) {
+  TV root = load_root(path, overrides);
+  try {
+    ClosedLoopConfig c;
+    check_keys(root, {"name", "seed", "model", "eval", "policy"}, path + " (top level)");
+    c.name = get_string(root, "name", c.name, "");
+    int64_t seed = get_int(root, "seed", 1, "");
+    if (seed < 0) fail_at(root.at("seed"), "seed must be ≥ 0");
+    c.seed = uint64_t(seed);
+    if (!root.contains("model") || !root.at("model").is_table()) throw Error(path + ": missing [model] table");
+    const TV& m = root.at("model");
+    check_keys(m, {"checkpoint", "tokenizer", "text", "tokens", "windows", "generate"}, "[model]");
+    c.checkpoint = get_string(m, "checkpoint", "", "model.");
+    c.tokenizer = get_string(m, "tokenizer", "", "model.");
+    c.text = get_string(m, "text", "", "model.");
+    if (c.checkpoint.empty() || c.tokenizer.empty() || c.text.empty())
+      throw Error(path + ": [model] needs 'checkpoint', 'tokenizer' and 'text'");
+    c.tokens = int(get_int(m, "tokens", c.tokens, "model."));
+    c.windows = int(get_int(m, "windows", c.windows, "model."));
+    c.generate = int(get_int(m, "generate", 0, "model."));
+    if (c.windows < 1) fail_at(m.at("windows"), "model.windows must be ≥ 1");
+    if (c.generate < 0) fail_at(m.at("generate"), "model.generate must be ≥ 0");
+    parse_eval(root, c.eval);
+    c.policies = parse_policies(root, path);
+    return c;
+  } catch (const toml::exception& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::string>& overrides) {
+  TV root = load_root(path, overrides);
+  try {
+    ClusterStudy s;
+    check_keys(root, {"name", "data", "clusters"}, path + " (top level)");
+    s.name = get_string(root, "name", s.name, "");
+    if (!root.contains("data") || !root.at("data").is_table()) throw Error(path + ": missing [data] table");
+    check_keys(root.at("data"), {"path"}, "[data]");
+    s.path = get_string(root.at("data"), "path", "", "data.");
+    if (s.path.empty()) throw Error(path + ": [data] needs 'path' (a recording)");
+    if (root.contains("clusters")) {
+      const TV& c = root.at("clusters");
+      check_keys(c, {"delta_rel", "centers", "layers"}, "[clusters]");
+      s.delta_rel = get_double(c, "delta_rel", s.delta_rel, "clusters.");
+      if (!(s.delta_rel > 0)) fail_at(c.at("delta_rel"), "clusters.delta_rel must be > 0");
+      s.centers = get_int(c, "centers", s.centers, "clusters.");
+      if (s.centers < 1) fail_at(c.at("centers"), "clusters.centers must be ≥ 1");
+      s.layers = get_int_list(c, "layers", "clusters.");
+    }
+    return s;
+  } catch (const toml::exception& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+Experiment parse_experiment(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
+  std::istringstream in(text);
+  TV root = parse_root(in, origin, overrides);
+  try {
+    Experiment ex = interpret(root, origin);
+    std::ostringstream s;
+    s << toml::format(root, 100);
+    ex.config_text = s.str();
+    return ex;
+  } catch (const toml::exception& e) {
+    throw Error(origin + ": " + e.what());
+  }
+}
+
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open config file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return parse_experiment(ss.str(), path, overrides);
+}
+
+}  // namespace kvsim

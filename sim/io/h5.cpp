@@ -1,0 +1,266 @@
+#include "kvsim/io/h5.hpp"
+
+#include <sstream>
+
+namespace kvsim::h5 {
+namespace {
+
+struct Quiet {
+  Quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+};
+const Quiet quiet_once;
+
+}  // namespace
+
+void Handle::reset() {
+  if (id_ < 0) return;
+  switch (H5Iget_type(id_)) {
+    case H5I_FILE: H5Fclose(id_); break;
+    case H5I_GROUP: H5Gclose(id_); break;
+    case H5I_DATASET: H5Dclose(id_); break;
+    case H5I_DATASPACE: H5Sclose(id_); break;
+    case H5I_DATATYPE: H5Tclose(id_); break;
+    case H5I_ATTR: H5Aclose(id_); break;
+    case H5I_GENPROP_LST: H5Pclose(id_); break;
+    default: break;
+  }
+  id_ = H5I_INVALID_HID;
+}
+
+void File::fail(const std::string& what) const { throw Error(path_ + ": " + what); }
+
+File File::open_read(const std::string& path) {
+  (void)quiet_once;
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw Error(path + ": not an HDF5 file (or cannot be opened)");
+  Handle h(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!h.valid()) throw Error(path + ": cannot open HDF5 file for reading");
+  return File(std::move(h), path);
+}
+
+File File::create(const std::string& path) {
+  (void)quiet_once;
+  Handle h(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  if (!h.valid()) throw Error(path + ": cannot create HDF5 file");
+  return File(std::move(h), path);
+}
+
+bool File::exists(const std::string& obj) const {
+  // Check each path component so that a missing intermediate group is not an error.
+  std::string acc;
+  std::stringstream ss(obj);
+  std::string part;
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    acc += "/" + part;
+    if (H5Lexists(h_.get(), acc.c_str(), H5P_DEFAULT) <= 0) return false;
+  }
+  return true;
+}
+
+bool File::has_attr(const std::string& name, const std::string& obj) const {
+  return H5Aexists_by_name(h_.get(), obj.c_str(), name.c_str(), H5P_DEFAULT) > 0;
+}
+
+int64_t File::attr_int(const std::string& name, const std::string& obj) const {
+  if (!has_attr(name, obj)) fail("missing attribute '" + name + "' on '" + obj + "'");
+  Handle a(H5Aopen_by_name(h_.get(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
+  Handle t(H5Aget_type(a.get()));
+  if (H5Tget_class(t.get()) != H5T_INTEGER) fail("attribute '" + name + "' must be an integer");
+  Handle sp(H5Aget_space(a.get()));
+  if (H5Sget_simple_extent_npoints(sp.get()) != 1) fail("attribute '" + name + "' must be a scalar");
+  int64_t v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) fail("cannot read attribute '" + name + "'");
+  return v;
+}
+
+double File::attr_double(const std::string& name, const std::string& obj) const {
+  if (!has_attr(name, obj)) fail("missing attribute '" + name + "' on '" + obj + "'");
+  Handle a(H5Aopen_by_name(h_.get(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
+  Handle t(H5Aget_type(a.get()));
+  auto cls = H5Tget_class(t.get());
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER) fail("attribute '" + name + "' must be numeric");
+  Handle sp(H5Aget_space(a.get()));
+  if (H5Sget_simple_extent_npoints(sp.get()) != 1) fail("attribute '" + name + "' must be a scalar");
+  double v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) fail("cannot read attribute '" + name + "'");
+  return v;
+}
+
+std::string File::attr_string(const std::string& name, const std::string& obj) const {
+  if (!has_attr(name, obj)) fail("missing attribute '" + name + "' on '" + obj + "'");
+  Handle a(H5Aopen_by_name(h_.get(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
+  Handle t(H5Aget_type(a.get()));
+  if (H5Tget_class(t.get()) != H5T_STRING) fail("attribute '" + name + "' must be a string");
+  if (H5Tis_variable_str(t.get()) > 0) {
+    Handle mt(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mt.get(), H5T_VARIABLE);
+    H5Tset_cset(mt.get(), H5Tget_cset(t.get()));
+    char* buf = nullptr;
+    if (H5Aread(a.get(), mt.get(), &buf) < 0) fail("cannot read attribute '" + name + "'");
+    std::string s = buf ? buf : "";
+    H5free_memory(buf);
+    return s;
+  }
+  size_t sz = H5Tget_size(t.get());
+  std::string s(sz, '\0');
+  Handle mt(H5Tcopy(H5T_C_S1));
+  H5Tset_size(mt.get(), sz);
+  H5Tset_cset(mt.get(), H5Tget_cset(t.get()));
+  H5Tset_strpad(mt.get(), H5T_STR_NULLPAD);
+  if (H5Aread(a.get(), mt.get(), s.data()) < 0) fail("cannot read attribute '" + name + "'");
+  auto z = s.find('\0');
+  if (z != std::string::npos) s.resize(z);
+  return s;
+}
+
+namespace {
+void write_attr(hid_t file, const std::string& path, const std::string& obj, const std::string& name,
+                hid_t ftype, hid_t mtype, const void* data) {
+  if (H5Aexists_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT) > 0)
+    H5Adelete_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT);
+  Handle sp(H5Screate(H5S_SCALAR));
+  Handle a(H5Acreate_by_name(file, obj.c_str(), name.c_str(), ftype, sp.get(), H5P_DEFAULT, H5P_DEFAULT,
+                             H5P_DEFAULT));
+  if (!a.valid() || H5Awrite(a.get(), mtype, data) < 0)
+    throw Error(path + ": cannot write attribute '" + name + "' on '" + obj + "'");
+}
+}  // namespace
+
+void File::set_attr(const std::string& obj, const std::string& name, int64_t v) {
+  write_attr(h_.get(), path_, obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
+}
+void File::set_attr(const std::string& obj, const std::string& name, double v) {
+  write_attr(h_.get(), path_, obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
+}
+void File::set_attr(const std::string& obj, const std::string& name, const std::string& v) {
+  Handle t(H5Tcopy(H5T_C_S1));
+  H5Tset_size(t.get(), std::max<size_t>(1, v.size()));
+  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
+  H5Tset_cset(t.get(), H5T_CSET_UTF8);
+  std::string buf = v.empty() ? std::string(1, '\0') : v;
+  write_attr(h_.get(), path_, obj, name, t.get(), t.get(), buf.data());
+}
+
+void File::create_group(const std::string& name) {
+  Handle g(H5Gcreate2(h_.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  if (!g.valid()) fail("cannot create group '" + name + "'");
+}
+
+DatasetInfo File::dataset_info(const std::string& name) const {
+  if (!exists(name)) fail("missing dataset '" + name + "'");
+  Handle d(H5Dopen2(h_.get(), name.c_str(), H5P_DEFAULT));
+  if (!d.valid()) fail("'" + name + "' is not a dataset");
+  Handle sp(H5Dget_space(d.get()));
+  Handle t(H5Dget_type(d.get()));
+  DatasetInfo info;
+  int rank = H5Sget_simple_extent_ndims(sp.get());
+  if (rank < 0) fail("cannot read the shape of dataset '" + name + "'");
+  info.shape.resize(rank);
+  H5Sget_simple_extent_dims(sp.get(), info.shape.data(), nullptr);
+  info.type_class = H5Tget_class(t.get());
+  info.type_size = H5Tget_size(t.get());
+  return info;
+}
+
+void File::create_dataset(const std::string& name, hid_t file_type, const std::vector<hsize_t>& shape,
+                          const std::vector<hsize_t>& chunk, bool compress) {
+  Handle sp(H5Screate_simple(static_cast<int>(shape.size()), shape.data(), nullptr));
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  if (!chunk.empty()) {
+    H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
+    if (compress) {
+      H5Pset_shuffle(dcpl.get());
+      H5Pset_deflate(dcpl.get(), 4);
+    }
+  }
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  Handle d(H5Dcreate2(h_.get(), name.c_str(), file_type, sp.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
+  if (!d.valid()) fail("cannot create dataset '" + name + "'");
+}
+
+void File::read_slab(const std::string& name, hid_t mem_type, const std::vector<hsize_t>& offset,
+                     const std::vector<hsize_t>& count, void* out) const {
+  Handle d(H5Dopen2(h_.get(), name.c_str(), H5P_DEFAULT));
+  if (!d.valid()) fail("missing dataset '" + name + "'");
+  Handle fs(H5Dget_space(d.get()));
+  if (H5Sget_simple_extent_ndims(fs.get()) != static_cast<int>(offset.size()))
+    fail("dataset '" + name + "' has the wrong rank");
+  if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, offset.data(), nullptr, count.data(), nullptr) < 0)
+    fail("bad hyperslab on dataset '" + name + "'");
+  Handle ms(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+  if (H5Dread(d.get(), mem_type, ms.get(), fs.get(), H5P_DEFAULT, out) < 0)
+    fail("cannot read dataset '" + name + "' (corrupt data or unsupported type)");
+}
+
+void File::write_slab(const std::string& name, hid_t mem_type, const std::vector<hsize_t>& offset,
+                      const std::vector<hsize_t>& count, const void* data) {
+  Handle d(H5Dopen2(h_.get(), name.c_str(), H5P_DEFAULT));
+  if (!d.valid()) fail("missing dataset '" + name + "'");
+  Handle fs(H5Dget_space(d.get()));
+  if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, offset.data(), nullptr, count.data(), nullptr) < 0)
+    fail("bad hyperslab on dataset '" + name + "'");
+  Handle ms(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+  if (H5Dwrite(d.get(), mem_type, ms.get(), fs.get(), H5P_DEFAULT, data) < 0)
+    fail("cannot write dataset '" + name + "'");
+}
+
+namespace {
+template <class T>
+void write_vec(File& f, const std::string& name, const std::vector<T>& v, hid_t ftype, hid_t mtype) {
+  std::vector<hsize_t> shape{v.size()};
+  std::vector<hsize_t> chunk;
+  if (v.size() > 4096) chunk = {4096};
+  f.create_dataset(name, ftype, shape, chunk);
+  if (!v.empty()) f.write_slab(name, mtype, {0}, shape, v.data());
+}
+}  // namespace
+
+void File::write_vector(const std::string& name, const std::vector<double>& v) {
+  write_vec(*this, name, v, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE);
+}
+void File::write_vector(const std::string& name, const std::vector<float>& v) {
+  write_vec(*this, name, v, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+}
+void File::write_vector(const std::string& name, const std::vector<int64_t>& v) {
+  write_vec(*this, name, v, H5T_STD_I64LE, H5T_NATIVE_INT64);
+}
+void File::write_vector(const std::string& name, const std::vector<int32_t>& v) {
+  write_vec(*this, name, v, H5T_STD_I32LE, H5T_NATIVE_INT32);
+}
+
+std::vector<int32_t> File::read_int_vector(const std::string& name) const {
+  auto info = dataset_info(name);
+  if (info.shape.size() != 1) fail("dataset '" + name + "' must be 1-D");
+  if (info.type_class != H5T_INTEGER) fail("dataset '" + name + "' must hold integers");
+  std::vector<int32_t> v(info.shape[0]);
+  if (!v.empty()) read_slab(name, H5T_NATIVE_INT32, {0}, {info.shape[0]}, v.data());
+  return v;
+}
+
+std::vector<double> File::read_double_vector(const std::string& name) const {
+  auto info = dataset_info(name);
+  if (info.shape.size() != 1) fail("dataset '" + name + "' must be 1-D");
+  std::vector<double> v(info.shape[0]);
+  if (!v.empty()) read_slab(name, H5T_NATIVE_DOUBLE, {0}, {info.shape[0]}, v.data());
+  return v;
+}
+
+std::vector<std::string> File::list(const std::string& group) const {
+  std::vector<std::string> names;
+  Handle g(H5Gopen2(h_.get(), group.c_str(), H5P_DEFAULT));
+  if (!g.valid()) fail("missing group '" + group + "'");
+  H5G_info_t info;
+  H5Gget_info(g.get(), &info);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    ssize_t len = H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    std::vector<char> buf(static_cast<size_t>(len) + 1, '\0');
+    H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, buf.data(), buf.size(), H5P_DEFAULT);
+    names.emplace_back(buf.data());
+  }
+  return names;
+}
+
+void File::flush() { H5Fflush(h_.get(), H5F_SCOPE_GLOBAL); }
+
+}  // namespace kvsim::h5

@@ -1,0 +1,201 @@
+#include "kvsim/io/recording.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+namespace kvsim {
+
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+const char* tensor_name(Tensor t) {
+  switch (t) {
+    case Tensor::q: return "q";
+    case Tensor::k: return "k";
+    case Tensor::v: return "v";
+    case Tensor::attn: return "attn";
+  }
+  return "?";
+}
+
+std::string layer_dataset(int layer, Tensor which) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "/layer_%03d/%s", layer, tensor_name(which));
+  return buf;
+}
+
+namespace {
+int positive_int_attr(const h5::File& f, const char* name) {
+  int64_t v = f.attr_int(name);
+  if (v <= 0 || v > (1LL << 31)) throw Error(f.path() + ": attribute '" + name + "' must be a positive integer, got " + std::to_string(v));
+  return static_cast<int>(v);
+}
+}  // namespace
+
+RecordingReader::RecordingReader(const std::string& path) : path_(path) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_ = std::make_unique<h5::File>(h5::File::open_read(path));
+  auto& f = *file_;
+  int64_t schema = f.attr_int("kvsim_schema");
+  if (schema != 1) throw Error(path + ": unsupported kvsim_schema " + std::to_string(schema) + " (this kvsim reads 1)");
+  meta_.model = f.has_attr("model") ? f.attr_string("model") : "";
+  meta_.source = f.has_attr("source") ? f.attr_string("source") : "";
+  meta_.rope = f.has_attr("rope") ? f.attr_string("rope") : "none";
+  meta_.n_layers = positive_int_attr(f, "n_layers");
+  meta_.n_heads = positive_int_attr(f, "n_heads");
+  meta_.n_kv_heads = positive_int_attr(f, "n_kv_heads");
+  meta_.head_dim = positive_int_attr(f, "head_dim");
+  int64_t n = f.attr_int("n_tokens");
+  if (n <= 0) throw Error(path + ": attribute 'n_tokens' must be positive, got " + std::to_string(n) + " (an empty recording cannot be replayed)");
+  meta_.n_tokens = n;
+  if (meta_.n_heads % meta_.n_kv_heads != 0)
+    throw Error(path + ": n_heads (" + std::to_string(meta_.n_heads) + ") is not a multiple of n_kv_heads (" +
+                std::to_string(meta_.n_kv_heads) + ")");
+  meta_.softmax_scale = f.has_attr("softmax_scale") ? f.attr_double("softmax_scale") : 1.0 / std::sqrt(double(meta_.head_dim));
+  if (!std::isfinite(meta_.softmax_scale) || meta_.softmax_scale <= 0)
+    throw Error(path + ": attribute 'softmax_scale' must be a positive finite number");
+
+  for (int l = 0; l < meta_.n_layers; ++l) {
+    for (Tensor t : {Tensor::q, Tensor::k, Tensor::v, Tensor::attn}) {
+      std::string ds = layer_dataset(l, t);
+      if (t == Tensor::attn && !f.exists(ds)) continue;
+      auto info = f.dataset_info(ds);  // throws "missing dataset" naming it
+      hsize_t heads = (t == Tensor::q || t == Tensor::attn) ? meta_.n_heads : meta_.n_kv_heads;
+      std::ostringstream want;
+      want << "[" << heads << ", " << n << ", " << meta_.head_dim << "]";
+      if (info.shape.size() != 3) throw Error(path + ": dataset '" + ds + "' must have rank 3 " + want.str() + ", has rank " + std::to_string(info.shape.size()));
+      if (info.shape[0] != heads || info.shape[1] != hsize_t(n) || info.shape[2] != hsize_t(meta_.head_dim)) {
+        std::ostringstream got;
+        got << "[" << info.shape[0] << ", " << info.shape[1] << ", " << info.shape[2] << "]";
+        throw Error(path + ": dataset '" + ds + "' has shape " + got.str() + ", expected " + want.str() +
+                    " from the root attributes (n_heads/n_kv_heads, n_tokens, head_dim)");
+      }
+      if (info.type_class != H5T_FLOAT) throw Error(path + ": dataset '" + ds + "' must be floating point (float32 or float16)");
+    }
+  }
+  if (f.exists("/tokens")) {
+    auto info = f.dataset_info("/tokens");
+    if (info.shape.size() != 1 || info.shape[0] != hsize_t(n))
+      throw Error(path + ": dataset '/tokens' must have shape [" + std::to_string(n) + "]");
+  }
+}
+
+bool RecordingReader::has(int layer, Tensor which) const {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  return file_->exists(layer_dataset(layer, which));
+}
+
+MatF RecordingReader::read(int layer, Tensor which, int head) const {
+  std::string ds = layer_dataset(layer, which);
+  int heads = (which == Tensor::q || which == Tensor::attn) ? meta_.n_heads : meta_.n_kv_heads;
+  if (layer < 0 || layer >= meta_.n_layers) throw Error(path_ + ": layer " + std::to_string(layer) + " out of range [0, " + std::to_string(meta_.n_layers) + ")");
+  if (head < 0 || head >= heads) throw Error(path_ + ": " + ds + ": head " + std::to_string(head) + " out of range [0, " + std::to_string(heads) + ")");
+  MatF m(meta_.n_tokens, meta_.head_dim);
+  {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    file_->read_slab(ds, H5T_NATIVE_FLOAT, {hsize_t(head), 0, 0}, {1, hsize_t(meta_.n_tokens), hsize_t(meta_.head_dim)}, m.data());
+  }
+  for (Eigen::Index i = 0; i < m.rows(); ++i)
+    for (Eigen::Index j = 0; j < m.cols(); ++j)
+      if (!std::isfinite(m(i, j)))
+        throw Error(path_ + ": dataset '" + ds + "' has a non-finite value (" + std::to_string(m(i, j)) + ") at index [" +
+                    std::to_string(head) + ", " + std::to_string(i) + ", " + std::to_string(j) + "]");
+  return m;
+}
+
+std::vector<int32_t> RecordingReader::tokens() const {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  if (!file_->exists("/tokens")) return {};
+  return file_->read_int_vector("/tokens");
+}
+
+std::vector<double> RecordingReader::cross_entropy() const {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  if (!file_->exists("/cross_entropy")) return {};
+  return file_->read_double_vector("/cross_entropy");
+}
+
+RecordingWriter::RecordingWriter(const std::string& path, const RecordingMeta& meta, bool with_attn)
+    : path_(path), tmp_(path + ".tmp"), meta_(meta) {
+  if (meta.n_layers <= 0 || meta.n_heads <= 0 || meta.n_kv_heads <= 0 || meta.head_dim <= 0 || meta.n_tokens <= 0)
+    throw Error(path + ": cannot write a recording with empty dimensions");
+  if (meta.n_heads % meta.n_kv_heads) throw Error(path + ": n_heads must be a multiple of n_kv_heads");
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_ = std::make_unique<h5::File>(h5::File::create(tmp_));
+  auto& f = *file_;
+  f.set_attr("/", "kvsim_schema", int64_t(1));
+  f.set_attr("/", "model", meta.model);
+  f.set_attr("/", "source", meta.source);
+  f.set_attr("/", "rope", meta.rope);
+  f.set_attr("/", "n_layers", int64_t(meta.n_layers));
+  f.set_attr("/", "n_heads", int64_t(meta.n_heads));
+  f.set_attr("/", "n_kv_heads", int64_t(meta.n_kv_heads));
+  f.set_attr("/", "head_dim", int64_t(meta.head_dim));
+  f.set_attr("/", "n_tokens", int64_t(meta.n_tokens));
+  double scale = meta.softmax_scale > 0 ? meta.softmax_scale : 1.0 / std::sqrt(double(meta.head_dim));
+  f.set_attr("/", "softmax_scale", scale);
+  hsize_t n = meta.n_tokens, d = meta.head_dim;
+  std::vector<hsize_t> chunk{1, std::min<hsize_t>(n, 1024), d};
+  for (int l = 0; l < meta.n_layers; ++l) {
+    f.create_dataset(layer_dataset(l, Tensor::q), H5T_IEEE_F32LE, {hsize_t(meta.n_heads), n, d}, chunk);
+    f.create_dataset(layer_dataset(l, Tensor::k), H5T_IEEE_F32LE, {hsize_t(meta.n_kv_heads), n, d}, chunk);
+    f.create_dataset(layer_dataset(l, Tensor::v), H5T_IEEE_F32LE, {hsize_t(meta.n_kv_heads), n, d}, chunk);
+    if (with_attn) f.create_dataset(layer_dataset(l, Tensor::attn), H5T_IEEE_F32LE, {hsize_t(meta.n_heads), n, d}, chunk);
+  }
+}
+
+RecordingWriter::~RecordingWriter() {
+  if (!done_) {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    file_.reset();
+    std::error_code ec;
+    std::filesystem::remove(tmp_, ec);
+  }
+}
+
+void RecordingWriter::write(int layer, Tensor which, int head, const MatF& m) {
+  if (m.rows() != meta_.n_tokens || m.cols() != meta_.head_dim)
+    throw Error(path_ + ": write of " + layer_dataset(layer, which) + " has the wrong shape");
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_->write_slab(layer_dataset(layer, which), H5T_NATIVE_FLOAT, {hsize_t(head), 0, 0},
+                    {1, hsize_t(m.rows()), hsize_t(m.cols())}, m.data());
+}
+
+void RecordingWriter::write_tokens(const std::vector<int32_t>& tokens) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_->write_vector("/tokens", tokens);
+}
+
+void RecordingWriter::write_cross_entropy(const std::vector<float>& ce) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_->write_vector("/cross_entropy", ce);
+}
+
+void RecordingWriter::set_attr(const std::string& name, double v) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_->set_attr("/", name, v);
+}
+void RecordingWriter::set_attr(const std::string& name, int64_t v) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_->set_attr("/", name, v);
+}
+void RecordingWriter::set_attr(const std::string& name, const std::string& v) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_->set_attr("/", name, v);
+}
+
+void RecordingWriter::finish() {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_->flush();
+  file_.reset();
+  std::error_code ec;
+  std::filesystem::rename(tmp_, path_, ec);
+  if (ec) throw Error(path_ + ": cannot move finished recording into place: " + ec.message());
+  done_ = true;
+}
+
+}  // namespace kvsim

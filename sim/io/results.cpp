@@ -1,0 +1,465 @@
+#include "kvsim/io/results.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "kvsim/core/error.hpp"
+#include "kvsim/io/h5.hpp"
+#include "kvsim/io/recording.hpp"
+
+namespace kvsim {
+
+Stat summarize(std::vector<double> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
+  Stat s;
+  s.count = int64_t(v.size());
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / double(v.size());
+  auto q = [&](double p) {  // linear interpolation between order statistics
+    double pos = p * double(v.size() - 1);
+    size_t lo = size_t(std::floor(pos));
+    size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
+  };
+  s.median = q(0.5);
+  s.p95 = q(0.95);
+  s.max = v.back();
+  return s;
+}
+
+namespace {
+
+std::string csv_escape(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string o = "\"";
+  for (char c : s) o += (c == '"') ? std::string("\"\"") : std::string(1, c);
+  return o + "\"";
+}
+
+std::string num(double x) {
+  if (std::isnan(x)) return "nan";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+std::string policy_group(size_t p) {
+  char g[32];
+  std::snprintf(g, sizeof g, "/policy_%02zu", p);
+  return g;
+}
+
+void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
+  f.set_attr("/", "experiment", ex.name);
+  f.set_attr("/", "source", r.source);
+  f.set_attr("/", "config", ex.config_text);
+  f.set_attr("/", "n_tokens", int64_t(r.n_tokens));
+  f.set_attr("/", "seed", int64_t(ex.seed));
+  f.set_attr("/", "n_layers", int64_t(r.meta.n_layers));
+  f.set_attr("/", "n_heads", int64_t(r.meta.n_heads));
+  f.set_attr("/", "n_kv_heads", int64_t(r.meta.n_kv_heads));
+  f.set_attr("/", "head_dim", int64_t(r.meta.head_dim));
+  f.set_attr("/", "model", r.meta.model);
+  f.set_attr("/", "gqa", ex.eval.gqa);
+  f.set_attr("/", "device", ex.eval.device);
+  f.set_attr("/", "reference_precision", ex.eval.reference_precision);
+  f.set_attr("/", "policy_precision", ex.eval.policy_precision);
+  f.set_attr("/", "threads", int64_t(r.threads));
+  f.set_attr("/", "wall_seconds", r.wall_seconds);
+}
+
+void write_policy_group(h5::File& f, const std::string& g, const PolicySpec& spec) {
+  f.create_group(g);
+  f.set_attr(g, "name", spec.name);
+  f.set_attr(g, "label", spec.label);
+  f.set_attr(g, "params", spec.params.to_string());
+}
+
+/// CSV lines (count, mean, median, p95, max) of one group of one policy, metric by metric.
+void stat_lines(std::ostream& o, const PolicySpec& spec, const std::string& group,
+                const std::vector<MetricColumn>& metrics, const std::function<Stat(size_t metric)>& stat_of) {
+  for (size_t m = 0; m < metrics.size(); ++m) {
+    const Stat st = stat_of(m);
+    if (st.count == 0) continue;
+    o << csv_escape(spec.name) << ',' << csv_escape(spec.label) << ',' << group << ',' << metrics[m].name << ','
+      << st.count << ',' << num(st.mean) << ',' << num(st.median) << ',' << num(st.p95) << ',' << num(st.max) << '\n';
+  }
+}
+
+/// The registry's unit, description and source as attributes of a metric dataset.
+void describe_metric(h5::File& f, const std::string& g, const MetricColumn& m) {
+  const std::string ds = g + "/" + m.name;
+  f.set_attr(ds, "unit", m.unit);
+  f.set_attr(ds, "description", m.description);
+  f.set_attr(ds, "source", m.source);
+}
+
+void write_h5(const RunResult& r, const Experiment& ex, const std::string& path) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  auto f = h5::File::create(path);
+  write_root_attrs(f, r, ex);
+  for (size_t p = 0; p < r.policies.size(); ++p) {
+    const auto& pr = r.policies[p];
+    const std::string g = policy_group(p);
+    write_policy_group(f, g, pr.spec);
+    std::vector<int32_t> layer, head;
+    std::vector<int64_t> step;
+    for (const auto& row : pr.rows) {
+      layer.push_back(row.layer);
+      head.push_back(row.head);
+      step.push_back(row.step);
+    }
+    f.write_vector(std::string(g) + "/layer", layer);
+    f.write_vector(std::string(g) + "/head", head);
+    f.write_vector(std::string(g) + "/step", step);
+    for (size_t m = 0; m < r.metrics.size(); ++m) {
+      std::vector<double> col;
+      col.reserve(pr.rows.size());
+      for (const auto& row : pr.rows) col.push_back(row[m]);
+      f.write_vector(std::string(g) + "/" + r.metrics[m].name, col);
+      describe_metric(f, g, r.metrics[m]);
+    }
+  }
+  f.flush();
+}
+
+/// Aggregates (count, mean, median, p95, max) of every metric per group of rows. `key` maps a row to
+/// its group's CSV cells (e.g. "3" or "3,5"); groups are written in key order of first appearance
+/// (rows are ordered by layer, KV head, step), then an "all" group when `with_all`.
+const char* kStatsHeader = ",metric,count,mean,median,p95,max\n";
+
+void write_stats(const RunResult& r, const std::string& path, const std::string& key_header,
+                 const std::function<std::string(const MetricRow&)>& key, bool with_all) {
+  std::ofstream o(path);
+  if (!o) throw Error(path + ": cannot write");
+  o << "policy,label," << key_header << kStatsHeader;
+  for (const auto& pr : r.policies) {
+    std::vector<std::string> order;
+    std::map<std::string, std::vector<size_t>> groups;
+    for (size_t i = 0; i < pr.rows.size(); ++i) {
+      auto k = key(pr.rows[i]);
+      auto [it, fresh] = groups.try_emplace(k);
+      if (fresh) order.push_back(k);
+      it->second.push_back(i);
+    }
+    if (with_all) {
+      std::vector<size_t> all(pr.rows.size());
+      for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+      groups["all"] = std::move(all);
+      order.push_back("all");
+    }
+    for (const auto& g : order)
+      stat_lines(o, pr.spec, g, r.metrics, [&](size_t m) {
+        std::vector<double> v;
+        v.reserve(groups[g].size());
+        for (size_t i : groups[g]) v.push_back(pr.rows[i][m]);
+        return summarize(std::move(v));
+      });
+  }
+  o.flush();
+  if (!o) throw Error(path + ": write failed (disk full?)");
+}
+
+}  // namespace
+
+void write_results(const RunResult& r, const Experiment& ex, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
+  const std::string h5 = (fs::path(out_dir) / "results.h5").string();
+  const std::string csv = (fs::path(out_dir) / "summary.csv").string();
+  const std::string cells = (fs::path(out_dir) / "cells.csv").string();
+  const std::vector<std::string> finals{h5, csv, cells};
+  std::vector<std::string> tmps;
+  for (const auto& f : finals) tmps.push_back(f + ".tmp");
+  try {
+    write_h5(r, ex, tmps[0]);
+    write_stats(r, tmps[1], "layer", [](const MetricRow& m) { return std::to_string(m.layer); }, true);
+    write_stats(r, tmps[2], "layer,head",
+                [](const MetricRow& m) { return std::to_string(m.layer) + "," + std::to_string(m.head); }, false);
+  } catch (...) {
+    for (const auto& t : tmps) fs::remove(t, ec);
+    throw;
+  }
+  for (size_t i = 0; i < finals.size(); ++i) {
+    fs::rename(tmps[i], finals[i], ec);
+    if (ec) throw Error(finals[i] + ": cannot move into place: " + ec.message());
+  }
+}
+
+namespace {
+struct TableCol {
+  const char* metric;
+  const char* head;
+  bool p95;
+};
+const TableCol kTableCols[] = {{"rel_err", "rel_err", false},        {"rel_err", "rel_err p95", true},
+                               {"eps_spectral", "eps", false},        {"eps_spectral", "eps p95", true},
+                               {"kept_mass", "kept_mass", false},     {"mass_ratio", "mass_ratio", false},
+                               {"tau_rel_err", "tau_rel_err", false}, {"cache_tokens", "cache_tok", false},
+                               {"policy_ns", "ns/step", false}};
+
+size_t column_index(const std::vector<MetricColumn>& metrics, const std::string& name) {
+  for (size_t i = 0; i < metrics.size(); ++i)
+    if (metrics[i].name == name) return i;
+  return metrics.size();
+}
+
+/// The table from each policy's statistics over all rows: all_stats[p][metric index].
+std::string format_table(const std::vector<std::string>& labels, const std::vector<MetricColumn>& metrics,
+                         const std::vector<std::vector<Stat>>& all_stats) {
+  size_t w0 = 6;
+  for (const auto& l : labels) w0 = std::max(w0, l.size());
+  std::ostringstream o;
+  char buf[64];
+  auto pad = [&](const std::string& s) { return s + std::string(w0 - s.size(), ' '); };
+  o << pad("policy");
+  for (const auto& c : kTableCols) {
+    std::snprintf(buf, sizeof buf, " %11s", c.head);
+    o << buf;
+  }
+  o << '\n';
+  for (size_t p = 0; p < labels.size(); ++p) {
+    o << pad(labels[p]);
+    for (const auto& c : kTableCols) {
+      const size_t m = column_index(metrics, c.metric);
+      const double x = m == metrics.size() ? NAN : c.p95 ? all_stats[p][m].p95 : all_stats[p][m].mean;
+      if (std::isnan(x)) std::snprintf(buf, sizeof buf, " %11s", "-");
+      else if (std::string(c.metric) == "cache_tokens" || std::string(c.metric) == "policy_ns")
+        std::snprintf(buf, sizeof buf, " %11.1f", x);
+      else std::snprintf(buf, sizeof buf, " %11.3e", x);
+      o << buf;
+    }
+    o << '\n';
+  }
+  return o.str();
+}
+}  // namespace
+
+std::string summary_table(const RunResult& r) {
+  std::vector<std::string> labels;
+  std::vector<std::vector<Stat>> all(r.policies.size(), std::vector<Stat>(r.metrics.size()));
+  for (size_t p = 0; p < r.policies.size(); ++p) {
+    labels.push_back(r.policies[p].spec.label);
+    for (const auto& c : kTableCols) {
+      const size_t m = column_index(r.metrics, c.metric);
+      if (m == r.metrics.size()) continue;
+      std::vector<double> v;
+      for (const auto& row : r.policies[p].rows) v.push_back(row[m]);
+      all[p][m] = summarize(std::move(v));
+    }
+  }
+  return format_table(labels, r.metrics, all);
+}
+
+// ---- ResultSpill ----------------------------------------------------------------------------------
+
+struct ResultSpill::State {
+  std::filesystem::path dir;
+  bool made_dir = false;
+  const Experiment& ex;
+  std::vector<std::string> finals, tmps;
+  std::unique_ptr<h5::File> f;
+  std::vector<size_t> rows_per_cell, offset;
+  size_t total = 0;
+  std::vector<std::vector<std::string>> cell_lines;  // [cell][policy] cells.csv lines
+  std::vector<MetricColumn> metrics;
+  bool finished = false;
+  State(const std::string& out_dir, const Experiment& e) : dir(out_dir), ex(e) {}
+};
+
+ResultSpill::ResultSpill(const std::string& out_dir, const Experiment& ex) : st_(std::make_unique<State>(out_dir, ex)) {
+  for (const char* name : {"results.h5", "summary.csv", "cells.csv"}) {
+    st_->finals.push_back((st_->dir / name).string());
+    st_->tmps.push_back(st_->finals.back() + ".tmp");
+  }
+}
+
+ResultSpill::~ResultSpill() {
+  if (st_->finished) return;
+  std::error_code ec;
+  {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    st_->f.reset();
+  }
+  for (const auto& t : st_->tmps) std::filesystem::remove(t, ec);
+  if (st_->made_dir) std::filesystem::remove(st_->dir, ec);  // only if empty
+}
+
+void ResultSpill::begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics) {
+  st_->metrics = metrics;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(st_->dir)) {
+    fs::create_directories(st_->dir, ec);
+    if (ec) throw Error(st_->dir.string() + ": cannot create output folder: " + ec.message());
+    st_->made_dir = true;
+  }
+  st_->rows_per_cell = rows_per_cell;
+  st_->offset.assign(rows_per_cell.size(), 0);
+  for (size_t c = 0; c < rows_per_cell.size(); ++c) {
+    st_->offset[c] = st_->total;
+    st_->total += rows_per_cell[c];
+  }
+  st_->cell_lines.assign(rows_per_cell.size(), std::vector<std::string>(st_->ex.policies.size()));
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  st_->f = std::make_unique<h5::File>(h5::File::create(st_->tmps[0]));
+  if (st_->total > size_t(UINT32_MAX)) throw Error("results: more than 2^32 metric rows per policy");
+  // One chunk per cell's rows. When every cell yields the same number of rows (the usual case), each
+  // cell writes whole chunks at chunk-aligned offsets, so chunks are compressed (shuffle + deflate)
+  // once and never read back and rewritten; otherwise chunks straddle cells and stay uncompressed
+  // (compressed 64K-row chunks that straddled cells made streaming 4x slower).
+  size_t per = 1;
+  bool equal = !rows_per_cell.empty();
+  for (size_t c : rows_per_cell) {
+    per = std::max(per, c);
+    equal = equal && c == rows_per_cell.front() && c > 0;
+  }
+  const hsize_t chunk = hsize_t(std::min<size_t>(per, std::max<size_t>(st_->total, 1)));
+  const bool compress = equal;
+  for (size_t p = 0; p < st_->ex.policies.size(); ++p) {
+    const std::string g = policy_group(p);
+    write_policy_group(*st_->f, g, st_->ex.policies[p]);
+    st_->f->create_dataset(g + "/layer", H5T_STD_I32LE, {hsize_t(st_->total)}, {chunk}, compress);
+    st_->f->create_dataset(g + "/head", H5T_STD_I32LE, {hsize_t(st_->total)}, {chunk}, compress);
+    st_->f->create_dataset(g + "/step", H5T_STD_I64LE, {hsize_t(st_->total)}, {chunk}, compress);
+    for (const auto& m : metrics) {
+      st_->f->create_dataset(g + "/" + m.name, H5T_IEEE_F64LE, {hsize_t(st_->total)}, {chunk}, compress);
+      describe_metric(*st_->f, g, m);
+    }
+  }
+}
+
+void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRow>>& rows) {
+  if (!st_->f || cell >= st_->rows_per_cell.size() || rows.size() != st_->ex.policies.size())
+    throw Error("results: write_cell before begin() or for an unknown cell");
+  for (size_t p = 0; p < rows.size(); ++p) {
+    const auto& rp = rows[p];
+    if (rp.size() != st_->rows_per_cell[cell])
+      throw Error("results: cell " + std::to_string(cell) + " produced " + std::to_string(rp.size()) + " rows, expected " +
+                  std::to_string(st_->rows_per_cell[cell]));
+    // cells.csv lines of this cell: its (layer, head) groups in order of first appearance.
+    std::vector<std::string> order;
+    std::map<std::string, std::vector<size_t>> groups;
+    for (size_t i = 0; i < rp.size(); ++i) {
+      auto k = std::to_string(rp[i].layer) + "," + std::to_string(rp[i].head);
+      auto [it, fresh] = groups.try_emplace(k);
+      if (fresh) order.push_back(k);
+      it->second.push_back(i);
+    }
+    std::ostringstream lines;
+    for (const auto& g : order)
+      stat_lines(lines, st_->ex.policies[p], g, st_->metrics, [&](size_t m) {
+        std::vector<double> v;
+        for (size_t i : groups[g]) v.push_back(rp[i][m]);
+        return summarize(std::move(v));
+      });
+    st_->cell_lines[cell][p] = lines.str();
+  }
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  const hsize_t off = st_->offset[cell], cnt = st_->rows_per_cell[cell];
+  if (cnt == 0) return;
+  for (size_t p = 0; p < rows.size(); ++p) {
+    const auto& rp = rows[p];
+    const std::string g = policy_group(p);
+    std::vector<int32_t> layer(cnt), head(cnt);
+    std::vector<int64_t> step(cnt);
+    for (size_t i = 0; i < cnt; ++i) {
+      layer[i] = rp[i].layer;
+      head[i] = rp[i].head;
+      step[i] = rp[i].step;
+    }
+    st_->f->write_slab(g + "/layer", H5T_NATIVE_INT32, {off}, {cnt}, layer.data());
+    st_->f->write_slab(g + "/head", H5T_NATIVE_INT32, {off}, {cnt}, head.data());
+    st_->f->write_slab(g + "/step", H5T_NATIVE_INT64, {off}, {cnt}, step.data());
+    std::vector<double> col(cnt);
+    for (size_t m = 0; m < st_->metrics.size(); ++m) {
+      for (size_t i = 0; i < cnt; ++i) col[i] = rp[i][m];
+      st_->f->write_slab(g + "/" + st_->metrics[m].name, H5T_NATIVE_DOUBLE, {off}, {cnt}, col.data());
+    }
+  }
+}
+
+std::string ResultSpill::finish(const RunResult& r) {
+  namespace fs = std::filesystem;
+  const auto& ex = st_->ex;
+  const auto& metrics = st_->metrics;
+  std::vector<std::string> labels;
+  std::vector<std::vector<Stat>> all(ex.policies.size(), std::vector<Stat>(metrics.size()));
+  {
+    std::ofstream o(st_->tmps[1]);
+    if (!o) throw Error(st_->tmps[1] + ": cannot write");
+    o << "policy,label,layer" << kStatsHeader;
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    write_root_attrs(*st_->f, r, ex);
+    for (size_t p = 0; p < ex.policies.size(); ++p) {
+      labels.push_back(ex.policies[p].label);
+      const std::string g = policy_group(p);
+      // summary.csv: per layer (in order of first appearance) and "all", one metric column at a time.
+      // Row indices of each layer, once (not a scan of every row per layer and metric).
+      std::vector<int32_t> order;
+      std::vector<std::vector<uint32_t>> rows_of;
+      {
+        const std::vector<int32_t> layer = st_->f->read_int_vector(g + "/layer");
+        std::map<int32_t, size_t> slot;
+        for (size_t i = 0; i < layer.size(); ++i) {
+          auto [it, fresh] = slot.try_emplace(layer[i], order.size());
+          if (fresh) {
+            order.push_back(layer[i]);
+            rows_of.emplace_back();
+          }
+          rows_of[it->second].push_back(uint32_t(i));
+        }
+      }
+      std::vector<std::vector<Stat>> per(order.size() + 1, std::vector<Stat>(metrics.size()));
+      for (size_t m = 0; m < metrics.size(); ++m) {
+        const std::vector<double> col = st_->f->read_double_vector(g + "/" + metrics[m].name);
+        for (size_t k = 0; k < order.size(); ++k) {
+          std::vector<double> v;
+          v.reserve(rows_of[k].size());
+          for (uint32_t i : rows_of[k]) v.push_back(col[i]);
+          per[k][m] = summarize(std::move(v));
+        }
+        per[order.size()][m] = summarize(col);
+        all[p][m] = per[order.size()][m];
+      }
+      for (size_t k = 0; k <= order.size(); ++k)
+        stat_lines(o, ex.policies[p], k < order.size() ? std::to_string(order[k]) : std::string("all"), metrics,
+                   [&](size_t m) { return per[k][m]; });
+    }
+    st_->f->flush();
+    st_->f.reset();
+    o.flush();
+    if (!o) throw Error(st_->tmps[1] + ": write failed (disk full?)");
+  }
+  {
+    std::ofstream o(st_->tmps[2]);
+    if (!o) throw Error(st_->tmps[2] + ": cannot write");
+    o << "policy,label,layer,head" << kStatsHeader;
+    for (size_t p = 0; p < ex.policies.size(); ++p)
+      for (const auto& cell : st_->cell_lines) o << cell[p];
+    o.flush();
+    if (!o) throw Error(st_->tmps[2] + ": write failed (disk full?)");
+  }
+  std::error_code ec;
+  for (size_t i = 0; i < st_->finals.size(); ++i) {
+    fs::rename(st_->tmps[i], st_->finals[i], ec);
+    if (ec) throw Error(st_->finals[i] + ": cannot move into place: " + ec.message());
+  }
+  st_->finished = true;
+  return format_table(labels, metrics, all);
+}
+
+}  // namespace kvsim

@@ -1,0 +1,158 @@
+#include "kvsim/model/llama.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+#include "kvsim/core/error.hpp"
+#include "kvsim/policies/policy.hpp"
+
+namespace kvsim {
+namespace {
+
+void rmsnorm(float* out, const float* x, const float* w, int n) {
+  double ss = 0;
+  for (int i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  float inv = static_cast<float>(1.0 / std::sqrt(ss / n + 1e-5));
+  for (int i = 0; i < n; ++i) out[i] = w[i] * (inv * x[i]);
+}
+
+/// out[rows] = W[rows, cols] · x[cols]
+void matvec(float* out, const float* W, const float* x, int rows, int cols) {
+  Eigen::Map<const MatF> Wm(W, rows, cols);
+  Eigen::Map<const VecF> xv(x, cols);
+  Eigen::Map<VecF>(out, rows).noalias() = Wm * xv;
+}
+
+void rope(float* vec, int n, int head_dim, int pos) {
+  for (int i = 0; i < n; i += 2) {
+    int hd = i % head_dim;
+    double freq = 1.0 / std::pow(10000.0, double(hd) / head_dim);
+    double val = pos * freq;
+    float fcr = static_cast<float>(std::cos(val)), fci = static_cast<float>(std::sin(val));
+    float v0 = vec[i], v1 = vec[i + 1];
+    vec[i] = v0 * fcr - v1 * fci;
+    vec[i + 1] = v0 * fci + v1 * fcr;
+  }
+}
+
+}  // namespace
+
+double mean_of(const std::vector<float>& v) {
+  if (v.empty()) return 0;
+  double s = 0;
+  for (float x : v) s += x;
+  return s / double(v.size());
+}
+
+float token_cross_entropy(const std::vector<float>& logits, int target) {
+  double mx = -INFINITY;
+  for (float x : logits) mx = std::max(mx, double(x));
+  double s = 0;
+  for (float x : logits) s += std::exp(double(x) - mx);
+  return static_cast<float>(mx + std::log(s) - logits[target]);
+}
+
+LlamaModel::LlamaModel(const std::string& path) : path_(path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw Error(path + ": cannot open checkpoint");
+  std::streamoff size = in.tellg();
+  in.seekg(0);
+  int32_t h[7];
+  if (size < 28 || !in.read(reinterpret_cast<char*>(h), sizeof h)) throw Error(path + ": too short for a llama2.c header");
+  cfg_.dim = h[0];
+  cfg_.hidden_dim = h[1];
+  cfg_.n_layers = h[2];
+  cfg_.n_heads = h[3];
+  cfg_.n_kv_heads = h[4];
+  cfg_.shared_classifier = h[5] > 0;
+  cfg_.vocab_size = std::abs(h[5]);
+  cfg_.seq_len = h[6];
+  auto bad = [&](const std::string& why) { throw Error(path + ": not a llama2.c checkpoint: " + why); };
+  if (cfg_.dim <= 0 || cfg_.dim > 65536 || cfg_.hidden_dim <= 0 || cfg_.n_layers <= 0 || cfg_.n_layers > 1024 ||
+      cfg_.n_heads <= 0 || cfg_.n_kv_heads <= 0 || cfg_.vocab_size <= 0 || cfg_.seq_len <= 0)
+    bad("header values out of range");
+  if (cfg_.dim % cfg_.n_heads) bad("dim is not a multiple of n_heads");
+  if (cfg_.n_heads % cfg_.n_kv_heads) bad("n_heads is not a multiple of n_kv_heads");
+  if (cfg_.head_dim() % 2) bad("head_dim must be even for rotary embedding");
+  const int64_t D = cfg_.dim, Hd = cfg_.hidden_dim, L = cfg_.n_layers, V = cfg_.vocab_size, KV = cfg_.kv_dim();
+  const int64_t S = cfg_.seq_len, hs = cfg_.head_dim();
+  int64_t floats = V * D + L * D + L * D * D + 2 * L * D * KV + L * D * D + L * D + 3 * L * D * Hd + D + S * hs;
+  if (!cfg_.shared_classifier) floats += V * D;
+  int64_t expect = 28 + 4 * floats;
+  if (size != expect)
+    bad("file has " + std::to_string(size) + " bytes but the header implies " + std::to_string(expect));
+  data_.resize(floats);
+  if (!in.read(reinterpret_cast<char*>(data_.data()), floats * 4)) bad("short read");
+  const float* p = data_.data();
+  emb_ = p; p += V * D;
+  rms_att_ = p; p += L * D;
+  wq_ = p; p += L * D * D;
+  wk_ = p; p += L * D * KV;
+  wv_ = p; p += L * D * KV;
+  wo_ = p; p += L * D * D;
+  rms_ffn_ = p; p += L * D;
+  w1_ = p; p += L * D * Hd;
+  w2_ = p; p += L * Hd * D;
+  w3_ = p; p += L * D * Hd;
+  rms_final_ = p; p += D;
+  p += S * hs;  // freq_cis_real + freq_cis_imag
+  wcls_ = cfg_.shared_classifier ? emb_ : p;
+  x_.resize(D); xb_.resize(D); q_.resize(D); k_.resize(KV); v_.resize(KV); att_out_.resize(D);
+  hb_.resize(Hd); hb2_.resize(Hd); logits_.resize(V);
+  key_cache_.assign(L * cfg_.n_kv_heads, MatD::Zero(S, hs));
+  value_cache_.assign(L * cfg_.n_kv_heads, MatD::Zero(S, hs));
+}
+
+const std::vector<float>& LlamaModel::forward(int token, int pos,
+                                              const std::function<void(int, const LayerTrace&)>& trace) {
+  const int D = cfg_.dim, Hd = cfg_.hidden_dim, KV = cfg_.kv_dim(), hs = cfg_.head_dim();
+  const int S = cfg_.seq_len, G = cfg_.n_heads / cfg_.n_kv_heads;
+  if (token < 0 || token >= cfg_.vocab_size) throw Error(path_ + ": token id " + std::to_string(token) + " out of range");
+  if (pos < 0 || pos >= S)
+    throw Error(path_ + ": position " + std::to_string(pos) + " is beyond the model's seq_len " + std::to_string(S));
+  std::copy(emb_ + int64_t(token) * D, emb_ + int64_t(token + 1) * D, x_.begin());
+  const double scale = 1.0 / std::sqrt(double(hs));
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    rmsnorm(xb_.data(), x_.data(), rms_att_ + int64_t(l) * D, D);
+    matvec(q_.data(), wq_ + int64_t(l) * D * D, xb_.data(), D, D);
+    matvec(k_.data(), wk_ + int64_t(l) * D * KV, xb_.data(), KV, D);
+    matvec(v_.data(), wv_ + int64_t(l) * D * KV, xb_.data(), KV, D);
+    rope(q_.data(), D, hs, pos);
+    rope(k_.data(), KV, hs, pos);
+    if (override_) {
+      override_->attend(l, pos, q_.data(), k_.data(), v_.data(), att_out_.data());
+    } else {
+      for (int h = 0; h < cfg_.n_kv_heads; ++h) {
+        const size_t c = size_t(l) * cfg_.n_kv_heads + h;
+        key_cache_[c].row(pos) = Eigen::Map<const VecF>(k_.data() + h * hs, hs).cast<double>().transpose();
+        value_cache_[c].row(pos) = Eigen::Map<const VecF>(v_.data() + h * hs, hs).cast<double>().transpose();
+      }
+      VecD z;
+      double log_sum;
+      for (int h = 0; h < cfg_.n_heads; ++h) {
+        const size_t c = size_t(l) * cfg_.n_kv_heads + h / G;
+        const VecD q = Eigen::Map<const VecF>(q_.data() + h * hs, hs).cast<double>() * scale;
+        attend_cached(key_cache_[c], value_cache_[c], pos + 1, q, z, log_sum);
+        Eigen::Map<VecF>(att_out_.data() + h * hs, hs) = z.cast<float>();
+      }
+    }
+    if (trace) trace(l, LayerTrace{q_.data(), k_.data(), v_.data(), att_out_.data()});
+    matvec(xb_.data(), wo_ + int64_t(l) * D * D, att_out_.data(), D, D);
+    for (int i = 0; i < D; ++i) x_[i] += xb_[i];
+    rmsnorm(xb_.data(), x_.data(), rms_ffn_ + int64_t(l) * D, D);
+    matvec(hb_.data(), w1_ + int64_t(l) * D * Hd, xb_.data(), Hd, D);
+    matvec(hb2_.data(), w3_ + int64_t(l) * D * Hd, xb_.data(), Hd, D);
+    for (int i = 0; i < Hd; ++i) {
+      float a = hb_[i];
+      hb_[i] = a / (1.0f + std::exp(-a)) * hb2_[i];
+    }
+    matvec(xb_.data(), w2_ + int64_t(l) * D * Hd, hb_.data(), D, Hd);
+    for (int i = 0; i < D; ++i) x_[i] += xb_[i];
+  }
+  rmsnorm(x_.data(), x_.data(), rms_final_, D);
+  matvec(logits_.data(), wcls_, x_.data(), cfg_.vocab_size, D);
+  return logits_;
+}
+
+}  // namespace kvsim

@@ -1,0 +1,78 @@
+#include "kvsim/model/policy_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/rng.hpp"
+
+namespace kvsim {
+
+PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
+                                     const std::string& gqa, const std::string& group_agg)
+    : cfg_(cfg), per_query_(gqa == "query_head") {
+  const int G = cfg.n_heads / cfg.n_kv_heads;
+  const int caches = per_query_ ? cfg.n_heads : cfg.n_kv_heads;
+  StreamInfo info;
+  info.n = n_tokens;
+  info.head_dim = cfg.head_dim();
+  info.n_queries = per_query_ ? 1 : G;
+  info.group_agg = group_agg;
+  for (int l = 0; l < cfg.n_layers; ++l)
+    for (int h = 0; h < caches; ++h) {
+      const uint64_t head_id = per_query_ ? uint64_t(h) : uint64_t(h) + (1ULL << 32);
+      info.seed = derive_seed({seed, uint64_t(l), head_id, 0, 0});
+      auto p = make_policy(spec.name, spec.params, info);
+      if (p->needs_exact_probs() || p->needs_global_scores())
+        throw Error("policy '" + spec.label + "' is a non-causal oracle (it needs future or exact attention) and cannot run in a closed loop");
+      pol_.push_back(std::move(p));
+    }
+  answers_.resize(per_query_ ? 1 : G);
+}
+
+void PolicyKVAttention::attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) {
+  const int hs = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  const int caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;
+  for (int c = 0; c < caches; ++c) {
+    Policy& p = *pol_[size_t(layer) * caches + c];
+    const int kvh = per_query_ ? c / G : c;
+    p.observe(pos, k + kvh * hs, v + kvh * hs);
+    const int first = per_query_ ? c : c * G, count = per_query_ ? 1 : G;
+    MatD Q(count, hs);
+    for (int g = 0; g < count; ++g)
+      Q.row(g) = Eigen::Map<const VecF>(q + (first + g) * hs, hs).cast<double>().transpose() * scale;
+    answers_.assign(count, Answer{});
+    p.attend(pos + 1, Q, &answers_, nullptr);
+    for (int g = 0; g < count; ++g) Eigen::Map<VecF>(out + (first + g) * hs, hs) = answers_[g].z.cast<float>();
+  }
+}
+
+double PolicyKVAttention::mean_cache_tokens() const {
+  double s = 0;
+  for (const auto& p : pol_) s += double(p->cache_tokens());
+  return s / double(pol_.size());
+}
+
+double teacher_forced_ce(LlamaModel& model, const std::vector<int>& tokens, KVAttention* attn) {
+  model.set_attention(attn);
+  std::vector<float> ce;
+  for (size_t pos = 0; pos + 1 < tokens.size(); ++pos)
+    ce.push_back(token_cross_entropy(model.forward(tokens[pos], int(pos)), tokens[pos + 1]));
+  model.set_attention(nullptr);
+  return mean_of(ce);
+}
+
+std::vector<int> greedy_tokens(LlamaModel& model, const std::vector<int>& prompt, int total, KVAttention* attn) {
+  model.set_attention(attn);
+  std::vector<int> out(prompt);
+  for (int pos = 0; pos < total - 1; ++pos) {
+    const auto& logits = model.forward(out[pos], pos);
+    if (pos + 1 < int(out.size())) continue;
+    out.push_back(int(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+  }
+  model.set_attention(nullptr);
+  return out;
+}
+
+}  // namespace kvsim

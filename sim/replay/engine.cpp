@@ -1,0 +1,158 @@
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <map>
+#include <tuple>
+#include <mutex>
+#include <thread>
+
+#include "kvsim/core/error.hpp"
+#include "kvsim/io/results.hpp"
+#include "kvsim/replay/engine.hpp"
+
+namespace kvsim {
+
+std::vector<int64_t> eval_steps(const EvalSpec& e, int64_t n) {
+  std::vector<int64_t> s;
+  for (int64_t t = std::max<int64_t>(1, e.from); t <= n; t += e.every) s.push_back(t);
+  if (s.empty() || s.back() != n) s.push_back(n);
+  return s;
+}
+
+std::unique_ptr<StreamSource> open_source(const DataSpec& d) {
+  if (d.synthetic) return std::make_unique<SynthSource>(d.synth);
+  return std::make_unique<RecordingReader>(d.path);
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+void validate_eval(const Experiment& ex) {
+  if (ex.policies.empty()) throw Error("experiment '" + ex.name + "': no [[policy]] entries");
+  if (ex.eval.every < 1) throw Error("eval.every must be ≥ 1");
+  if (ex.eval.gqa != "kv_head" && ex.eval.gqa != "query_head")
+    throw Error("eval.gqa must be \"kv_head\" or \"query_head\", got \"" + ex.eval.gqa + "\"");
+  if (ex.eval.group_agg != "mean" && ex.eval.group_agg != "max" && ex.eval.group_agg != "sum")
+    throw Error("eval.group_agg must be \"mean\", \"max\" or \"sum\", got \"" + ex.eval.group_agg + "\"");
+}
+
+/// `data.layers` / `data.heads` (empty = all), range-checked; the (layer, KV head) cells they select.
+std::vector<Cell> plan_cells(const DataSpec& data, const RecordingMeta& meta, std::vector<int>& layers) {
+  layers = data.layers;
+  if (layers.empty())
+    for (int l = 0; l < meta.n_layers; ++l) layers.push_back(l);
+  for (int l : layers)
+    if (l < 0 || l >= meta.n_layers)
+      throw Error("data.layers: layer " + std::to_string(l) + " is out of range [0, " + std::to_string(meta.n_layers) + ")");
+  std::vector<int> heads = data.heads;
+  if (heads.empty())
+    for (int h = 0; h < meta.n_heads; ++h) heads.push_back(h);
+  for (int h : heads)
+    if (h < 0 || h >= meta.n_heads)
+      throw Error("data.heads: head " + std::to_string(h) + " is out of range [0, " + std::to_string(meta.n_heads) + ")");
+  std::sort(heads.begin(), heads.end());
+  heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
+  std::vector<Cell> cells;
+  for (int l : layers)
+    for (int kv = 0; kv < meta.n_kv_heads; ++kv) {
+      Cell c{l, kv, {}};
+      for (int h : heads)
+        if (meta.kv_head_of(h) == kv) c.heads.push_back(h);
+      if (!c.heads.empty()) cells.push_back(std::move(c));
+    }
+  return cells;
+}
+
+/// Runs every cell on `threads` workers (cells are independent: results do not depend on the
+/// schedule). A spilled cell's rows go to disk and are freed; the first error stops the others.
+void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<Cell>& cells, int64_t n, int threads,
+               const std::function<void(int, int)>& progress, ResultSpill* spill,
+               std::vector<std::vector<std::vector<MetricRow>>>& cell_out) {
+  cell_out.assign(cells.size(), {});
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr err;
+  std::mutex mu;
+  int done = 0;
+  auto worker = [&] {
+    for (;;) {
+      size_t i = next++;
+      if (i >= cells.size() || failed) return;
+      try {
+        cell_out[i].resize(ex.policies.size());
+        replay_cell(ex, src, cells[i], n, cell_out[i]);
+        if (spill) {
+          spill->write_cell(i, cell_out[i]);
+          std::vector<std::vector<MetricRow>>().swap(cell_out[i]);
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (!err) err = std::current_exception();
+        failed = true;
+        return;
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      ++done;
+      if (progress) progress(done, int(cells.size()));
+    }
+  };
+  std::vector<std::thread> pool;
+  int nt = std::min<int>(threads, std::max<size_t>(1, cells.size()));
+  for (int i = 1; i < nt; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  if (err) std::rethrow_exception(err);
+}
+
+}  // namespace
+
+RunResult run_experiment(const Experiment& ex, const StreamSource& src, int threads,
+                         const std::function<void(int, int)>& progress, ResultSpill* spill) {
+  const auto& meta = src.meta();
+  validate_eval(ex);
+  RunResult res;
+  res.meta = meta;
+  res.source = src.describe();
+  res.n_tokens = ex.data.tokens > 0 ? std::min(ex.data.tokens, meta.n_tokens) : meta.n_tokens;
+  res.threads = std::max(1, threads);
+  res.metrics = metric_columns();
+  const std::vector<Cell> cells = plan_cells(ex.data, meta, res.layers);
+  // Validate policy parameters once, up front, so a typo fails before any work.
+  {
+    StreamInfo info;
+    info.n = res.n_tokens;
+    info.head_dim = meta.head_dim;
+    for (const auto& p : ex.policies) make_policy(p.name, p.params, info);
+  }
+  if (spill) {
+    const size_t per_head = eval_steps(ex.eval, res.n_tokens).size();
+    std::vector<size_t> rows_per_cell;
+    for (const auto& c : cells) rows_per_cell.push_back(c.heads.size() * per_head);
+    spill->begin(rows_per_cell, res.metrics);
+  }
+  std::vector<std::vector<std::vector<MetricRow>>> cell_out;
+  const auto t0 = Clock::now();
+  run_cells(ex, src, cells, res.n_tokens, res.threads, progress, spill, cell_out);
+  res.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  res.policies.resize(ex.policies.size());
+  for (size_t p = 0; p < ex.policies.size(); ++p) {
+    res.policies[p].spec = ex.policies[p];
+    // Exact reservation, then each cell's rows are moved and freed at once: the rows exist once in
+    // memory (not twice, nor in a doubling vector's spare capacity).
+    size_t total = 0;
+    for (auto& c : cell_out) total += c.empty() ? 0 : c[p].size();
+    auto& rows = res.policies[p].rows;
+    rows.reserve(total);
+    for (auto& c : cell_out) {
+      if (c.empty()) continue;  // spilled to disk
+      rows.insert(rows.end(), std::make_move_iterator(c[p].begin()), std::make_move_iterator(c[p].end()));
+      std::vector<MetricRow>().swap(c[p]);
+    }
+  }
+  return res;
+}
+
+}  // namespace kvsim
