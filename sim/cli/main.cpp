@@ -1,4 +1,4 @@
-// kvsim command-line interface (CLI11): run, synth, record, inspect.
+// kvsim command-line interface (CLI11): one add_* function per subcommand (options + callback).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -18,10 +18,16 @@
 #include "kvsim/model/record.hpp"
 #include "kvsim/io/results.hpp"
 #include "kvsim/io/synth.hpp"
+#include "kvsim/policies/registry.hpp"
 
 using namespace kvsim;
 
 namespace {
+
+/// A subcommand's exit status other than 0, thrown out of its callback.
+struct Exit {
+  int code;
+};
 
 int cmd_run(const std::string& config, std::string out, int threads, std::vector<std::string> sets, bool quiet,
             const std::string& device) {
@@ -51,35 +57,28 @@ int cmd_run(const std::string& config, std::string out, int threads, std::vector
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // glibc serves blocks ≥ 128 KiB-32 MiB by mmap and trims freed heap tops, so every reference block
-  // (probabilities of 256 rows × t columns, t changing block to block) came back as fresh pages: page
-  // faults cost as much as the block's second GEMM (issue "Performance", measured with kvsim bench).
-  // Keep freed memory for reuse instead; peak memory is unchanged.
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  CLI::App app{"kvsim — KV-cache attention approximation simulator"};
-  app.require_subcommand(1);
-
+void add_run(CLI::App& app) {
   auto* run = app.add_subcommand("run", "replay an experiment config through exact attention and its policies");
-  std::string config, out;
-  int threads = 0;
-  bool quiet = false;
-  std::vector<std::string> sets;
+  static std::string config, out;
+  static int threads = 0;
+  static bool quiet = false;
+  static std::vector<std::string> sets;
   run->add_option("config", config, "experiment TOML file")->required();
   run->add_option("--out", out, "output folder (default results/<name>)");
   run->add_option("--threads", threads, "worker threads (default: all cores)");
   run->add_option("--set", sets, "override a config key, e.g. --set eval.every=4 (repeatable)");
   run->add_flag("--quiet", quiet, "no progress on stderr");
-  std::string device;
+  static std::string device;
   run->add_option("--device", device, "cpu or cuda: where the exact reference runs (= --set eval.device=...)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
 
+  run->callback([] { cmd_run(config, out, threads, sets, quiet, device); });
+}
+
+void add_synth(CLI::App& app) {
   auto* synth = app.add_subcommand("synth", "write a seeded synthetic stream in the recording schema");
-  SynthParams sp;
-  std::string synth_out;
+  static SynthParams sp;
+  static std::string synth_out;
   synth->add_option("--preset", sp.preset, "gaussian | clustered | heavy_hitter")->required();
   synth->add_option("--n", sp.n, "tokens");
   synth->add_option("--d", sp.head_dim, "head_dim");
@@ -95,8 +94,35 @@ int main(int argc, char** argv) {
   synth->add_option("--heavy-strength", sp.heavy_strength, "heavy_hitter: logit boost");
   synth->add_option("--out", synth_out, "output .h5")->required();
 
+  synth->callback([synth] {
+    if (!synth->count("--kv-heads")) sp.n_kv_heads = sp.n_heads;
+    SynthSource src(sp);
+    write_synthetic(src, synth_out);
+    std::cout << "wrote " << synth_out << " (" << src.describe() << ")\n";
+  });
+}
+
+void record_summary(const RecordOptions& ro, const RecordResult& r) {
+  std::cout << "recorded " << r.tokens.size() << " tokens";
+  if (!ro.out.empty()) std::cout << " into " << ro.out;
+  std::cout << "\n";
+  if (!r.cross_entropy.empty())
+    std::cout << "mean cross-entropy: " << r.mean_cross_entropy << " nats/token over " << r.cross_entropy.size()
+              << " predictions\n";
+  if (!ro.policy.empty() && !std::isnan(r.exact_cross_entropy))
+    std::cout << "closed loop (" << ro.policy << "): cross-entropy " << r.mean_cross_entropy << " vs exact cache "
+              << r.exact_cross_entropy << " (increase " << r.mean_cross_entropy - r.exact_cross_entropy << " nats/token)\n";
+  if (!ro.policy.empty() && ro.generate > 0)
+    std::cout << "closed loop (" << ro.policy << "): greedy output "
+              << (r.diverge_at < 0 ? std::string("never differs from the exact cache's")
+                                   : "first differs from the exact cache's at token " + std::to_string(r.diverge_at))
+              << "\n";
+  std::cout << "text: " << r.text << "\n";
+}
+
+void add_record(CLI::App& app) {
   auto* record = app.add_subcommand("record", "run a llama2.c checkpoint and record q, k, v of every layer and head");
-  RecordOptions ro;
+  static RecordOptions ro;
   record->add_option("--checkpoint", ro.checkpoint, "llama2.c model .bin")->required()->check(CLI::ExistingFile);
   record->add_option("--tokenizer", ro.tokenizer, "llama2.c tokenizer.bin")->required()->check(CLI::ExistingFile);
   auto* text_opt = record->add_option("--text", ro.text_path, "teacher-forced: text file")->check(CLI::ExistingFile);
@@ -105,126 +131,135 @@ int main(int argc, char** argv) {
   record->add_option("--prompt", ro.prompt, "generation prompt (default: BOS only)");
   record->add_option("--out", ro.out, "output .h5");
   record->add_flag("!--no-attn", ro.with_attn, "do not store the model's attention output");
-  std::vector<std::string> policy_params;
+  static std::vector<std::string> policy_params;
   record->add_option("--policy", ro.policy, "closed loop: a policy manages every (layer, KV head) cache");
   record->add_option("--param", policy_params, "policy parameter key=value (repeatable), e.g. --param budget=0.25");
   record->add_option("--gqa", ro.gqa, "closed loop: kv_head (default) or query_head")->check(CLI::IsMember({"kv_head", "query_head"}));
   record->add_option("--seed", ro.seed, "closed loop: policy seed");
 
+  text_opt->excludes(gen_opt);
+  record->callback([] {
+    if (ro.text_path.empty() && ro.generate <= 0) throw Error("kvsim record: give --text FILE or --generate N");
+    if (!policy_params.empty() && ro.policy.empty()) throw Error("kvsim record: --param needs --policy");
+    for (const auto& kv : policy_params) {
+      auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) throw Error("kvsim record: --param '" + kv + "': expected key=value");
+      ro.policy_params.set(kv.substr(0, eq), parse_param_value(kv.substr(eq + 1)), "--param " + kv);
+    }
+    record_summary(ro, record_model(ro));
+  });
+}
+
+void add_closed_loop(CLI::App& app) {
   auto* closed = app.add_subcommand("closed-loop", "closed-loop model quality for every policy of a config (and open-loop error on the same text)");
-  std::string cl2_config, cl2_out;
-  std::vector<std::string> cl2_sets;
-  int cl2_threads = 0;
+  static std::string cl2_config, cl2_out;
+  static std::vector<std::string> cl2_sets;
+  static int cl2_threads = 0;
   closed->add_option("config", cl2_config, "closed-loop TOML (e.g. experiments/closed_loop.toml)")->required();
   closed->add_option("--out", cl2_out, "output folder (default results/<name>)");
   closed->add_option("--threads", cl2_threads, "threads for the open-loop replay");
   closed->add_option("--set", cl2_sets, "override a config key (repeatable)");
-  text_opt->excludes(gen_opt);
+  closed->callback([] {
+    ClosedLoopConfig c = load_closed_loop(cl2_config, cl2_sets);
+    if (cl2_threads <= 0) cl2_threads = std::max(1u, std::thread::hardware_concurrency());
+    const std::string out = cl2_out.empty() ? "results/" + c.name : cl2_out;
+    auto rows = run_closed_loop(c, out, cl2_threads);
+    std::printf("%-44s %6s %9s %9s %11s %11s %9s %8s\n", "policy", "window", "ce_exact", "ce", "ce_increase",
+                "open_relerr", "cache_tok", "diverge");
+    for (const auto& r : rows)
+      std::printf("%-44s %6d %9.4f %9.4f %11.4f %11.4g %9.1f %8d\n", r.label.substr(0, 44).c_str(), r.window, r.ce_exact,
+                  r.ce_policy, r.ce_increase, r.open_rel_err, r.cache_tokens, r.diverge_at);
+    std::cout << "wrote " << out << "/closed_loop.csv\n";
+  });
+}
 
+void add_clusters(CLI::App& app) {
   auto* clusters = app.add_subcommand("clusters", "SubGen Fig. 1-style clusterability of a recording's keys and values");
-  std::string cl_config, cl_out;
-  std::vector<std::string> cl_sets;
+  static std::string cl_config, cl_out;
+  static std::vector<std::string> cl_sets;
   clusters->add_option("config", cl_config, "clusters TOML (e.g. experiments/clusterability.toml)")->required();
   clusters->add_option("--out", cl_out, "output folder (default results/<name>)");
   clusters->add_option("--set", cl_sets, "override a config key, e.g. --set clusters.delta_rel=0.3");
 
+  clusters->callback([] {
+    ClusterStudy st = load_cluster_study(cl_config, cl_sets);
+    std::cout << run_cluster_study(st, cl_out.empty() ? "results/" + st.name : cl_out);
+  });
+}
+
+void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "throughput figures against this machine's GEMM rate");
-  BenchOptions bo;
+  static BenchOptions bo;
   bench->add_flag("--quick", bo.quick, "small sizes (seconds)");
   bench->add_option("--threads", bo.threads, "N for the 1-vs-N threads comparison (default: all cores)");
   bench->add_option("--json", bo.json, "also write the figures as JSON");
   bench->add_option("--device", bo.device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
 
+  bench->callback([] { std::cout << run_bench(bo); });
+}
+
+void add_inspect(CLI::App& app) {
   auto* inspect = app.add_subcommand("inspect", "print schema, shapes, norms and logit ranges of a recording");
-  std::string inspect_path;
+  static std::string inspect_path;
   inspect->add_option("file", inspect_path, "recording .h5")->required();
-  bool check_attn = false;
-  double attn_tol = 1e-4;
-  std::vector<int> check_layers;
+  static bool check_attn = false;
+  static double attn_tol = 1e-4;
+  static std::vector<int> check_layers;
   inspect->add_flag("--check-attn", check_attn,
                     "replay exact attention and compare it with the recording's /layer_*/attn (exit 1 above --attn-tol)");
   inspect->add_option("--attn-tol", attn_tol, "relative tolerance for --check-attn (default 1e-4)");
   inspect->add_option("--layers", check_layers, "layers for --check-attn (default: all)");
 
+  inspect->callback([] {
+    if (!check_attn) {
+      std::cout << inspect_recording(inspect_path);
+      return;
+    }
+    const AttentionCheck c = check_recorded_attention(inspect_path, check_layers);
+    bool ok = true;
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      const bool pass = c.worst[i] <= attn_tol;
+      ok &= pass;
+      std::printf("layer %d: max relative difference %.3g between kvsim's exact attention and the recorded attn (%s %.1g)\n",
+                  c.layers[i], c.worst[i], pass ? "within" : "ABOVE", attn_tol);
+    }
+    std::cout << (ok ? "attention check: PASS\n" : "attention check: FAIL\n");
+    if (!ok) throw Exit{1};
+  });
+}
+
+void add_policies(CLI::App& app) {
+  auto* pol = app.add_subcommand("policies", "every policy with its parameters, defaults, memory rule and paper source");
+  static bool markdown = false;
+  pol->add_flag("--markdown", markdown, "print docs/policies.md (the Markdown table generated from the registry)");
+  pol->callback([] { std::cout << (markdown ? policies_markdown() : policies_text()); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // glibc serves blocks ≥ 128 KiB-32 MiB by mmap and trims freed heap tops, so every reference block
+  // (probabilities of 256 rows × t columns, t changing block to block) came back as fresh pages: page
+  // faults cost as much as the block's second GEMM (issue "Performance", measured with kvsim bench).
+  // Keep freed memory for reuse instead; peak memory is unchanged.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  CLI::App app{"kvsim — KV-cache attention approximation simulator"};
+  app.require_subcommand(1);
+  add_run(app);
+  add_synth(app);
+  add_record(app);
+  add_closed_loop(app);
+  add_clusters(app);
+  add_bench(app);
+  add_inspect(app);
+  add_policies(app);
   try {
-    app.parse(argc, argv);
+    app.parse(argc, argv);  // the chosen subcommand's callback runs inside parse()
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  }
-  int sp_kv_given = synth->count("--kv-heads");
-  try {
-    if (*run) return cmd_run(config, out, threads, sets, quiet, device);
-    if (*synth) {
-      if (!sp_kv_given) sp.n_kv_heads = sp.n_heads;
-      SynthSource src(sp);
-      write_synthetic(src, synth_out);
-      std::cout << "wrote " << synth_out << " (" << src.describe() << ")\n";
-      return 0;
-    }
-    if (*record) {
-      if (ro.text_path.empty() && ro.generate <= 0) throw Error("kvsim record: give --text FILE or --generate N");
-      if (!policy_params.empty() && ro.policy.empty()) throw Error("kvsim record: --param needs --policy");
-      for (const auto& kv : policy_params) {
-        auto eq = kv.find('=');
-        if (eq == std::string::npos || eq == 0) throw Error("kvsim record: --param '" + kv + "': expected key=value");
-        ro.policy_params.set(kv.substr(0, eq), parse_param_value(kv.substr(eq + 1)), "--param " + kv);
-      }
-      RecordResult r = record_model(ro);
-      std::cout << "recorded " << r.tokens.size() << " tokens";
-      if (!ro.out.empty()) std::cout << " into " << ro.out;
-      std::cout << "\n";
-      if (!r.cross_entropy.empty())
-        std::cout << "mean cross-entropy: " << r.mean_cross_entropy << " nats/token over " << r.cross_entropy.size()
-                  << " predictions\n";
-      if (!ro.policy.empty() && !std::isnan(r.exact_cross_entropy))
-        std::cout << "closed loop (" << ro.policy << "): cross-entropy " << r.mean_cross_entropy << " vs exact cache "
-                  << r.exact_cross_entropy << " (increase " << r.mean_cross_entropy - r.exact_cross_entropy << " nats/token)\n";
-      if (!ro.policy.empty() && ro.generate > 0)
-        std::cout << "closed loop (" << ro.policy << "): greedy output "
-                  << (r.diverge_at < 0 ? std::string("never differs from the exact cache's")
-                                       : "first differs from the exact cache's at token " + std::to_string(r.diverge_at))
-                  << "\n";
-      std::cout << "text: " << r.text << "\n";
-      return 0;
-    }
-    if (*closed) {
-      ClosedLoopConfig c = load_closed_loop(cl2_config, cl2_sets);
-      if (cl2_threads <= 0) cl2_threads = std::max(1u, std::thread::hardware_concurrency());
-      const std::string out = cl2_out.empty() ? "results/" + c.name : cl2_out;
-      auto rows = run_closed_loop(c, out, cl2_threads);
-      std::printf("%-44s %6s %9s %9s %11s %11s %9s %8s\n", "policy", "window", "ce_exact", "ce", "ce_increase",
-                  "open_relerr", "cache_tok", "diverge");
-      for (const auto& r : rows)
-        std::printf("%-44s %6d %9.4f %9.4f %11.4f %11.4g %9.1f %8d\n", r.label.substr(0, 44).c_str(), r.window, r.ce_exact,
-                    r.ce_policy, r.ce_increase, r.open_rel_err, r.cache_tokens, r.diverge_at);
-      std::cout << "wrote " << out << "/closed_loop.csv\n";
-      return 0;
-    }
-    if (*clusters) {
-      ClusterStudy st = load_cluster_study(cl_config, cl_sets);
-      std::cout << run_cluster_study(st, cl_out.empty() ? "results/" + st.name : cl_out);
-      return 0;
-    }
-    if (*bench) {
-      std::cout << run_bench(bo);
-      return 0;
-    }
-    if (*inspect) {
-      if (!check_attn) {
-        std::cout << inspect_recording(inspect_path);
-        return 0;
-      }
-      const AttentionCheck c = check_recorded_attention(inspect_path, check_layers);
-      bool ok = true;
-      for (size_t i = 0; i < c.layers.size(); ++i) {
-        const bool pass = c.worst[i] <= attn_tol;
-        ok &= pass;
-        std::printf("layer %d: max relative difference %.3g between kvsim's exact attention and the recorded attn (%s %.1g)\n",
-                    c.layers[i], c.worst[i], pass ? "within" : "ABOVE", attn_tol);
-      }
-      std::cout << (ok ? "attention check: PASS\n" : "attention check: FAIL\n");
-      return ok ? 0 : 1;
-    }
+  } catch (const Exit& e) {
+    return e.code;
   } catch (const Error& e) {
     std::cerr << "kvsim: error: " << e.what() << "\n";
     return 2;

@@ -19,6 +19,7 @@ std::string Params::where(const std::string& key) const {
 
 int64_t Params::get_int(const std::string& key, int64_t def) const {
   auto it = values_.find(key);
+  note(key, it == values_.end() ? std::optional<std::string>(std::to_string(def)) : std::nullopt);
   if (it == values_.end()) return def;
   used_.insert(key);
   if (auto p = std::get_if<int64_t>(&it->second)) return *p;
@@ -27,6 +28,7 @@ int64_t Params::get_int(const std::string& key, int64_t def) const {
 
 double Params::get_double(const std::string& key, double def) const {
   auto it = values_.find(key);
+  note(key, it == values_.end() ? std::optional<std::string>(param_to_string(ParamValue(def))) : std::nullopt);
   if (it == values_.end()) return def;
   used_.insert(key);
   if (auto p = std::get_if<double>(&it->second)) return *p;
@@ -36,6 +38,7 @@ double Params::get_double(const std::string& key, double def) const {
 
 bool Params::get_bool(const std::string& key, bool def) const {
   auto it = values_.find(key);
+  note(key, it == values_.end() ? std::optional<std::string>(std::string(def ? "true" : "false")) : std::nullopt);
   if (it == values_.end()) return def;
   used_.insert(key);
   if (auto p = std::get_if<bool>(&it->second)) return *p;
@@ -44,6 +47,7 @@ bool Params::get_bool(const std::string& key, bool def) const {
 
 std::string Params::get_string(const std::string& key, const std::string& def) const {
   auto it = values_.find(key);
+  note(key, it == values_.end() ? std::optional<std::string>(def) : std::nullopt);
   if (it == values_.end()) return def;
   used_.insert(key);
   if (auto p = std::get_if<std::string>(&it->second)) return *p;
@@ -52,6 +56,7 @@ std::string Params::get_string(const std::string& key, const std::string& def) c
 
 int64_t Params::get_budget(const std::string& key, int64_t n, int64_t def) const {
   auto it = values_.find(key);
+  note(key, it == values_.end() && def >= 0 ? std::optional<std::string>(std::to_string(def)) : std::nullopt);
   if (it == values_.end()) {
     if (def < 0) throw Error("missing parameter '" + key + "' (tokens as an integer, or a fraction of n in (0, 1])");
     return def;

@@ -1,5 +1,5 @@
 // `buzz`: BUZZ (seeds/002) §3.3 Algorithms 1-2 — sink + beehive body + sliding window; see
-// include/kvsim/analysis/buzz.hpp for the body recurrence. `log_scale = true` multiplies the logits by
+// include/kvsim/analysis/buzz.hpp (sim/analysis/buzz.cpp) for the body recurrence. `log_scale = true` multiplies the logits by
 // log_512(t) (BUZZ §3.5, Eq. 7-8; t = tokens so far), measured against the unscaled exact reference.
 #include "kvsim/analysis/buzz.hpp"
 
@@ -11,27 +11,7 @@
 #include "kvsim/core/hd.hpp"
 #include "slot_cache.hpp"
 
-namespace kvsim {
-
-std::vector<int64_t> buzz_body_recurrence(int64_t T, int64_t s, int steps) {
-  std::vector<int64_t> a;
-  int64_t prev = 0;
-  for (int j = 0; j < steps; ++j) {
-    prev = prev / buzz_s_hat(s) + (T - prev) / s;
-    a.push_back(prev);
-  }
-  return a;
-}
-
-double buzz_predicted_T_over_w(int64_t s) {
-  return s % 2 ? double(s * s + 1) / double(s + 1) : double(s - 1);
-}
-
-double buzz_limit_coefficient(int64_t s) {
-  return s % 2 ? double(s * s + 1) / double(s * s + s) : double(s - 1) / double(s);
-}
-
-namespace policies {
+namespace kvsim::policies {
 namespace {
 
 /// A cached token: its position, its slot in the contiguous key/value store, and its accumulated
@@ -171,8 +151,6 @@ class BuzzPolicy final : public Policy {
   static const std::vector<int64_t>& history_of(const Policy& p) { return static_cast<const BuzzPolicy&>(p).history_; }
 };
 
-}  // namespace
-
 std::unique_ptr<Policy> make_buzz(const Params& p, const StreamInfo& s) {
   const int64_t sink = p.get_int("sink", 4);
   const int64_t window = p.get_budget("window", s.n);
@@ -185,7 +163,46 @@ std::unique_ptr<Policy> make_buzz(const Params& p, const StreamInfo& s) {
   return std::make_unique<BuzzPolicy>(sink, window, T, stride, p.get_bool("log_scale", false), s);
 }
 
+/// Capacity sink + window + T = M, with T/w at Theorem 3.1's value for the stride.
+void buzz_memory(int64_t M, const Params& given, Params& out, const std::string& where) {
+  Params probe = given;  // typed reads with the usual errors, without touching the caller's copy
+  const int64_t sink = probe.get_int("sink", 4);
+  const int64_t s = probe.get_int("stride", 5);
+  const double r = buzz_predicted_T_over_w(s);
+  int64_t w = std::max<int64_t>(1, std::llround(double(M - sink) / (1 + r)));
+  const int64_t T = std::max<int64_t>(s, M - sink - w);
+  w = std::min(w, M - sink - T);  // the threshold is at least one stride; the window gives way
+  if (w < 1)
+    throw Error("'memory' = " + std::to_string(M) + " tokens is too small for buzz: sink (" + std::to_string(sink) +
+                ") + window (≥ 1) + threshold (≥ stride " + std::to_string(s) + ") needs at least " +
+                std::to_string(sink + 1 + s) + where);
+  out.set("window", w, where);
+  out.set("threshold", T, where);
+}
+
+}  // namespace
+
 const std::vector<int64_t>& buzz_body_history(const Policy& p) { return BuzzPolicy::history_of(p); }
 
-}  // namespace policies
-}  // namespace kvsim
+const PolicyInfo& buzz_info() {
+  static const PolicyInfo info{
+      "buzz",
+      "`sink` + beehive body + `window`: tokens leaving the window join the body as \"new\"; when the body reaches "
+      "`threshold` T, new tokens keep the accumulated-score argmax of each segment of `stride` s, old tokens every "
+      "ŝ = ⌊(s+1)/2⌋-th; `log_scale = true` multiplies logits by log₅₁₂ t",
+      "BUZZ §3.3 Alg. 1–2, §3.5 Eq. 7–8, Thm. 3.1",
+      {{"sink", "int", "4", "attention-sink tokens kept from the start"},
+       {"window", "tokens", "required", "sliding window w of the most recent tokens"},
+       {"threshold", "tokens", "required", "body size T that triggers an eviction round (≥ stride)"},
+       {"stride", "int", "5", "segment length s of local max sampling (≥ 2)"},
+       {"log_scale", "bool", "false", "scale logits by log₅₁₂ t (BUZZ §3.5)"}},
+      make_buzz,
+      MemoryRule{"capacity: sink + window + threshold = M with T/w from Theorem 3.1 (Eq. 6) for the stride",
+                 {"window", "threshold"},
+                 buzz_memory},
+      "yes",
+      {example_params({{"window", 0.1}, {"threshold", 0.15}})}};
+  return info;
+}
+
+}  // namespace kvsim::policies

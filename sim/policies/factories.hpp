@@ -1,9 +1,14 @@
-// Internal: factory functions of the built-in policies (registered in sim/policies/policy.cpp).
+// Internal: helpers shared by the policy files (sim/policies/*.cpp), each of which defines one
+// policy and its PolicyInfo (include/kvsim/policies/registry.hpp).
 #pragma once
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kvsim/core/hd.hpp"
 #include "kvsim/policies/policy.hpp"
+#include "kvsim/policies/registry.hpp"
 
 namespace kvsim::policies {
 
@@ -13,19 +18,20 @@ inline int group_agg_code(const std::string& agg) {
   return agg == "max" ? hd::kAggMax : agg == "sum" ? hd::kAggSum : hd::kAggMean;
 }
 
-std::unique_ptr<Policy> make_exact(const Params&, const StreamInfo&);
-std::unique_ptr<Policy> make_window(const Params&, const StreamInfo&);
-std::unique_ptr<Policy> make_sink(const Params&, const StreamInfo&);
-std::unique_ptr<Policy> make_oracle_topk(const Params&, const StreamInfo&);
-std::unique_ptr<Policy> make_uniform(const Params&, const StreamInfo&);
-std::unique_ptr<Policy> make_subgen(const Params&, const StreamInfo&);
-std::unique_ptr<Policy> make_subgen_kcenter(const Params&, const StreamInfo&);
-std::unique_ptr<Policy> make_h2o(const Params&, const StreamInfo&);
+/// The equal-memory rule of fixed-size policies: budget = M tokens, exact at every step.
+inline MemoryRule budget_memory_rule() {
+  return {"budget = M (min(M, t) tokens at every step)", {"budget"},
+          [](int64_t M, const Params&, Params& out, const std::string& where) { out.set("budget", M, where); }};
+}
 
-}  // namespace kvsim::policies
+/// Params from literal key/value pairs (a PolicyInfo's examples).
+inline Params example_params(std::initializer_list<std::pair<std::string, ParamValue>> kv) {
+  Params p;
+  for (const auto& [k, v] : kv) p.set(k, v, "example");
+  return p;
+}
 
-namespace kvsim::policies {
-std::unique_ptr<Policy> make_buzz(const Params&, const StreamInfo&);
 /// Body sizes after each eviction of a `buzz` policy instance (tests).
 const std::vector<int64_t>& buzz_body_history(const Policy& p);
+
 }  // namespace kvsim::policies

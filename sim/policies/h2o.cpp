@@ -17,16 +17,15 @@
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/hd.hpp"
-#include "slot_cache.hpp"
+#include "scorer.hpp"
 
 namespace kvsim::policies {
 namespace {
 
-class H2OPolicy final : public Policy {
+class H2OPolicy final : public ScorerPolicy {
  public:
   H2OPolicy(int64_t budget, int64_t recent, bool global, const StreamInfo& s)
-      : budget_(budget), recent_(recent), global_(global), agg_(s.group_agg), cache_(budget, s.head_dim, s.policy_f32),
-        score_(budget, 0.0) {}
+      : ScorerPolicy("h2o", budget, /*sink=*/0, recent, s), global_(global) {}
 
   bool needs_every_query() const override { return !global_; }
   bool needs_global_scores() const override { return global_; }
@@ -36,38 +35,6 @@ class H2OPolicy final : public Policy {
     global_score_ = agg.result();
   }
 
-  void observe(int64_t t, const float* k, const float* v) override {
-    const double init = global_ ? global_score_[t] : 0.0;  // oracle: the token's whole-stream score
-    if (cache_.size() < budget_) {
-      score_[cache_.size()] = init;
-      cache_.append(t, k, v);
-      return;
-    }
-    // Evict the lowest-score token outside the recent window: after token t joins, positions
-    // t − recent_ + 1 .. t are the recent ones, so candidates have position ≤ t − recent_.
-    // The rule is shared with the CUDA path (include/kvsim/core/hd.hpp).
-    int64_t victim = -1;
-    for (int64_t s = 0; s < cache_.size(); ++s) {
-      if (!hd::h2o_evictable(cache_.position(s), t, recent_)) continue;  // token t is not yet cached
-      if (victim < 0 || hd::h2o_prefer(score_[s], cache_.position(s), score_[victim], cache_.position(victim)))
-        victim = s;
-    }
-    if (victim < 0) throw Error("h2o: no evictable token (recent window ≥ budget)");
-    cache_.put(victim, t, k, v);
-    score_[victim] = init;
-  }
-
-  void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
-    const int64_t m = cache_.size();
-    const MatD& P = cache_.answer_group(q, out);  // one pass over keys and values for the whole query group
-    GroupAggregate agg(agg_, m);
-    for (Eigen::Index i = 0; i < q.rows(); ++i) agg.add(P.col(i));
-    if (global_) return;  // oracle scores are fixed
-    const VecD step = agg.result();
-    for (int64_t s = 0; s < m; ++s) score_[s] += step[s];
-  }
-
-  int64_t cache_tokens() const override { return cache_.size(); }
   std::optional<cuda::PolicyReplay> gpu_replay() const override {
     if (global_) return std::nullopt;  // the non-causal oracle form stays on the CPU
     cuda::PolicyReplay r;
@@ -79,15 +46,21 @@ class H2OPolicy final : public Policy {
   }
 
  private:
-  int64_t budget_, recent_;
-  bool global_;
-  std::string agg_;
-  VecD global_score_;
-  SlotCache cache_;
-  std::vector<double> score_;
-};
+  double initial_score(int64_t t) override { return global_ ? global_score_[t] : 0.0; }  // oracle: whole-stream score
+  /// Alg. 1's F_score accumulation (h(z) = z): the group's attention, combined by group_agg, added
+  /// to every cached token's score; oracle scores are fixed.
+  void update_scores(int64_t, const MatD& P, std::vector<double>& score) override {
+    const int64_t m = P.rows();
+    GroupAggregate agg(agg_, m);
+    for (Eigen::Index i = 0; i < P.cols(); ++i) agg.add(P.col(i));
+    if (global_) return;
+    const VecD step = agg.result();
+    for (int64_t s = 0; s < m; ++s) score[s] += step[s];
+  }
 
-}  // namespace
+  bool global_;
+  VecD global_score_;
+};
 
 std::unique_ptr<Policy> make_h2o(const Params& p, const StreamInfo& s) {
   const int64_t b = p.get_budget("budget", s.n);
@@ -99,6 +72,26 @@ std::unique_ptr<Policy> make_h2o(const Params& p, const StreamInfo& s) {
   if (score != "accumulated" && score != "oracle")
     throw Error("parameter 'score' must be \"accumulated\" (local H2) or \"oracle\" (global H2)" + p.where("score"));
   return std::make_unique<H2OPolicy>(b, b - heavy_tokens, score == "oracle", s);
+}
+
+}  // namespace
+
+const PolicyInfo& h2o_info() {
+  static const PolicyInfo info{
+      "h2o",
+      "heavy hitters + recent tokens: every step q_t's attention over the cache is added to each cached token's "
+      "score; when full, the lowest-score token outside the `budget − heavy` most recent is evicted before the new "
+      "one joins (|S_t| ≤ B, |S_t \\ S_{t−1}| ≤ 1). `score = \"oracle\"` ranks by the attention of all queries, "
+      "future included (\"global\" heavy hitters, not causal)",
+      "H2O §4.1 Alg. 1, Def. 2.1, Fig. 2",
+      {{"budget", "tokens", "required", "cache size B = heavy + recent tokens (≥ 2)"},
+       {"heavy_ratio", "float", "0.5", "fraction of B for heavy hitters, in (0, 1); the rest protects recent tokens"},
+       {"score", "string", "accumulated", "\"accumulated\" (local, causal) or \"oracle\" (global, non-causal)"}},
+      make_h2o,
+      budget_memory_rule(),
+      "yes (score = \"accumulated\")",
+      {example_params({{"budget", 0.25}}), example_params({{"budget", 0.25}, {"score", std::string("oracle")}})}};
+  return info;
 }
 
 }  // namespace kvsim::policies

@@ -235,8 +235,6 @@ class KCenterPolicy final : public Policy {
   std::vector<const float*> kptr_;  // key of each stored id, by token position (valid while stored)
 };
 
-}  // namespace
-
 std::unique_ptr<Policy> make_subgen_kcenter(const Params& p, const StreamInfo& s) {
   const int64_t recent = p.get_budget("recent", s.n);
   const int64_t centers = p.get_budget("centers", s.n);
@@ -250,6 +248,39 @@ std::unique_ptr<Policy> make_subgen_kcenter(const Params& p, const StreamInfo& s
   if (mode == "streaming" && p.has("prefill")) throw Error("'prefill' applies only to mode = \"prefill\"" + p.where("prefill"));
   return std::make_unique<KCenterPolicy>(s.head_dim, recent, centers, prefill, mode == "streaming",
                                          p.get_bool("weighted", false));
+}
+
+/// recent + centers = M (streaming mode unless `mode` is given).
+void kcenter_memory(int64_t M, const Params& given, Params& out, const std::string& where) {
+  const int64_t centers = M / 2;
+  out.set("centers", centers, where);
+  out.set("recent", std::max<int64_t>(1, M - centers), where);
+  if (!given.has("mode")) out.set("mode", std::string("streaming"), where);
+}
+
+}  // namespace
+
+const PolicyInfo& subgen_kcenter_info() {
+  static const PolicyInfo info{
+      "subgen_kcenter",
+      "`recent` most recent tokens + `centers` greedy k-center (Gonzalez) centers of the older keys, chosen once at "
+      "`prefill` (before it the cache is full); `mode = \"streaming\"` keeps ≤ `centers` at every step with "
+      "Charikar et al.'s doubling algorithm; `weighted = true` (kvsim's addition) adds log(cluster size) to a "
+      "center's logit",
+      "SubGen §3.2, refs [3], [8]",
+      {{"recent", "tokens", "required", "most recent tokens kept exactly (≥ 1)"},
+       {"centers", "tokens", "required", "k-center centers of the older keys"},
+       {"mode", "string", "prefill", "\"prefill\" (cluster once) or \"streaming\" (doubling algorithm)"},
+       {"prefill", "tokens", "recent + 4·centers", "prefill mode: the step at which the centers are chosen"},
+       {"weighted", "bool", "false", "add log(cluster size) to each center's logit"}},
+      make_subgen_kcenter,
+      MemoryRule{"capacity: centers = ⌊M/2⌋, recent = M − centers, mode = \"streaming\" unless given",
+                 {"recent", "centers"},
+                 kcenter_memory},
+      "yes (mode = \"streaming\")",
+      {example_params({{"recent", 0.1}, {"centers", 0.1}}),
+       example_params({{"recent", 0.1}, {"centers", 0.1}, {"mode", std::string("streaming")}})}};
+  return info;
 }
 
 }  // namespace kvsim::policies

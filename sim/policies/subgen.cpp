@@ -42,8 +42,6 @@ class SubGenPolicy final : public Policy {
   SubGen sg_;
 };
 
-}  // namespace
-
 std::unique_ptr<Policy> make_subgen(const Params& p, const StreamInfo& s) {
   SubGenConfig c;
   c.sample_by_key = p.get_bool("sample_by_key", false);
@@ -71,6 +69,50 @@ std::unique_ptr<Policy> make_subgen(const Params& p, const StreamInfo& s) {
     if (c.t < 1) throw Error("parameter 't' (samples per cluster) is required and must be ≥ 1" + p.where("t"));
   }
   return std::make_unique<SubGenPolicy>(c, s);
+}
+
+/// s = ⌊M/2⌋ matrix-product samples (2s vectors) and at most ⌊M/(1+t)⌋ clusters (t default 3).
+void subgen_memory(int64_t M, const Params& given, Params& out, const std::string& where) {
+  Params probe = given;
+  const int64_t t = probe.get_int("t", 3);
+  if (t < 1) throw Error("parameter 't' must be ≥ 1" + given.where("t"));
+  const int64_t s = M / 2;
+  const int64_t cap = M / (1 + t);
+  if (s < 1 || cap < 1)
+    throw Error("'memory' = " + std::to_string(M) + " tokens is too small for subgen with t = " + std::to_string(t) +
+                " (needs s = ⌊M/2⌋ ≥ 1 and ⌊M/(1+t)⌋ ≥ 1 clusters)" + where);
+  out.set("s", s, where);
+  out.set("t", t, where);
+  out.set("max_clusters", cap, where);
+}
+
+}  // namespace
+
+const PolicyInfo& subgen_info() {
+  static const PolicyInfo info{
+      "subgen",
+      "SubGen Algorithm 1 verbatim: online key clustering with radius `delta` (t uniform reservoir samples per "
+      "cluster, Philox coin flips shared with the GPU; non-finite keys refused) + s matrix-product slots (each "
+      "replaced w.p. ‖v‖²/(μ+‖v‖²)); output z/τ. Give `s` and `t`, or Theorem 1 mode `eps` and `r` "
+      "(s = ⌈c_s ε⁻² d⌉, t = ⌈c_t ε⁻² e^{2δr} ln n⌉). Keeps no token subset (kept_mass is NaN)",
+      "SubGen §2, Alg. 1, Lemma 1–2, Thm. 1",
+      {{"delta", "float", "required (0 with max_clusters)", "cluster radius δ in key units"},
+       {"s", "int", "required (or eps)", "matrix-product samples |M|"},
+       {"t", "int", "required (or eps); 3 with memory", "reservoir samples per cluster |S_i|"},
+       {"eps", "float", "none", "Theorem 1 mode: target ε (with r)"},
+       {"r", "float", "none", "Theorem 1 mode: bound on the scaled query norm"},
+       {"c_s", "float", "32", "Theorem 1 mode: constant of s"},
+       {"c_t", "float", "0.05", "Theorem 1 mode: constant of t"},
+       {"max_clusters", "int", "0", "kvsim's fixed-memory variant: cluster cap (δ doubles and clusters merge); 0 = as published"},
+       {"sample_by_key", "bool", "false", "negative control for Lemma 1: sample M ∝ ‖k‖² (never for results)"}},
+      make_subgen,
+      MemoryRule{"capacity: s = ⌊M/2⌋ matrix-product samples and at most ⌊M/(1+t)⌋ clusters (t default 3)",
+                 {"s", "max_clusters", "eps"},
+                 subgen_memory},
+      "yes (not sample_by_key)",
+      {example_params({{"delta", 1.0}, {"s", int64_t(16)}, {"t", int64_t(4)}}),
+       example_params({{"delta", 1.0}, {"eps", 0.5}, {"r", 1.0}})}};
+  return info;
 }
 
 }  // namespace kvsim::policies

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <variant>
@@ -29,11 +30,17 @@ class Params {
   /// "key=value, ..." in key order (for labels and result attributes).
   std::string to_string() const;
   const std::map<std::string, ParamValue>& values() const { return values_; }
+  /// Every key a getter asked for, with the default it applied when the key was absent (nullopt when
+  /// it was given, or absent without a default). The policy registry's tests compare this with the
+  /// documented parameters and defaults.
+  const std::map<std::string, std::optional<std::string>>& asked() const { return asked_; }
 
  private:
   std::map<std::string, ParamValue> values_;
   std::map<std::string, std::string> where_;
   mutable std::set<std::string> used_;
+  mutable std::map<std::string, std::optional<std::string>> asked_;
+  void note(const std::string& key, const std::optional<std::string>& def) const { asked_[key] = def; }
 };
 
 std::string param_to_string(const ParamValue& v);

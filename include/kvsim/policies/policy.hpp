@@ -120,20 +120,15 @@ class GroupAggregate {
   int count_ = 0;
 };
 
-/// Builds a policy by name. Known: exact, window, sink, oracle_topk, uniform.
-/// Throws kvsim::Error naming the policy and parameter on bad input.
+/// Builds the registered policy `name` (include/kvsim/policies/registry.hpp) for one stream. A
+/// `memory = M` parameter (tokens, or a fraction of n) is first replaced by the policy's equal-memory
+/// rule (DESIGN §4: exact min(M, t) tokens' worth at every step, or a capacity for policies whose
+/// size oscillates by design — Policy::capacity_matched); the engine checks the rule at every
+/// evaluated step. Throws kvsim::Error naming the policy and parameter on bad input (unknown
+/// parameters included).
 std::unique_ptr<Policy> make_policy(const std::string& name, const Params& params, const StreamInfo& info);
 
-/// Equal-memory matching (DESIGN §4, issue "headline comparison"): a policy given `memory = M`
-/// (tokens, or a fraction of n) instead of its own size parameters is sized so that its cache holds
-/// min(M, t) tokens' worth of key/value vectors at step t: window/sink/uniform/oracle_topk/h2o get
-/// budget = M and are checked at every evaluated step (cache_bytes within 2% of the target). Policies
-/// whose size oscillates by design are matched on capacity (Policy::capacity_matched: never above M
-/// tokens' worth +2%): buzz gets sink + window + threshold = M with T/w from Theorem 3.1;
-/// subgen_kcenter gets recent + centers = M (streaming); subgen gets s = ⌊M/2⌋ matrix-product
-/// samples (2s vectors) and at most ⌊M/(1+t)⌋ clusters (SubGenConfig::max_clusters, t default 3).
-/// exact is refused. The engine refuses a policy that breaks its rule, naming the step and head.
-/// Returns −1 when `memory` is not given.
+/// M in tokens for a `memory` parameter (a fraction is of n); −1 when `memory` is not given.
 int64_t memory_target_tokens(const Params& params, int64_t n);
 
 /// Names accepted by make_policy.

@@ -1,0 +1,77 @@
+// kvsim: the policy registry. Each policy lives in one file under sim/policies/ and describes itself
+// with a PolicyInfo — its parameters (name, kind, default, meaning), paper source, factory, its
+// equal-memory rule and whether it replays on the GPU — and is registered by one line in
+// sim/policies/registry.cpp. `kvsim policies`, the docs' policy table (docs/policies.md, checked
+// by a test), config validation and `memory = M` matching all read this registry; the engine, the
+// config code and the memory code name no policy.
+#pragma once
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvsim/core/params.hpp"
+#include "kvsim/policies/policy.hpp"
+
+namespace kvsim {
+
+/// One parameter of a policy.
+struct ParamInfo {
+  std::string name;
+  /// "tokens" (an integer count, or a float in (0, 1] = fraction of n), "int", "float", "bool", "string".
+  std::string kind;
+  /// The default as the factory applies it when the key is absent ("4", "false", "accumulated");
+  /// "required"; or a rule ("recent + 4·centers") when it depends on other parameters.
+  /// tests/test_registry.cpp checks fixed defaults against what the factory actually uses.
+  std::string default_value;
+  std::string doc;  ///< meaning and unit
+};
+
+/// Equal-memory matching (DESIGN §4): how `memory = M` tokens sizes the policy. `refuses` are the
+/// parameters `memory` replaces (giving one of them together with it is an error); `apply` adds the
+/// derived ones to `out` (which already holds every other given parameter). A policy without a rule refuses
+/// `memory`. Whether the size is exact at every step or a capacity is Policy::capacity_matched().
+struct MemoryRule {
+  std::string doc;
+  std::vector<std::string> refuses;
+  std::function<void(int64_t M, const Params& given, Params& out, const std::string& where)> apply;
+};
+
+struct PolicyInfo {
+  std::string name;
+  std::string summary;  ///< what the cache keeps, one or two sentences
+  std::string source;   ///< paper, section, algorithm / equation
+  std::vector<ParamInfo> params;
+  std::function<std::unique_ptr<Policy>(const Params&, const StreamInfo&)> make;
+  std::optional<MemoryRule> memory;
+  std::string gpu;      ///< GPU replay coverage ("yes", "no", or which modes)
+  /// Parameter sets that construct the policy (one per mode), used by `kvsim policies --check`-style
+  /// tests: every mode's parameters must be documented and its defaults must match `params`.
+  std::vector<Params> examples;
+};
+
+/// Every registered policy, in registration order.
+const std::vector<const PolicyInfo*>& policy_registry();
+/// The policy named `name`; throws kvsim::Error listing the known names.
+const PolicyInfo& policy_info(const std::string& name);
+
+/// `kvsim policies`: every policy with its parameters, defaults, memory rule, GPU coverage and source.
+std::string policies_text();
+/// The same as a Markdown document (docs/policies.md is this text; a test compares them).
+std::string policies_markdown();
+
+/// The built-in policies' descriptions (one function per policy file, listed in registry.cpp).
+namespace policies {
+const PolicyInfo& exact_info();
+const PolicyInfo& window_info();
+const PolicyInfo& sink_info();
+const PolicyInfo& oracle_topk_info();
+const PolicyInfo& uniform_info();
+const PolicyInfo& h2o_info();
+const PolicyInfo& buzz_info();
+const PolicyInfo& subgen_info();
+const PolicyInfo& subgen_kcenter_info();
+}  // namespace policies
+
+}  // namespace kvsim

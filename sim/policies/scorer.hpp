@@ -1,0 +1,71 @@
+// Internal: ScorerPolicy — the base of score-based eviction policies (kvpress's "ScorerPress" idea):
+// "score every cached token, keep the top B, protect sink and recent tokens".
+//
+// Step t (DESIGN §3 order): observe(k_t, v_t): while the cache holds fewer than B tokens the token
+// joins; otherwise the lowest-score token that is neither a sink (position < sink) nor among the
+// `recent` newest (position > t − recent) is evicted (ties: the oldest; hd::h2o_prefer, shared with
+// the GPU path) and token t takes its slot with initial_score(t). The cache that answers q_t thus
+// holds at most B tokens and changes by at most one token per step (H2O Definition 2.1).
+// attend(Q̃_t): the group's attention over the cache answers the queries; update_scores() then sees
+// it ([m, G]: column g = softmax of query g over the m cached slots) and the per-slot scores.
+// A subclass supplies the scoring rule (H2O: accumulated attention, sim/policies/h2o.cpp).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/hd.hpp"
+#include "slot_cache.hpp"
+
+namespace kvsim::policies {
+
+class ScorerPolicy : public Policy {
+ public:
+  /// budget B ≥ 1 tokens; sink + recent < budget (else nothing could be evicted); `name` for errors.
+  ScorerPolicy(std::string name, int64_t budget, int64_t sink, int64_t recent, const StreamInfo& s)
+      : name_(std::move(name)), budget_(budget), sink_(sink), recent_(recent), agg_(s.group_agg),
+        cache_(budget, s.head_dim, s.policy_f32), score_(budget, 0.0) {}
+
+  bool needs_every_query() const override { return true; }
+
+  void observe(int64_t t, const float* k, const float* v) final {
+    const double init = initial_score(t);
+    if (cache_.size() < budget_) {
+      score_[cache_.size()] = init;
+      cache_.append(t, k, v);
+      return;
+    }
+    // After token t joins, positions t − recent + 1 .. t are the recent ones (hd::h2o_evictable).
+    int64_t victim = -1;
+    for (int64_t s = 0; s < cache_.size(); ++s) {
+      const int64_t pos = cache_.position(s);
+      if (pos < sink_ || !hd::h2o_evictable(pos, t, recent_)) continue;
+      if (victim < 0 || hd::h2o_prefer(score_[s], pos, score_[victim], cache_.position(victim))) victim = s;
+    }
+    if (victim < 0) throw Error(name_ + ": no evictable token (sink + recent ≥ budget)");
+    cache_.put(victim, t, k, v);
+    score_[victim] = init;
+  }
+
+  void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) final {
+    const MatD& P = cache_.answer_group(q, out);  // one pass over keys and values for the whole query group
+    update_scores(t, P, score_);
+  }
+
+  int64_t cache_tokens() const override { return cache_.size(); }
+
+ protected:
+  /// Score of token t when it joins (H2O: 0; an oracle: its whole-stream score).
+  virtual double initial_score(int64_t /*t*/) { return 0.0; }
+  /// Updates `score` (one entry per cache slot; slots [0, P.rows()) are filled) after step t's
+  /// queries attended with probabilities P [m, G].
+  virtual void update_scores(int64_t t, const MatD& P, std::vector<double>& score) = 0;
+
+  const std::string name_;
+  const int64_t budget_, sink_, recent_;
+  const std::string agg_;  ///< group_agg: how the group's attention combines into one score
+  SlotCache cache_;
+  std::vector<double> score_;
+};
+
+}  // namespace kvsim::policies

@@ -1,0 +1,116 @@
+// The policy and metric registries: documentation that cannot drift from the code.
+#include <catch2/catch.hpp>
+#include <regex>
+#include <set>
+
+#include "kvsim/core/error.hpp"
+#include "kvsim/policies/registry.hpp"
+#include "kvsim/replay/metrics.hpp"
+
+using namespace kvsim;
+
+namespace {
+
+StreamInfo small_stream() {
+  StreamInfo s;
+  s.n = 64;
+  s.head_dim = 8;
+  s.n_queries = 2;
+  return s;
+}
+
+/// A documented default is compared with the factory's only when it is a literal ("4", "0.05",
+/// "accumulated"); rules like "recent + 4·centers" and "required" are prose.
+bool literal_default(const std::string& d) {
+  return std::regex_match(d, std::regex("[A-Za-z0-9_.+-]+")) && d != "required" && d != "none";
+}
+
+/// Distinct disagreements between `info`'s documented parameters and what its factory reads, over its examples.
+std::set<std::string> doc_mismatches(const PolicyInfo& info) {
+  std::set<std::string> bad;
+  std::set<std::string> documented, asked_somewhere;
+  for (const auto& p : info.params) documented.insert(p.name);
+  for (const Params& ex : info.examples) {
+    Params params = ex;
+    info.make(params, small_stream());
+    for (const auto& [key, def] : params.asked()) {
+      asked_somewhere.insert(key);
+      if (!documented.count(key)) {
+        bad.insert(info.name + ": reads undocumented parameter '" + key + "'");
+        continue;
+      }
+      for (const auto& p : info.params)
+        if (p.name == key && def && literal_default(p.default_value) && *def != p.default_value)
+          bad.insert(info.name + ": '" + key + "' documented default " + p.default_value + ", factory uses " + *def);
+    }
+  }
+  for (const auto& name : documented)
+    if (!asked_somewhere.count(name)) bad.insert(info.name + ": documents '" + name + "', which no example reads");
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("registry: every policy's documented parameters and defaults are the ones its factory uses", "[registry]") {
+  REQUIRE(policy_registry().size() >= 9);
+  for (const auto* info : policy_registry()) {
+    INFO(info->name);
+    REQUIRE_FALSE(info->examples.empty());
+    REQUIRE_FALSE(info->source.empty());
+    const auto bad = doc_mismatches(*info);
+    for (const auto& b : bad) UNSCOPED_INFO(b);
+    CHECK(bad.empty());
+    // The registry is the one way in: make_policy finds it by name.
+    CHECK(make_policy(info->name, info->examples.front(), small_stream()) != nullptr);
+  }
+}
+
+TEST_CASE("registry: the documentation check catches a wrong default, a missing and a stale parameter", "[registry]") {
+  // Negative controls: copies of real entries with their documentation broken three ways.
+  PolicyInfo wrong_default = policy_info("sink");
+  for (auto& p : wrong_default.params)
+    if (p.name == "sink") p.default_value = "8";  // the factory uses 4
+  CHECK(doc_mismatches(wrong_default).size() == 1);
+
+  PolicyInfo missing = policy_info("h2o");
+  missing.params.pop_back();  // `score` undocumented
+  CHECK(doc_mismatches(missing).size() == 1);
+
+  PolicyInfo stale = policy_info("window");
+  stale.params.push_back({"stride", "int", "5", "not a window parameter"});
+  CHECK(doc_mismatches(stale).size() == 1);
+}
+
+TEST_CASE("registry: memory rules replace size parameters, and a policy without one refuses memory", "[registry]") {
+  Params mem;
+  mem.set("memory", int64_t(16), "test");
+  for (const auto* info : policy_registry()) {
+    INFO(info->name);
+    if (!info->memory) {
+      CHECK_THROWS_AS(make_policy(info->name, mem, small_stream()), Error);
+      continue;
+    }
+    CHECK(make_policy(info->name, mem, small_stream()) != nullptr);
+    for (const auto& key : info->memory->refuses) {  // giving a replaced parameter as well is an error
+      Params both = mem;
+      both.set(key, int64_t(8), "test");
+      CHECK_THROWS_AS(make_policy(info->name, both, small_stream()), Error);
+    }
+  }
+  CHECK_THROWS_AS(policy_info("no_such_policy"), Error);
+}
+
+TEST_CASE("registry: metrics have unique names, units, descriptions and sources", "[registry]") {
+  std::set<std::string> names;
+  for (const auto& m : metric_registry()) {
+    INFO(m.name);
+    CHECK(names.insert(m.name).second);
+    CHECK(std::string(m.unit).size() > 0);
+    CHECK(std::string(m.description).size() > 10);
+    CHECK(std::string(m.source).size() > 0);
+    CHECK(m.compute != nullptr);
+  }
+  CHECK(metric_registry().size() <= kMaxMetrics);
+  CHECK(metric_index("eps_spectral") < metric_registry().size());
+  CHECK_THROWS_AS(metric_index("no_such_metric"), Error);
+}
