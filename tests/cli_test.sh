@@ -19,6 +19,14 @@ expect_fail() {
 }
 
 expect_fail "required" "$KVSIM"
+
+# The generated docs are the registries' output: a policy or metric changed without regenerating
+# docs/policies.md or docs/metrics.md fails here.
+for reg in policies metrics; do
+  if diff -q <("$KVSIM" $reg --markdown) "$SRC/docs/$reg.md" >/dev/null; then ok
+  else bad "docs/$reg.md differs from 'kvsim $reg --markdown' (regenerate it: ./build/kvsim $reg --markdown > docs/$reg.md)"; fi
+done
+"$KVSIM" policies | grep -q "^h2o  —  H2O §4.1" && ok || bad "kvsim policies does not list h2o with its source"
 expect_fail "$TMP/none.toml: cannot open" "$KVSIM" run "$TMP/none.toml"
 printf 'name="x"\n[data]\nsynthetic="gaussian"\nn=64\n[eval]\neverry=2\n[[policy]]\nname="exact"\n' > "$TMP/typo.toml"
 expect_fail "unknown key 'everry'" "$KVSIM" run "$TMP/typo.toml" --out "$TMP/typo_out"

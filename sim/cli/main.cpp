@@ -19,6 +19,8 @@
 #include "kvsim/io/results.hpp"
 #include "kvsim/io/synth.hpp"
 #include "kvsim/policies/registry.hpp"
+#include "kvsim/replay/engine.hpp"
+#include "kvsim/replay/metrics.hpp"
 
 using namespace kvsim;
 
@@ -235,6 +237,20 @@ void add_policies(CLI::App& app) {
   pol->callback([] { std::cout << (markdown ? policies_markdown() : policies_text()); });
 }
 
+void add_metrics(CLI::App& app) {
+  auto* met = app.add_subcommand("metrics", "every metric with its unit, definition and paper source");
+  static bool markdown = false;
+  met->add_flag("--markdown", markdown, "print docs/metrics.md (generated from the metric registry)");
+  met->callback([] {
+    if (markdown) {
+      std::cout << metrics_markdown();
+      return;
+    }
+    for (const auto& m : metric_registry())
+      std::cout << m.name << " [" << m.unit << "]  —  " << m.source << "\n  " << m.description << "\n";
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,6 +270,7 @@ int main(int argc, char** argv) {
   add_bench(app);
   add_inspect(app);
   add_policies(app);
+  add_metrics(app);
   try {
     app.parse(argc, argv);  // the chosen subcommand's callback runs inside parse()
   } catch (const CLI::ParseError& e) {

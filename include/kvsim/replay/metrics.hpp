@@ -81,6 +81,9 @@ double metric_of(const MetricRow& row, std::string_view name);
 /// Top-m sum of p[0..t) (the best any set of m tokens can keep); `scratch` is reused storage.
 double top_mass(const double* p, int64_t t, int64_t m, std::vector<double>& scratch);
 
+/// `kvsim metrics --markdown`: docs/metrics.md, the registry as a Markdown table with its notation.
+std::string metrics_markdown();
+
 /// Fills row[i] for every registry metric i.
 void compute_metrics(MetricContext& c, MetricRow& row);
 

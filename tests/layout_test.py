@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+"""The house rules of kvsim's layout (issue "A house a newcomer can live in"), checked on the tree:
+
+  1. no source file over 450 lines (C++, CUDA, Python, shell) and README.md at most 250 lines;
+  2. no function over 80 lines (C++/CUDA: brace matching of namespace- and class-level bodies;
+     Python: the ast);
+  3. layers: sim/<layer>/ and include/kvsim/<layer>/ include only their own layer and lower ones:
+     core < io, cuda < analysis < policies < replay, model < cli (io and cuda, replay and model do
+     not include each other).
+
+Usage: layout_test.py REPO_ROOT  (exit 1 listing every violation)
+       layout_test.py --self-test (the checks flag a planted long function and a bad include)
+"""
+import ast
+import os
+import re
+import sys
+import tempfile
+
+MAX_FILE, MAX_README, MAX_FUNC = 450, 250, 80
+RANK = {"core": 0, "io": 1, "cuda": 1, "analysis": 2, "policies": 3, "replay": 4, "model": 4, "cli": 5}
+SOURCE_DIRS = ("sim", "include", "tests", "plots", "scripts", "datasets")
+EXTS = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".py", ".sh")
+
+
+def strip_cpp(text):
+    """Comments and string/char literals blanked (newlines kept, so line numbers stay)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("\n" * text.count("\n", i, j))
+            i = j
+        elif c in "\"'":
+            if c == "'" and i > 0 and (text[i - 1].isalnum()):  # digit separator 1'000
+                out.append(c)
+                i += 1
+                continue
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            out.append(c + c)
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def cpp_functions(text):
+    """(name, first line, line count) of every function body opened at namespace or class level."""
+    s = strip_cpp(text)
+    stack, found, head_start = [], [], 0  # stack entries: "scope" (namespace/class) or "body"/"data"
+    line = 1
+    for i, c in enumerate(s):
+        if c == "\n":
+            line += 1
+        elif c == "{":
+            head = s[head_start:i]
+            if any(e[0] in ("body", "data", "inner") for e in stack):
+                stack.append(("inner", line))
+            elif re.search(r"\b(namespace|class|struct|union|enum)\b[^()]*$", head) or 'extern ""' in head:
+                stack.append(("scope", line))
+            elif ")" in head and not re.search(r"=\s*$", head.strip()) and not head.strip().endswith("="):
+                name = re.findall(r"([~\w:]+)\s*\(", head)
+                stack.append(("body", line, name[0] if name else "?"))
+            else:
+                stack.append(("data", line))
+            head_start = i + 1
+        elif c == "}":
+            if stack:
+                top = stack.pop()
+                if top[0] == "body":
+                    found.append((top[2], top[1], line - top[1] + 1))
+            head_start = i + 1
+        elif c == ";":
+            if not any(k[0] in ("body", "data", "inner") for k in stack):
+                head_start = i + 1
+    return found
+
+
+def py_functions(text):
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append((node.name, node.lineno, node.end_lineno - node.lineno + 1))
+    return out
+
+
+def layer_of(rel):
+    parts = rel.split(os.sep)
+    if parts[0] == "sim" and len(parts) > 2:
+        return parts[1]
+    if parts[:2] == ["include", "kvsim"] and len(parts) > 3:
+        return parts[2]
+    return None
+
+
+def check_file(root, rel, problems):
+    path = os.path.join(root, rel)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    lines = text.count("\n") + (0 if text.endswith("\n") else 1)
+    if lines > MAX_FILE:
+        problems.append(f"{rel}: {lines} lines (> {MAX_FILE})")
+    funcs = []
+    if rel.endswith(".py"):
+        funcs = py_functions(text)
+    elif rel.endswith((".cpp", ".hpp", ".cu", ".cuh", ".h")):
+        funcs = cpp_functions(text)
+    for name, first, count in funcs:
+        if count > MAX_FUNC:
+            problems.append(f"{rel}:{first}: function {name} is {count} lines (> {MAX_FUNC})")
+    layer = layer_of(rel)
+    if layer in RANK:
+        for m in re.finditer(r'#include\s+"kvsim/(\w+)/', text):
+            other = m.group(1)
+            if other == layer or other not in RANK:
+                continue
+            if RANK[other] >= RANK[layer]:
+                problems.append(f"{rel}: layer '{layer}' includes kvsim/{other}/ (a higher or sibling layer)")
+
+
+def check_tree(root):
+    problems = []
+    for top in SOURCE_DIRS:
+        for d, _, names in os.walk(os.path.join(root, top)):
+            for n in sorted(names):
+                if n.endswith(EXTS):
+                    check_file(root, os.path.relpath(os.path.join(d, n), root), problems)
+    readme = os.path.join(root, "README.md")
+    if os.path.exists(readme):
+        with open(readme, encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        if n > MAX_README:
+            problems.append(f"README.md: {n} lines (> {MAX_README})")
+    return problems
+
+
+def self_test():
+    long_fn = "namespace kvsim {\nint f(int x) {\n" + "  x += 1;\n" * 85 + "  return x;\n}\n}\n"
+    short_fn = "namespace kvsim {\nstruct A {\n  int g() const {\n    return 1;\n  }\n};\nconst int t[] = {1, 2};\n}\n"
+    with tempfile.TemporaryDirectory() as root:
+        os.makedirs(os.path.join(root, "sim", "io"))
+        with open(os.path.join(root, "sim", "io", "bad.cpp"), "w") as f:
+            f.write('#include "kvsim/replay/engine.hpp"\n' + long_fn)
+        with open(os.path.join(root, "sim", "io", "good.cpp"), "w") as f:
+            f.write('#include "kvsim/core/error.hpp"\n' + short_fn)
+        problems = check_tree(root)
+    assert any("function f is 88 lines" in p for p in problems), problems
+    assert any("includes kvsim/replay/" in p for p in problems), problems
+    assert not any("good.cpp" in p for p in problems), problems
+    print("layout_test: self-test flags a long function and an upward include, and nothing else")
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return 0
+    if len(sys.argv) != 2:
+        print("usage: layout_test.py REPO_ROOT | --self-test", file=sys.stderr)
+        return 2
+    problems = check_tree(sys.argv[1])
+    for p in problems:
+        print(p)
+    print(f"layout_test: {len(problems)} violation(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
