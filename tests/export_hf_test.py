@@ -41,6 +41,18 @@ def text_of(data_dir):
     return "Once upon a time, there was a little girl who loved to play outside in the sun. " * 8
 
 
+def check_parse_layers(ex):
+    """--layers: ranges and lists parse; out-of-range, unsorted and junk specs are refused by name."""
+    for spec, want in (("0,2-3", [0, 2, 3]), (None, [0, 1, 2, 3])):
+        check(ex.parse_layers(spec, 4) == want, f"--layers {spec} -> {want}")
+    for spec in ("5", "2,1", "x"):
+        try:
+            ex.parse_layers(spec, 4)
+            check(False, f"--layers {spec} refused")
+        except ex.ExportError as e:
+            check("--layers" in str(e), f"--layers {spec} refused: {e}")
+
+
 def test_writer(kvsim, src, data_dir):
     try:
         import numpy as np
@@ -122,14 +134,7 @@ def test_writer(kvsim, src, data_dir):
                                 "--tokens", "4", "--out", out], capture_output=True, text=True)
             check(r.returncode == 3 and "not importable" in r.stderr and not os.path.exists(out),
                   f"missing transformers: exit {r.returncode}, {r.stderr.strip()}")
-        for spec, want in (("0,2-3", [0, 2, 3]), (None, [0, 1, 2, 3])):
-            check(ex.parse_layers(spec, 4) == want, f"--layers {spec} -> {want}")
-        for spec in ("5", "2,1", "x"):
-            try:
-                ex.parse_layers(spec, 4)
-                check(False, f"--layers {spec} refused")
-            except ex.ExportError as e:
-                check("--layers" in str(e), f"--layers {spec} refused: {e}")
+    check_parse_layers(ex)
     return 0
 
 

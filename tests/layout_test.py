@@ -86,10 +86,17 @@ def cpp_functions(text):
 
 
 def py_functions(text):
+    """(name, first line, own lines): a nested def's lines count toward itself, not its parent."""
     out = []
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out.append((node.name, node.lineno, node.end_lineno - node.lineno + 1))
+            own = node.end_lineno - node.lineno + 1
+            for child in ast.walk(node):
+                if child is not node and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    if not any(isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and p is not node and
+                               child in list(ast.walk(p)) for p in ast.walk(node) if p is not child):
+                        own -= child.end_lineno - child.lineno + 1
+            out.append((node.name, node.lineno, own))
     return out
 
 

@@ -93,10 +93,44 @@ double loglog_slope(const std::vector<double>& x, const std::vector<double>& y) 
   return sxx > 0 ? sxy / sxx : NAN;
 }
 
+/// pca.csv rows of one (layer, tensor): each vector's first two principal components and whether
+/// greedy k-center picked it.
+void pca_rows(const MatF& X, int64_t n_centers, int l, const char* tname, std::ostream& pca) {
+  MatD Xd = X.cast<double>();
+  VecD mu = Xd.colwise().mean().transpose();
+  MatD C = Xd.rowwise() - mu.transpose();
+  Eigen::SelfAdjointEigenSolver<MatD> es(C.transpose() * C);
+  const int d = int(Xd.cols());
+  MatD P = C * es.eigenvectors().rightCols(std::min(2, d)).rowwise().reverse();
+  auto centers = greedy_kcenter(Xd, n_centers);
+  std::vector<char> is_center(X.rows(), 0);
+  for (int64_t c : centers) is_center[c] = 1;
+  for (int64_t i = 0; i < X.rows(); ++i)
+    pca << l << ',' << tname << ',' << i << ',' << P(i, 0) << ',' << (P.cols() > 1 ? P(i, 1) : 0.0) << ','
+        << int(is_center[i]) << '\n';
+}
+
+/// Writes name → text files into out_dir, each atomically.
+void write_files(const std::string& out_dir, const std::vector<std::pair<std::string, std::string>>& files) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
+  for (const auto& [name, body] : files) {
+    const std::string path = (fs::path(out_dir) / name).string();
+    {
+      std::ofstream o(path + ".tmp");
+      o << body;
+      if (!o) throw Error(path + ": write failed");
+    }
+    fs::rename(path + ".tmp", path, ec);
+    if (ec) throw Error(path + ": cannot move into place: " + ec.message());
+  }
+}
+
 }  // namespace
 
 std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir) {
-  namespace fs = std::filesystem;
   RecordingReader rec(s.path);
   const auto& m = rec.meta();
   std::vector<int> layers = s.layers;
@@ -130,20 +164,7 @@ std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir)
           counts << l << ',' << h << ',' << tname << ',' << n << ',' << c << '\n';
           mean_m[n] += double(c) / m.n_kv_heads;
         }
-        if (h == 0) {
-          MatD Xd = X.cast<double>();
-          VecD mu = Xd.colwise().mean().transpose();
-          MatD C = Xd.rowwise() - mu.transpose();
-          Eigen::SelfAdjointEigenSolver<MatD> es(C.transpose() * C);
-          const int d = int(Xd.cols());
-          MatD P = C * es.eigenvectors().rightCols(std::min(2, d)).rowwise().reverse();
-          auto centers = greedy_kcenter(Xd, s.centers);
-          std::vector<char> is_center(X.rows(), 0);
-          for (int64_t c : centers) is_center[c] = 1;
-          for (int64_t i = 0; i < X.rows(); ++i)
-            pca << l << ',' << tname << ',' << i << ',' << P(i, 0) << ',' << (P.cols() > 1 ? P(i, 1) : 0.0) << ','
-                << int(is_center[i]) << '\n';
-        }
+        if (h == 0) pca_rows(X, s.centers, l, tname, pca);
       }
       std::vector<double> xs, ys;
       for (auto [n, c] : mean_m)
@@ -160,21 +181,7 @@ std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir)
       summary << buf;
     }
   }
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
-  const std::vector<std::pair<std::string, std::string>> files{
-      {"clusters.csv", counts.str()}, {"clusters_fit.csv", fit.str()}, {"pca.csv", pca.str()}};
-  for (const auto& [name, body] : files) {
-    const std::string path = (fs::path(out_dir) / name).string();
-    {
-      std::ofstream o(path + ".tmp");
-      o << body;
-      if (!o) throw Error(path + ": write failed");
-    }
-    fs::rename(path + ".tmp", path, ec);
-    if (ec) throw Error(path + ": cannot move into place: " + ec.message());
-  }
+  write_files(out_dir, {{"clusters.csv", counts.str()}, {"clusters_fit.csv", fit.str()}, {"pca.csv", pca.str()}});
   summary << "wrote " << out_dir << "/clusters.csv, clusters_fit.csv, pca.csv\n";
   return summary.str();
 }

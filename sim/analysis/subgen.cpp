@@ -29,23 +29,10 @@ SubGen::SubGen(const SubGenConfig& cfg, int d, uint64_t seed)
   mv_.setZero();
 }
 
-void SubGen::update(int64_t index, const float* kp, const float* vp) {
-  Eigen::Map<const VecF> kf(kp, d_), vf(vp, d_);
-  // A non-finite key has no distance to anything: it would open clusters that no merge round can
-  // absorb (the cap could never be met). Refuse it by name instead (e.g. a closed loop whose
-  // activations overflowed under this policy).
-  if (!kf.allFinite() || !vf.allFinite())
-    throw Error("subgen: non-finite key or value at token " + std::to_string(index) +
-                " (the stream itself overflowed; SubGen needs finite keys)");
-  const VecD k = kf.cast<double>(), v = vf.cast<double>();
-  // Every coin flip is hd::philox_u01 at (seed, token, slot, kind): a pure function, so the GPU
-  // replay (sim/cuda/policies.cu) flips the same coins.
-  const uint32_t tok = uint32_t(index);
-
-  // Line 4: UPDATESOFTMAXNORMALIZER(D, δ, t, k).
+int64_t SubGen::nearest(const VecD& k, const float* kp, double& best_d2) {
   const int64_t m = clusters();
   int64_t best = -1;
-  double best_d2 = INFINITY;
+  best_d2 = INFINITY;
   // Line 12: the nearest representative under hd::key_sqdist on the recorded keys, the first on
   // ties — the GPU replay's choice bit for bit. Found fast: ‖x_i‖² − 2<x_i, k> + ‖k‖² for all
   // representatives in one matrix-vector product, then the exact distance only for those whose
@@ -69,6 +56,26 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
       }
     }
   }
+  return best;
+}
+
+void SubGen::update(int64_t index, const float* kp, const float* vp) {
+  Eigen::Map<const VecF> kf(kp, d_), vf(vp, d_);
+  // A non-finite key has no distance to anything: it would open clusters that no merge round can
+  // absorb (the cap could never be met). Refuse it by name instead (e.g. a closed loop whose
+  // activations overflowed under this policy).
+  if (!kf.allFinite() || !vf.allFinite())
+    throw Error("subgen: non-finite key or value at token " + std::to_string(index) +
+                " (the stream itself overflowed; SubGen needs finite keys)");
+  const VecD k = kf.cast<double>(), v = vf.cast<double>();
+  // Every coin flip is hd::philox_u01 at (seed, token, slot, kind): a pure function, so the GPU
+  // replay (sim/cuda/policies.cu) flips the same coins.
+  const uint32_t tok = uint32_t(index);
+
+  // Line 4: UPDATESOFTMAXNORMALIZER(D, δ, t, k).
+  const int64_t m = clusters();
+  double best_d2 = INFINITY;
+  const int64_t best = nearest(k, kp, best_d2);
   if (best >= 0 && std::sqrt(best_d2) <= delta_) {  // line 13
     count_[best] += 1;                                  // line 14
     const double p = 1.0 / double(count_[best]);

@@ -147,27 +147,21 @@ std::string e2e_bench(const BenchOptions& o, int threads) {
   return buf;
 }
 
-std::string run_bench(const BenchOptions& o) {
-  if (o.device == "cuda") {
-    const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    return cuda::bench(o.quick) + e2e_bench(o, N);
-  }
+namespace {
+
+/// Output text, JSON figures and the run's roofline, shared by the bench sections.
+struct BenchOut {
   std::ostringstream out;
   Json js;
   char buf[256];
-  const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  double gemm = 0;
+};
 
-  const int gn = o.quick ? 256 : 1024;
-  const double gemm = gemm_rate<float>(gn), dgemm = gemm_rate<double>(gn);
-  out << "machine: " << std::thread::hardware_concurrency() << " hardware threads\n";
-  std::snprintf(buf, sizeof buf,
-                "Eigen SGEMM %d^3 (1 thread, best of 7): %.1f GFLOP/s  <- roofline for this run\n"
-                "Eigen DGEMM %d^3 (1 thread, best of 7): %.1f GFLOP/s  (%.0f%% of SGEMM: the float64 reference's ceiling)\n\n",
-                gn, gemm, gn, dgemm, 100 * dgemm / gemm);
-  out << buf;
-  js.add("sgemm_gflops", gemm);
-  js.add("dgemm_gflops", dgemm);
-
+void bench_exact(const BenchOptions& o, BenchOut& b) {
+  auto& out = b.out;
+  auto& js = b.js;
+  auto& buf = b.buf;
+  const double gemm = b.gemm;
   out << "exact reference pass (one head, every step, blocked GEMMs; best of " << (o.quick ? 1 : 3)
       << "; `[eval] reference_precision`):\n";
   out << "      n    d  precision     seconds   GFLOP/s  of SGEMM\n";
@@ -184,9 +178,17 @@ std::string run_bench(const BenchOptions& o) {
         js.add(std::string(f32 ? "exact_f32_gflops_n" : "exact_gflops_n") + std::to_string(n) + "_d" + std::to_string(d), rate);
       }
 
-  // Per policy: one cell (n tokens, head_dim 128, group of 2 query heads), 25% budgets.
+}
+
+/// Per policy: one cell (n tokens, head_dim 128, group of 2 query heads), 25% budgets, in double and
+/// in float32 policy precision. Returns the cheapest float32 policy step (ns).
+double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
+  auto& out = b.out;
+  auto& js = b.js;
+  auto& buf = b.buf;
+  const double gemm = b.gemm;
   const int64_t n = o.quick ? 512 : 4096;
-  Experiment ex = synthetic_experiment(n, 1, 2, 1);
+  ex = synthetic_experiment(n, 1, 2, 1);
   ex.eval.every = 1;  // every policy answers every step, so the per-step bound below is uniform
   const auto P = make_params;
   ex.policies = {
@@ -230,6 +232,19 @@ std::string run_bench(const BenchOptions& o) {
       js.add("policy_ns_" + key, mean_ns);
     }
 
+  double cheapest = INFINITY;
+  for (const auto& pr : r32.policies) {
+    double m = 0;
+    for (const auto& row : pr.rows) m += metric_of(row, "policy_ns");
+    cheapest = std::min(cheapest, m / double(pr.rows.size()));
+  }
+  return cheapest;
+}
+
+void bench_eps(const BenchOptions& o, BenchOut& b, double cheapest) {
+  auto& out = b.out;
+  auto& js = b.js;
+  const int64_t n = o.quick ? 512 : 4096;
   // eps_spectral bookkeeping (DESIGN §5): per step, the rank-1 update of VᵀV and the warm-started power
   // iteration for ‖V_t‖_op, at the same n and head_dim. The engine does it once per cell and step and
   // shares it across all policies and query heads; the share below charges it to one cheapest policy.
@@ -243,12 +258,6 @@ std::string run_bench(const BenchOptions& o) {
       sink += tr.op_norm();
     }
     const double ns = seconds_since(t0) * 1e9 / double(n);
-    double cheapest = INFINITY;
-    for (const auto& pr : r32.policies) {
-      double m = 0;
-      for (const auto& row : pr.rows) m += metric_of(row, "policy_ns");
-      cheapest = std::min(cheapest, m / double(pr.rows.size()));
-    }
     const double share1 = ns / (ns + cheapest), share16 = ns / 16 / (ns / 16 + cheapest);
     char big[640];
     std::snprintf(big, sizeof big,
@@ -262,6 +271,12 @@ std::string run_bench(const BenchOptions& o) {
     js.add("eps_bookkeeping_share_every16", share16);
   }
 
+}
+
+void bench_threads(const BenchOptions& o, BenchOut& b, const Experiment& ex, int N) {
+  auto& out = b.out;
+  auto& js = b.js;
+  auto& buf = b.buf;
   // Threads: a multi-cell run at 1 and N threads, identical results.
   Experiment mc = ex;
   mc.data.synth.n = o.quick ? 256 : 2048;
@@ -294,6 +309,11 @@ std::string run_bench(const BenchOptions& o) {
   out << buf;
   js.add("peak_rss_mb", rss);
 
+}
+
+void write_bench_json(const BenchOptions& o, BenchOut& b) {
+  auto& out = b.out;
+  auto& js = b.js;
   if (!o.json.empty()) {
     const std::string tmp = o.json + ".tmp";
     {
@@ -306,7 +326,32 @@ std::string run_bench(const BenchOptions& o) {
     if (ec) throw Error(o.json + ": cannot move into place: " + ec.message());
     out << "wrote " << o.json << "\n";
   }
-  return out.str();
+}
+
+}  // namespace
+
+std::string run_bench(const BenchOptions& o) {
+  const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  if (o.device == "cuda") return cuda::bench(o.quick) + e2e_bench(o, N);
+  BenchOut b;
+  const int gn = o.quick ? 256 : 1024;
+  b.gemm = gemm_rate<float>(gn);
+  const double dgemm = gemm_rate<double>(gn);
+  b.out << "machine: " << std::thread::hardware_concurrency() << " hardware threads\n";
+  std::snprintf(b.buf, sizeof b.buf,
+                "Eigen SGEMM %d^3 (1 thread, best of 7): %.1f GFLOP/s  <- roofline for this run\n"
+                "Eigen DGEMM %d^3 (1 thread, best of 7): %.1f GFLOP/s  (%.0f%% of SGEMM: the float64 reference's ceiling)\n\n",
+                gn, b.gemm, gn, dgemm, 100 * dgemm / b.gemm);
+  b.out << b.buf;
+  b.js.add("sgemm_gflops", b.gemm);
+  b.js.add("dgemm_gflops", dgemm);
+  bench_exact(o, b);
+  Experiment ex;
+  const double cheapest = bench_policies(o, b, ex);
+  bench_eps(o, b, cheapest);
+  bench_threads(o, b, ex, N);
+  write_bench_json(o, b);
+  return b.out.str();
 }
 
 }  // namespace kvsim

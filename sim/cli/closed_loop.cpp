@@ -17,16 +17,10 @@
 
 namespace kvsim {
 
-std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std::string& out_dir, int threads) {
-  namespace fs = std::filesystem;
-  LlamaModel model(c.checkpoint);
-  const auto& cfg = model.config();
-  if (c.tokens < 2 || c.tokens > cfg.seq_len)
-    throw Error("model.tokens must be in [2, " + std::to_string(cfg.seq_len) + "] (the model's seq_len)");
-  if (c.generate > 0 && std::min(16, c.tokens) + c.generate > c.tokens)
-    throw Error("model.generate (" + std::to_string(c.generate) + ") + the 16-token prompt must fit in model.tokens (" +
-                std::to_string(c.tokens) + ")");
-  Tokenizer tok(c.tokenizer, cfg.vocab_size);
+namespace {
+
+/// The text's first model.tokens × model.windows tokens (with BOS); throws naming the file.
+std::vector<int> window_tokens(const ClosedLoopConfig& c, const Tokenizer& tok) {
   std::ifstream in(c.text, std::ios::binary);
   if (!in) throw Error(c.text + ": cannot open text file");
   std::ostringstream ss;
@@ -38,87 +32,68 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
   if (all.size() < need)
     throw Error(c.text + ": text yields " + std::to_string(all.size()) + " tokens, fewer than model.tokens × model.windows = " +
                 std::to_string(need));
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
+  return all;
+}
 
-  std::vector<ClosedLoopRow> rows;
-  for (int w = 0; w < c.windows; ++w) {
-    std::vector<int> win(all.begin() + size_t(w) * c.tokens, all.begin() + size_t(w + 1) * c.tokens);
-    const double ce_exact = teacher_forced_ce(model, win, nullptr);
-    std::vector<int> gen_exact;
-    const int prompt_len = std::min(16, c.tokens);
-    const std::vector<int> prompt(win.begin(), win.begin() + prompt_len);
-    if (c.generate > 0) gen_exact = greedy_tokens(model, prompt, prompt_len + c.generate, nullptr);
-    // Open loop: the window's exact recording through the same policies (oracles allowed there).
-    const std::string rec_path = (fs::path(out_dir) / ("window_" + std::to_string(w) + ".h5")).string();
-    {
-      RecordOptions ro;
-      ro.checkpoint = c.checkpoint;
-      ro.tokenizer = c.tokenizer;
-      ro.text_path = c.text;
-      ro.tokens = c.tokens;
-      ro.out = rec_path;
-      ro.with_attn = false;
-      ro.token_ids = win;
-      record_model(ro);
-    }
-    Experiment ex;
-    ex.name = c.name;
-    ex.seed = c.seed;
-    ex.data.path = rec_path;
-    ex.eval = c.eval;
-    ex.policies = c.policies;
-    RecordingReader rec(rec_path);
-    RunResult open = run_experiment(ex, rec, threads);
-    for (size_t p = 0; p < c.policies.size(); ++p) {
-      const auto& spec = c.policies[p];
-      ClosedLoopRow r;
-      r.name = spec.name;
-      r.label = spec.label;
-      r.window = w;
-      r.ce_exact = ce_exact;
-      std::vector<double> re, ep;
-      for (const auto& row : open.policies[p].rows) {
-        re.push_back(metric_of(row, "rel_err"));
-        ep.push_back(metric_of(row, "eps_spectral"));
-      }
-      r.open_rel_err = summarize(re).mean;
-      r.open_eps = summarize(ep).mean;
-      try {
-        PolicyKVAttention attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg);
-        r.ce_policy = teacher_forced_ce(model, win, &attn);
-        r.ce_increase = r.ce_policy - ce_exact;
-        r.cache_tokens = attn.mean_cache_tokens();
-        if (c.generate > 0) {
-          // Same stream length (and so the same token budgets) as the teacher-forced run.
-          PolicyKVAttention gen_attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg);
-          auto gen = greedy_tokens(model, prompt, int(gen_exact.size()), &gen_attn);
-          for (size_t i = 0; i < gen.size(); ++i)
-            if (gen[i] != gen_exact[i]) {
-              r.diverge_at = int(i);
-              break;
-            }
+/// Open loop: the window's exact recording (written to rec_path) through the config's policies.
+RunResult open_loop(const ClosedLoopConfig& c, const std::vector<int>& win, const std::string& rec_path, int threads) {
+  RecordOptions ro;
+  ro.checkpoint = c.checkpoint;
+  ro.tokenizer = c.tokenizer;
+  ro.text_path = c.text;
+  ro.tokens = c.tokens;
+  ro.out = rec_path;
+  ro.with_attn = false;
+  ro.token_ids = win;
+  record_model(ro);
+  Experiment ex;
+  ex.name = c.name;
+  ex.seed = c.seed;
+  ex.data.path = rec_path;
+  ex.eval = c.eval;
+  ex.policies = c.policies;
+  RecordingReader rec(rec_path);
+  return run_experiment(ex, rec, threads);
+}
+
+/// Closed loop of one policy on one window: teacher-forced cross-entropy through the policy's cache,
+/// and with `generate` the first greedy token that differs from the exact cache's. A policy that
+/// drives the activations to NaN, or a non-causal oracle, gets NaN (with the reason on stderr).
+void closed_loop_policy(const ClosedLoopConfig& c, LlamaModel& model, const PolicySpec& spec, const std::vector<int>& win,
+                        const std::vector<int>& prompt, const std::vector<int>& gen_exact, ClosedLoopRow& r) {
+  const auto& cfg = model.config();
+  try {
+    PolicyKVAttention attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg);
+    r.ce_policy = teacher_forced_ce(model, win, &attn);
+    r.ce_increase = r.ce_policy - r.ce_exact;
+    r.cache_tokens = attn.mean_cache_tokens();
+    if (c.generate > 0) {
+      // Same stream length (and so the same token budgets) as the teacher-forced run.
+      PolicyKVAttention gen_attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg);
+      auto gen = greedy_tokens(model, prompt, int(gen_exact.size()), &gen_attn);
+      for (size_t i = 0; i < gen.size(); ++i)
+        if (gen[i] != gen_exact[i]) {
+          r.diverge_at = int(i);
+          break;
         }
-      } catch (const Error& e) {
-        const std::string what = e.what();
-        if (what.find("non-finite") != std::string::npos) {
-          // The policy drove the model's activations to inf/NaN: its closed loop has no finite
-          // cross-entropy. Reported as NaN with the reason, not as a number.
-          std::cerr << "kvsim closed-loop: " << spec.label << ", window " << w << ": the model broke down (" << what
-                    << "); ce = nan\n";
-          r.ce_policy = r.ce_increase = NAN;
-        } else if (what.find("non-causal oracle") != std::string::npos) {
-          r.ce_policy = r.ce_increase = NAN;  // oracles are open-loop only
-        } else {
-          throw;
-        }
-      }
-      rows.push_back(r);
     }
-    fs::remove(rec_path, ec);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find("non-finite") != std::string::npos) {
+      // The policy drove the model's activations to inf/NaN: its closed loop has no finite
+      // cross-entropy. Reported as NaN with the reason, not as a number.
+      std::cerr << "kvsim closed-loop: " << spec.label << ", window " << r.window << ": the model broke down (" << what
+                << "); ce = nan\n";
+      r.ce_policy = r.ce_increase = NAN;
+    } else if (what.find("non-causal oracle") != std::string::npos) {
+      r.ce_policy = r.ce_increase = NAN;  // oracles are open-loop only
+    } else {
+      throw;
+    }
   }
-  const std::string path = (fs::path(out_dir) / "closed_loop.csv").string();
+}
+
+void write_closed_loop_csv(const std::vector<ClosedLoopRow>& rows, const std::string& path) {
   {
     std::ofstream o(path + ".tmp");
     o << "policy,label,window,ce_exact,ce_policy,ce_increase,open_rel_err,open_eps,cache_tokens,diverge_at\n";
@@ -132,8 +107,57 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
     }
     if (!o) throw Error(path + ": write failed");
   }
-  fs::rename(path + ".tmp", path, ec);
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
   if (ec) throw Error(path + ": cannot move into place: " + ec.message());
+}
+
+}  // namespace
+
+std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std::string& out_dir, int threads) {
+  namespace fs = std::filesystem;
+  LlamaModel model(c.checkpoint);
+  const auto& cfg = model.config();
+  if (c.tokens < 2 || c.tokens > cfg.seq_len)
+    throw Error("model.tokens must be in [2, " + std::to_string(cfg.seq_len) + "] (the model's seq_len)");
+  if (c.generate > 0 && std::min(16, c.tokens) + c.generate > c.tokens)
+    throw Error("model.generate (" + std::to_string(c.generate) + ") + the 16-token prompt must fit in model.tokens (" +
+                std::to_string(c.tokens) + ")");
+  Tokenizer tok(c.tokenizer, cfg.vocab_size);
+  const std::vector<int> all = window_tokens(c, tok);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
+
+  std::vector<ClosedLoopRow> rows;
+  for (int w = 0; w < c.windows; ++w) {
+    std::vector<int> win(all.begin() + size_t(w) * c.tokens, all.begin() + size_t(w + 1) * c.tokens);
+    const double ce_exact = teacher_forced_ce(model, win, nullptr);
+    std::vector<int> gen_exact;
+    const int prompt_len = std::min(16, c.tokens);
+    const std::vector<int> prompt(win.begin(), win.begin() + prompt_len);
+    if (c.generate > 0) gen_exact = greedy_tokens(model, prompt, prompt_len + c.generate, nullptr);
+    const std::string rec_path = (fs::path(out_dir) / ("window_" + std::to_string(w) + ".h5")).string();
+    const RunResult open = open_loop(c, win, rec_path, threads);
+    for (size_t p = 0; p < c.policies.size(); ++p) {
+      ClosedLoopRow r;
+      r.name = c.policies[p].name;
+      r.label = c.policies[p].label;
+      r.window = w;
+      r.ce_exact = ce_exact;
+      std::vector<double> re, ep;
+      for (const auto& row : open.policies[p].rows) {
+        re.push_back(metric_of(row, "rel_err"));
+        ep.push_back(metric_of(row, "eps_spectral"));
+      }
+      r.open_rel_err = summarize(re).mean;
+      r.open_eps = summarize(ep).mean;
+      closed_loop_policy(c, model, c.policies[p], win, prompt, gen_exact, r);
+      rows.push_back(r);
+    }
+    fs::remove(rec_path, ec);
+  }
+  write_closed_loop_csv(rows, (fs::path(out_dir) / "closed_loop.csv").string());
   return rows;
 }
 

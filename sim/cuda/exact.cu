@@ -130,11 +130,11 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
   }
 }
 
-std::string bench(bool quick) {
-  require_device();
-  std::string out = "device: " + device_description() + "\n";
+namespace {
+
+/// Rooflines: cuBLAS SGEMM, fp32 and TF32 tensor-core math, best of 5 after a warm-up.
+void bench_rooflines(bool quick, std::string& out) {
   char buf[256];
-  // Rooflines: cuBLAS SGEMM, fp32 and TF32 tensor-core math, best of 5 after a warm-up.
   const int g = quick ? 2048 : 8192;
   {
     DeviceBuffer<float> a(size_t(g) * g), b(size_t(g) * g), c(size_t(g) * g);
@@ -160,6 +160,11 @@ std::string bench(bool quick) {
     }
     cublasDestroy(h);
   }
+}
+
+/// The exact causal pass of 32 heads × n × 128 in TFLOP/s.
+void bench_exact(bool quick, std::string& out) {
+  char buf[256];
   out += "exact causal pass (32 heads, head_dim 128, every 16th step, fp32; host transfers included):\n";
   out += "      n     seconds   TFLOP/s\n";
   const int heads = 32, d = 128;
@@ -178,8 +183,13 @@ std::string bench(bool quick) {
     std::snprintf(buf, sizeof buf, "%7lld %11.3f %9.3f\n", n, s, flops / s / 1e12);
     out += buf;
   }
-  // Policy replays (replay_policy): 32 KV heads × 1 query head each, 20% budgets, every 16th step
-  // answered; head-steps per second = heads × n / seconds (host transfers included).
+}
+
+/// Policy replays (replay_policy): 32 KV heads × 1 query head each, 20% budgets, every 16th step
+/// answered; head-steps per second = heads × n / seconds (host transfers included).
+void bench_replays(bool quick, std::string& out) {
+  char buf[256];
+  const int heads = 32, d = 128;
   out += "policy replays on the GPU (32 KV heads, head_dim 128, 20% budget, every 16th step answered):\n";
   out += "policy              n     seconds  head-steps/s\n";
   {
@@ -224,6 +234,16 @@ std::string bench(bool quick) {
       out += buf;
     }
   }
+}
+
+}  // namespace
+
+std::string bench(bool quick) {
+  require_device();
+  std::string out = "device: " + device_description() + "\n";
+  bench_rooflines(quick, out);
+  bench_exact(quick, out);
+  bench_replays(quick, out);
   return out;
 }
 

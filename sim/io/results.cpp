@@ -14,6 +14,7 @@
 #include "kvsim/core/error.hpp"
 #include "kvsim/io/h5.hpp"
 #include "kvsim/io/recording.hpp"
+#include "results_detail.hpp"
 
 namespace kvsim {
 
@@ -38,7 +39,7 @@ Stat summarize(std::vector<double> v) {
   return s;
 }
 
-namespace {
+namespace results_detail {
 
 std::string csv_escape(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -137,7 +138,7 @@ void write_h5(const RunResult& r, const Experiment& ex, const std::string& path)
 /// Aggregates (count, mean, median, p95, max) of every metric per group of rows. `key` maps a row to
 /// its group's CSV cells (e.g. "3" or "3,5"); groups are written in key order of first appearance
 /// (rows are ordered by layer, KV head, step), then an "all" group when `with_all`.
-const char* kStatsHeader = ",metric,count,mean,median,p95,max\n";
+const char* const kStatsHeader = ",metric,count,mean,median,p95,max\n";
 
 void write_stats(const RunResult& r, const std::string& path, const std::string& key_header,
                  const std::function<std::string(const MetricRow&)>& key, bool with_all) {
@@ -171,7 +172,9 @@ void write_stats(const RunResult& r, const std::string& path, const std::string&
   if (!o) throw Error(path + ": write failed (disk full?)");
 }
 
-}  // namespace
+}  // namespace results_detail
+
+using namespace results_detail;
 
 void write_results(const RunResult& r, const Experiment& ex, const std::string& out_dir) {
   namespace fs = std::filesystem;
@@ -199,7 +202,7 @@ void write_results(const RunResult& r, const Experiment& ex, const std::string& 
   }
 }
 
-namespace {
+namespace results_detail {
 struct TableCol {
   const char* metric;
   const char* head;
@@ -246,7 +249,7 @@ std::string format_table(const std::vector<std::string>& labels, const std::vect
   }
   return o.str();
 }
-}  // namespace
+}  // namespace results_detail
 
 std::string summary_table(const RunResult& r) {
   std::vector<std::string> labels;
@@ -262,204 +265,6 @@ std::string summary_table(const RunResult& r) {
     }
   }
   return format_table(labels, r.metrics, all);
-}
-
-// ---- ResultSpill ----------------------------------------------------------------------------------
-
-struct ResultSpill::State {
-  std::filesystem::path dir;
-  bool made_dir = false;
-  const Experiment& ex;
-  std::vector<std::string> finals, tmps;
-  std::unique_ptr<h5::File> f;
-  std::vector<size_t> rows_per_cell, offset;
-  size_t total = 0;
-  std::vector<std::vector<std::string>> cell_lines;  // [cell][policy] cells.csv lines
-  std::vector<MetricColumn> metrics;
-  bool finished = false;
-  State(const std::string& out_dir, const Experiment& e) : dir(out_dir), ex(e) {}
-};
-
-ResultSpill::ResultSpill(const std::string& out_dir, const Experiment& ex) : st_(std::make_unique<State>(out_dir, ex)) {
-  for (const char* name : {"results.h5", "summary.csv", "cells.csv"}) {
-    st_->finals.push_back((st_->dir / name).string());
-    st_->tmps.push_back(st_->finals.back() + ".tmp");
-  }
-}
-
-ResultSpill::~ResultSpill() {
-  if (st_->finished) return;
-  std::error_code ec;
-  {
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
-    st_->f.reset();
-  }
-  for (const auto& t : st_->tmps) std::filesystem::remove(t, ec);
-  if (st_->made_dir) std::filesystem::remove(st_->dir, ec);  // only if empty
-}
-
-void ResultSpill::begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics) {
-  st_->metrics = metrics;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(st_->dir)) {
-    fs::create_directories(st_->dir, ec);
-    if (ec) throw Error(st_->dir.string() + ": cannot create output folder: " + ec.message());
-    st_->made_dir = true;
-  }
-  st_->rows_per_cell = rows_per_cell;
-  st_->offset.assign(rows_per_cell.size(), 0);
-  for (size_t c = 0; c < rows_per_cell.size(); ++c) {
-    st_->offset[c] = st_->total;
-    st_->total += rows_per_cell[c];
-  }
-  st_->cell_lines.assign(rows_per_cell.size(), std::vector<std::string>(st_->ex.policies.size()));
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
-  st_->f = std::make_unique<h5::File>(h5::File::create(st_->tmps[0]));
-  if (st_->total > size_t(UINT32_MAX)) throw Error("results: more than 2^32 metric rows per policy");
-  // One chunk per cell's rows. When every cell yields the same number of rows (the usual case), each
-  // cell writes whole chunks at chunk-aligned offsets, so chunks are compressed (shuffle + deflate)
-  // once and never read back and rewritten; otherwise chunks straddle cells and stay uncompressed
-  // (compressed 64K-row chunks that straddled cells made streaming 4x slower).
-  size_t per = 1;
-  bool equal = !rows_per_cell.empty();
-  for (size_t c : rows_per_cell) {
-    per = std::max(per, c);
-    equal = equal && c == rows_per_cell.front() && c > 0;
-  }
-  const hsize_t chunk = hsize_t(std::min<size_t>(per, std::max<size_t>(st_->total, 1)));
-  const bool compress = equal;
-  for (size_t p = 0; p < st_->ex.policies.size(); ++p) {
-    const std::string g = policy_group(p);
-    write_policy_group(*st_->f, g, st_->ex.policies[p]);
-    st_->f->create_dataset(g + "/layer", H5T_STD_I32LE, {hsize_t(st_->total)}, {chunk}, compress);
-    st_->f->create_dataset(g + "/head", H5T_STD_I32LE, {hsize_t(st_->total)}, {chunk}, compress);
-    st_->f->create_dataset(g + "/step", H5T_STD_I64LE, {hsize_t(st_->total)}, {chunk}, compress);
-    for (const auto& m : metrics) {
-      st_->f->create_dataset(g + "/" + m.name, H5T_IEEE_F64LE, {hsize_t(st_->total)}, {chunk}, compress);
-      describe_metric(*st_->f, g, m);
-    }
-  }
-}
-
-void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRow>>& rows) {
-  if (!st_->f || cell >= st_->rows_per_cell.size() || rows.size() != st_->ex.policies.size())
-    throw Error("results: write_cell before begin() or for an unknown cell");
-  for (size_t p = 0; p < rows.size(); ++p) {
-    const auto& rp = rows[p];
-    if (rp.size() != st_->rows_per_cell[cell])
-      throw Error("results: cell " + std::to_string(cell) + " produced " + std::to_string(rp.size()) + " rows, expected " +
-                  std::to_string(st_->rows_per_cell[cell]));
-    // cells.csv lines of this cell: its (layer, head) groups in order of first appearance.
-    std::vector<std::string> order;
-    std::map<std::string, std::vector<size_t>> groups;
-    for (size_t i = 0; i < rp.size(); ++i) {
-      auto k = std::to_string(rp[i].layer) + "," + std::to_string(rp[i].head);
-      auto [it, fresh] = groups.try_emplace(k);
-      if (fresh) order.push_back(k);
-      it->second.push_back(i);
-    }
-    std::ostringstream lines;
-    for (const auto& g : order)
-      stat_lines(lines, st_->ex.policies[p], g, st_->metrics, [&](size_t m) {
-        std::vector<double> v;
-        for (size_t i : groups[g]) v.push_back(rp[i][m]);
-        return summarize(std::move(v));
-      });
-    st_->cell_lines[cell][p] = lines.str();
-  }
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
-  const hsize_t off = st_->offset[cell], cnt = st_->rows_per_cell[cell];
-  if (cnt == 0) return;
-  for (size_t p = 0; p < rows.size(); ++p) {
-    const auto& rp = rows[p];
-    const std::string g = policy_group(p);
-    std::vector<int32_t> layer(cnt), head(cnt);
-    std::vector<int64_t> step(cnt);
-    for (size_t i = 0; i < cnt; ++i) {
-      layer[i] = rp[i].layer;
-      head[i] = rp[i].head;
-      step[i] = rp[i].step;
-    }
-    st_->f->write_slab(g + "/layer", H5T_NATIVE_INT32, {off}, {cnt}, layer.data());
-    st_->f->write_slab(g + "/head", H5T_NATIVE_INT32, {off}, {cnt}, head.data());
-    st_->f->write_slab(g + "/step", H5T_NATIVE_INT64, {off}, {cnt}, step.data());
-    std::vector<double> col(cnt);
-    for (size_t m = 0; m < st_->metrics.size(); ++m) {
-      for (size_t i = 0; i < cnt; ++i) col[i] = rp[i][m];
-      st_->f->write_slab(g + "/" + st_->metrics[m].name, H5T_NATIVE_DOUBLE, {off}, {cnt}, col.data());
-    }
-  }
-}
-
-std::string ResultSpill::finish(const RunResult& r) {
-  namespace fs = std::filesystem;
-  const auto& ex = st_->ex;
-  const auto& metrics = st_->metrics;
-  std::vector<std::string> labels;
-  std::vector<std::vector<Stat>> all(ex.policies.size(), std::vector<Stat>(metrics.size()));
-  {
-    std::ofstream o(st_->tmps[1]);
-    if (!o) throw Error(st_->tmps[1] + ": cannot write");
-    o << "policy,label,layer" << kStatsHeader;
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
-    write_root_attrs(*st_->f, r, ex);
-    for (size_t p = 0; p < ex.policies.size(); ++p) {
-      labels.push_back(ex.policies[p].label);
-      const std::string g = policy_group(p);
-      // summary.csv: per layer (in order of first appearance) and "all", one metric column at a time.
-      // Row indices of each layer, once (not a scan of every row per layer and metric).
-      std::vector<int32_t> order;
-      std::vector<std::vector<uint32_t>> rows_of;
-      {
-        const std::vector<int32_t> layer = st_->f->read_int_vector(g + "/layer");
-        std::map<int32_t, size_t> slot;
-        for (size_t i = 0; i < layer.size(); ++i) {
-          auto [it, fresh] = slot.try_emplace(layer[i], order.size());
-          if (fresh) {
-            order.push_back(layer[i]);
-            rows_of.emplace_back();
-          }
-          rows_of[it->second].push_back(uint32_t(i));
-        }
-      }
-      std::vector<std::vector<Stat>> per(order.size() + 1, std::vector<Stat>(metrics.size()));
-      for (size_t m = 0; m < metrics.size(); ++m) {
-        const std::vector<double> col = st_->f->read_double_vector(g + "/" + metrics[m].name);
-        for (size_t k = 0; k < order.size(); ++k) {
-          std::vector<double> v;
-          v.reserve(rows_of[k].size());
-          for (uint32_t i : rows_of[k]) v.push_back(col[i]);
-          per[k][m] = summarize(std::move(v));
-        }
-        per[order.size()][m] = summarize(col);
-        all[p][m] = per[order.size()][m];
-      }
-      for (size_t k = 0; k <= order.size(); ++k)
-        stat_lines(o, ex.policies[p], k < order.size() ? std::to_string(order[k]) : std::string("all"), metrics,
-                   [&](size_t m) { return per[k][m]; });
-    }
-    st_->f->flush();
-    st_->f.reset();
-    o.flush();
-    if (!o) throw Error(st_->tmps[1] + ": write failed (disk full?)");
-  }
-  {
-    std::ofstream o(st_->tmps[2]);
-    if (!o) throw Error(st_->tmps[2] + ": cannot write");
-    o << "policy,label,layer,head" << kStatsHeader;
-    for (size_t p = 0; p < ex.policies.size(); ++p)
-      for (const auto& cell : st_->cell_lines) o << cell[p];
-    o.flush();
-    if (!o) throw Error(st_->tmps[2] + ": write failed (disk full?)");
-  }
-  std::error_code ec;
-  for (size_t i = 0; i < st_->finals.size(); ++i) {
-    fs::rename(st_->tmps[i], st_->finals[i], ec);
-    if (ec) throw Error(st_->finals[i] + ": cannot move into place: " + ec.message());
-  }
-  st_->finished = true;
-  return format_table(labels, metrics, all);
 }
 
 }  // namespace kvsim

@@ -14,69 +14,60 @@
 
 namespace kvsim {
 
-RecordResult record_model(const RecordOptions& opt) {
-  LlamaModel model(opt.checkpoint);
-  const auto& cfg = model.config();
-  Tokenizer tok(opt.tokenizer, cfg.vocab_size);
-  RecordResult res;
-  const bool generate = opt.generate > 0;
-  std::vector<int> input;
-  int n = 0;
-  if (generate) {
-    input = opt.prompt.empty() ? std::vector<int>{Tokenizer::kBos} : tok.encode(opt.prompt, true, false);
-    n = opt.generate;
-  } else if (!opt.token_ids.empty()) {
-    input = opt.token_ids;
-    n = int(input.size());
-  } else {
-    if (opt.text_path.empty()) throw Error("kvsim record: give --text FILE (teacher-forced) or --generate N");
-    std::ifstream in(opt.text_path, std::ios::binary);
-    if (!in) throw Error(opt.text_path + ": cannot open text file");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
-    if (text.empty()) throw Error(opt.text_path + ": text file is empty");
-    // Encoding is O(L log L); cap the text at a generous multiple of the tokens wanted (a token
-    // covers at least one byte, and llama2.c vocabularies average 3-4 bytes per token).
-    size_t cap = size_t(std::max(opt.tokens, 1)) * 16 + 64;
-    if (text.size() > cap) {
-      size_t cut = text.find_first_of(" \n", cap);
-      text.resize(cut == std::string::npos ? text.size() : cut);
-    }
-    input = tok.encode(text, true, false);
-    if (opt.tokens <= 1) throw Error("kvsim record: --tokens must be at least 2");
-    if (int(input.size()) < opt.tokens)
-      throw Error(opt.text_path + ": text yields only " + std::to_string(input.size()) + " tokens, fewer than --tokens " +
-                  std::to_string(opt.tokens));
-    n = opt.tokens;
-  }
-  if (n > cfg.seq_len)
-    throw Error(opt.checkpoint + ": " + std::to_string(n) + " positions requested but the model's seq_len is " +
-                std::to_string(cfg.seq_len));
+namespace {
 
-  const int hs = cfg.head_dim(), H = cfg.n_heads, KVH = cfg.n_kv_heads, L = cfg.n_layers;
-  // Buffers [layer][head] of [n, hs]; resized to the actual length at the end (generation can stop at BOS).
-  std::vector<std::vector<MatF>> Q(L, std::vector<MatF>(H, MatF(n, hs))), A(L, std::vector<MatF>(H, MatF(n, hs)));
-  std::vector<std::vector<MatF>> K(L, std::vector<MatF>(KVH, MatF(n, hs))), Vv(L, std::vector<MatF>(KVH, MatF(n, hs)));
-  std::unique_ptr<PolicyKVAttention> attn;
-  if (!opt.policy.empty()) {
-    PolicySpec spec{opt.policy, opt.policy + "(" + opt.policy_params.to_string() + ")", opt.policy_params};
-    attn = std::make_unique<PolicyKVAttention>(cfg, spec, n, opt.seed, opt.gqa);
-    model.set_attention(attn.get());
+/// Recorded tensors [layer][head] of [n, head_dim]: q and the model's attention output per query
+/// head, k and v per KV head.
+struct Trace {
+  std::vector<std::vector<MatF>> Q, A, K, V;
+  Trace(int L, int H, int KVH, int n, int hs)
+      : Q(L, std::vector<MatF>(H, MatF(n, hs))), A(L, std::vector<MatF>(H, MatF(n, hs))),
+        K(L, std::vector<MatF>(KVH, MatF(n, hs))), V(L, std::vector<MatF>(KVH, MatF(n, hs))) {}
+};
+
+/// The text's first opt.tokens tokens (with BOS); throws naming the file.
+std::vector<int> encode_text(const RecordOptions& opt, const Tokenizer& tok) {
+  if (opt.text_path.empty()) throw Error("kvsim record: give --text FILE (teacher-forced) or --generate N");
+  std::ifstream in(opt.text_path, std::ios::binary);
+  if (!in) throw Error(opt.text_path + ": cannot open text file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.empty()) throw Error(opt.text_path + ": text file is empty");
+  // Encoding is O(L log L); cap the text at a generous multiple of the tokens wanted (a token
+  // covers at least one byte, and llama2.c vocabularies average 3-4 bytes per token).
+  size_t cap = size_t(std::max(opt.tokens, 1)) * 16 + 64;
+  if (text.size() > cap) {
+    size_t cut = text.find_first_of(" \n", cap);
+    text.resize(cut == std::string::npos ? text.size() : cut);
   }
+  std::vector<int> input = tok.encode(text, true, false);
+  if (opt.tokens <= 1) throw Error("kvsim record: --tokens must be at least 2");
+  if (int(input.size()) < opt.tokens)
+    throw Error(opt.text_path + ": text yields only " + std::to_string(input.size()) + " tokens, fewer than --tokens " +
+                std::to_string(opt.tokens));
+  return input;
+}
+
+/// Runs the model over n positions (teacher-forced on `input`, or greedy after the prompt `input`),
+/// filling `tr`, res.tokens, res.cross_entropy and res.text. Returns the positions recorded.
+int run_positions(LlamaModel& model, const Tokenizer& tok, const std::vector<int>& input, int n, bool generate,
+                  Trace& tr, RecordResult& res) {
+  const auto& cfg = model.config();
+  const int hs = cfg.head_dim(), H = cfg.n_heads, KVH = cfg.n_kv_heads;
   int pos = 0;
   int token = input[0];
   std::string text;
   for (; pos < n; ++pos) {
     res.tokens.push_back(token);
-    const auto& logits = model.forward(token, pos, [&](int l, const LayerTrace& tr) {
+    const auto& logits = model.forward(token, pos, [&](int l, const LayerTrace& lt) {
       for (int h = 0; h < H; ++h) {
-        Q[l][h].row(pos) = Eigen::Map<const VecF>(tr.q + h * hs, hs).transpose();
-        A[l][h].row(pos) = Eigen::Map<const VecF>(tr.attn + h * hs, hs).transpose();
+        tr.Q[l][h].row(pos) = Eigen::Map<const VecF>(lt.q + h * hs, hs).transpose();
+        tr.A[l][h].row(pos) = Eigen::Map<const VecF>(lt.attn + h * hs, hs).transpose();
       }
       for (int h = 0; h < KVH; ++h) {
-        K[l][h].row(pos) = Eigen::Map<const VecF>(tr.k + h * hs, hs).transpose();
-        Vv[l][h].row(pos) = Eigen::Map<const VecF>(tr.v + h * hs, hs).transpose();
+        tr.K[l][h].row(pos) = Eigen::Map<const VecF>(lt.k + h * hs, hs).transpose();
+        tr.V[l][h].row(pos) = Eigen::Map<const VecF>(lt.v + h * hs, hs).transpose();
       }
     });
     int next;
@@ -98,7 +89,80 @@ RecordResult record_model(const RecordOptions& opt) {
   // Text of the recorded tokens plus, in generation mode, the final predicted token.
   if (generate && pos == n) text += tok.decode(res.tokens.back(), token);
   res.text = text;
-  const int n_rec = pos;
+  return pos;
+}
+
+/// Writes the first n_rec positions of `tr` (and tokens, cross-entropy) in the recording schema.
+void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Trace& tr, int n_rec,
+                     const RecordResult& res) {
+  const bool generate = opt.generate > 0;
+  RecordingMeta meta;
+  meta.model = opt.checkpoint;
+  std::ostringstream src;
+  src << "kvsim record --checkpoint " << opt.checkpoint << " --tokenizer " << opt.tokenizer;
+  if (!opt.policy.empty()) src << " --policy " << opt.policy << " (" << opt.policy_params.to_string() << ")";
+  if (generate) src << " --generate " << opt.generate << (opt.prompt.empty() ? "" : " --prompt '" + opt.prompt + "'");
+  else src << " --text " << opt.text_path << " --tokens " << opt.tokens;
+  meta.source = src.str();
+  meta.rope = "applied";
+  meta.n_layers = cfg.n_layers;
+  meta.n_heads = cfg.n_heads;
+  meta.n_kv_heads = cfg.n_kv_heads;
+  meta.head_dim = cfg.head_dim();
+  meta.n_tokens = n_rec;
+  meta.softmax_scale = 1.0 / std::sqrt(double(cfg.head_dim()));
+  RecordingWriter w(opt.out, meta, opt.with_attn);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    for (int h = 0; h < cfg.n_heads; ++h) {
+      w.write(l, Tensor::q, h, tr.Q[l][h].topRows(n_rec));
+      if (opt.with_attn) w.write(l, Tensor::attn, h, tr.A[l][h].topRows(n_rec));
+    }
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+      w.write(l, Tensor::k, h, tr.K[l][h].topRows(n_rec));
+      w.write(l, Tensor::v, h, tr.V[l][h].topRows(n_rec));
+    }
+  }
+  w.write_tokens(std::vector<int32_t>(res.tokens.begin(), res.tokens.end()));
+  if (!res.cross_entropy.empty()) {
+    w.write_cross_entropy(res.cross_entropy);
+    w.set_attr("mean_cross_entropy", res.mean_cross_entropy);
+  }
+  w.set_attr("mode", std::string(generate ? "generate" : "teacher_forced"));
+  w.finish();
+}
+
+}  // namespace
+
+RecordResult record_model(const RecordOptions& opt) {
+  LlamaModel model(opt.checkpoint);
+  const auto& cfg = model.config();
+  Tokenizer tok(opt.tokenizer, cfg.vocab_size);
+  RecordResult res;
+  const bool generate = opt.generate > 0;
+  std::vector<int> input;
+  int n = 0;
+  if (generate) {
+    input = opt.prompt.empty() ? std::vector<int>{Tokenizer::kBos} : tok.encode(opt.prompt, true, false);
+    n = opt.generate;
+  } else if (!opt.token_ids.empty()) {
+    input = opt.token_ids;
+    n = int(input.size());
+  } else {
+    input = encode_text(opt, tok);
+    n = opt.tokens;
+  }
+  if (n > cfg.seq_len)
+    throw Error(opt.checkpoint + ": " + std::to_string(n) + " positions requested but the model's seq_len is " +
+                std::to_string(cfg.seq_len));
+  // Buffers sized for n positions; generation may stop early at BOS.
+  Trace tr(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, n, cfg.head_dim());
+  std::unique_ptr<PolicyKVAttention> attn;
+  if (!opt.policy.empty()) {
+    PolicySpec spec{opt.policy, opt.policy + "(" + opt.policy_params.to_string() + ")", opt.policy_params};
+    attn = std::make_unique<PolicyKVAttention>(cfg, spec, n, opt.seed, opt.gqa);
+    model.set_attention(attn.get());
+  }
+  const int n_rec = run_positions(model, tok, input, n, generate, tr, res);
   if (!res.cross_entropy.empty()) res.mean_cross_entropy = mean_of(res.cross_entropy);
   if (attn) {  // the exact cache on the same tokens, for the closed-loop comparison
     model.set_attention(nullptr);
@@ -114,42 +178,7 @@ RecordResult record_model(const RecordOptions& opt) {
       res.exact_cross_entropy = teacher_forced_ce(model, std::vector<int>(input.begin(), input.begin() + n_rec), nullptr);
     }
   }
-
-  if (!opt.out.empty()) {
-    RecordingMeta meta;
-    meta.model = opt.checkpoint;
-    std::ostringstream src;
-    src << "kvsim record --checkpoint " << opt.checkpoint << " --tokenizer " << opt.tokenizer;
-    if (!opt.policy.empty()) src << " --policy " << opt.policy << " (" << opt.policy_params.to_string() << ")";
-    if (generate) src << " --generate " << opt.generate << (opt.prompt.empty() ? "" : " --prompt '" + opt.prompt + "'");
-    else src << " --text " << opt.text_path << " --tokens " << opt.tokens;
-    meta.source = src.str();
-    meta.rope = "applied";
-    meta.n_layers = L;
-    meta.n_heads = H;
-    meta.n_kv_heads = KVH;
-    meta.head_dim = hs;
-    meta.n_tokens = n_rec;
-    meta.softmax_scale = 1.0 / std::sqrt(double(hs));
-    RecordingWriter w(opt.out, meta, opt.with_attn);
-    for (int l = 0; l < L; ++l) {
-      for (int h = 0; h < H; ++h) {
-        w.write(l, Tensor::q, h, Q[l][h].topRows(n_rec));
-        if (opt.with_attn) w.write(l, Tensor::attn, h, A[l][h].topRows(n_rec));
-      }
-      for (int h = 0; h < KVH; ++h) {
-        w.write(l, Tensor::k, h, K[l][h].topRows(n_rec));
-        w.write(l, Tensor::v, h, Vv[l][h].topRows(n_rec));
-      }
-    }
-    w.write_tokens(std::vector<int32_t>(res.tokens.begin(), res.tokens.end()));
-    if (!res.cross_entropy.empty()) {
-      w.write_cross_entropy(res.cross_entropy);
-      w.set_attr("mean_cross_entropy", res.mean_cross_entropy);
-    }
-    w.set_attr("mode", std::string(generate ? "generate" : "teacher_forced"));
-    w.finish();
-  }
+  if (!opt.out.empty()) write_recording(opt, cfg, tr, n_rec, res);
   return res;
 }
 

@@ -80,6 +80,8 @@ class SubGen {
   int64_t merges_ = 0;  // merge rounds so far (the merge flips' counter)
   double delta_;
   void merge_clusters();  // one doubling round (max_clusters > 0)
+  /// Line 12: the nearest representative to key k (kp: its recorded float32) and its squared distance; −1 if none.
+  int64_t nearest(const VecD& k, const float* kp, double& best_d2);
   void draw(uint32_t token, int64_t count, uint32_t kind);  // u_[0, count) = this token's coin flips
   std::vector<double> u_;
   // D

@@ -1,0 +1,53 @@
+// Internal: the policy-replay kernels of the CUDA module (select_kernels.cu, state_kernels.cu,
+// subgen_kernel.cu), launched by replay_policy (policies.cu). Shapes and state are documented at
+// each kernel's definition.
+#pragma once
+#include <cstdint>
+
+namespace kvsim::cuda_impl {
+
+constexpr int kPolicyThreads = 128;
+
+/// A BUZZ cache entry: token position and accumulated (group-aggregated) attention score.
+struct BuzzTok {
+  long long pos;
+  double score;
+};
+
+__global__ void kept_attend_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d,
+                                   float scale, const long long* steps, int rows, const long long* kept, long long cap,
+                                   const double* bias, float* z, double* log_sum, float* lg);
+
+__global__ void sink_window_select_kernel(long long sink, long long window, const long long* steps, int rows,
+                                          long long* kept);
+
+__global__ void uniform_select_kernel(const unsigned long long* seeds, long long B, const long long* steps, int rows,
+                                      long long* pos_all, long long* kept);
+
+__global__ void oracle_select_kernel(const float* Q, const float* K, int group, long long n, int d, double scale,
+                                     long long B, int agg, const long long* steps, int rows, int r0, long long n_pad,
+                                     double* sc_all, double* lg_all, long long* idx_all, long long* kept);
+
+__global__ void kcenter_select_kernel(const float* K, long long n, int d, long long recent, long long kc, bool weighted,
+                                      const long long* steps, int rows, long long cap, int64_t* id_all,
+                                      double* count_all, long long* kept, double* bias);
+
+__global__ void h2o_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
+                           long long B, long long recent, int agg, const long long* steps, int rows, float* z,
+                           double* log_sum, long long* kept, long long* pos_all, double* score_all, double* pr_all,
+                           float* lg_all, int* error);
+
+__global__ void subgen_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, double scale,
+                              double delta0, long long s, long long tt, long long max_clusters, long long cap_m,
+                              const unsigned long long* seeds, const long long* steps, int rows, float* z,
+                              double* log_sum, long long* kept, long long* rep_all, long long* cnt_all,
+                              long long* keep_all, long long* samp_all, long long* midx_all, double* mvsq_all,
+                              double* lg_all, int* error);
+
+__global__ void buzz_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
+                            long long sink, long long w, long long T, long long stride, bool log_scale, int agg,
+                            const long long* steps, int rows, float* z, double* log_sum, long long* kept, long long cap,
+                            BuzzTok* sink_all, BuzzTok* ring_all, BuzzTok* new_all, BuzzTok* old_all, long long* lst_all,
+                            double* pr_all, float* lg_all);
+
+}  // namespace kvsim::cuda_impl

@@ -1,0 +1,208 @@
+// Fused state-machine kernels (see policies.cu's header): h2o and buzz, one block per KV head.
+#include <cuda_runtime.h>
+
+#include "common.cuh"
+#include "kvsim/core/hd.hpp"
+#include "policy_kernels.cuh"
+
+namespace kvsim::cuda_impl {
+namespace {
+struct NoDrop {
+  __device__ void operator()(const BuzzTok&) const {}
+};
+
+/// BuzzPolicy::observe(t) on one thread: sink first; then the window; the window's oldest token joins
+/// the body as new; the body evicts (hd::buzz_evict) when old + new reaches T.
+__device__ void buzz_observe(long long t, long long sink, long long w, long long T, long long stride, BuzzTok* sk,
+                             BuzzTok* ring, BuzzTok* neu, BuzzTok* old, long long& n_sink, long long& n_old,
+                             long long& n_new, long long& ring_head, long long& ring_count) {
+  const BuzzTok x{t, 0.0};
+  if (n_sink < sink) sk[n_sink++] = x;
+  else if (ring_count < w) ring[(ring_head + ring_count++) % w] = x;
+  else {
+    neu[n_new++] = ring[ring_head];
+    ring[ring_head] = x;
+    ring_head = (ring_head + 1) % w;
+    if (n_old + n_new >= T) {
+      n_old = hd::buzz_evict(old, n_old, neu, n_new, stride, NoDrop{});
+      n_new = 0;
+    }
+  }
+}
+
+}  // namespace
+
+/// h2o: grid (kv_heads), one sequential block per KV head. State (global): pos [kv_heads][B],
+/// score [kv_heads][B] (double), step attention pr [kv_heads][B] (double), logits lg
+/// [kv_heads][group][B]. Outputs as sink_window_kernel (kept: slot order, −1 padded); *error set to
+/// 1 if no token was evictable (recent ≥ budget: refused on the host already).
+__global__ void h2o_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
+                           long long B, long long recent, int agg, const long long* steps, int rows, float* z,
+                           double* log_sum, long long* kept, long long* pos_all, double* score_all, double* pr_all,
+                           float* lg_all, int* error) {
+  const int kvh = blockIdx.x, tid = threadIdx.x;
+  const float* Kh = K + (long long)kvh * n * d;
+  const float* Vh = V + (long long)kvh * n * d;
+  long long* pos = pos_all + (long long)kvh * B;
+  double* score = score_all + (long long)kvh * B;
+  double* pr = pr_all + (long long)kvh * B;
+  float* lg = lg_all + (long long)kvh * group * B;
+  extern __shared__ float qs[];  // [d]
+  __shared__ double sm[kPolicyThreads], s1[kPolicyThreads], s2[kPolicyThreads];
+  __shared__ long long best[kPolicyThreads];
+  long long size = 0;
+  int r = 0;
+  for (long long t = 0; t < n; ++t) {
+    // observe(t): fill, or evict the lowest-score non-recent token (hd::h2o_prefer, ties to the oldest).
+    long long slot = size;
+    if (size == B) {
+      long long b = -1;
+      for (long long s = tid; s < B; s += blockDim.x)
+        if (hd::h2o_evictable(pos[s], t, recent) && (b < 0 || hd::h2o_prefer(score[s], pos[s], score[b], pos[b]))) b = s;
+      best[tid] = b;
+      __syncthreads();
+      for (int off = blockDim.x / 2; off > 0; off >>= 1) {
+        if (tid < off) {
+          const long long a = best[tid], c = best[tid + off];
+          if (a < 0 || (c >= 0 && hd::h2o_prefer(score[c], pos[c], score[a], pos[a]))) best[tid] = c;
+        }
+        __syncthreads();
+      }
+      slot = best[0];
+      __syncthreads();
+      if (slot < 0) {
+        if (tid == 0) *error = 1;
+        return;
+      }
+    } else {
+      ++size;
+    }
+    if (tid == 0) {
+      pos[slot] = t;
+      score[slot] = 0.0;
+    }
+    for (long long s = tid; s < size; s += blockDim.x) pr[s] = 0.0;
+    __syncthreads();
+    // attend(q_{t+1}): each query head's attention over the cache, combined into the scores.
+    const bool eval = r < rows && steps[r] == t + 1;
+    for (int g = 0; g < group; ++g) {
+      const int h = kvh * group + g;
+      for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Q[((long long)h * n + t) * d + i];
+      __syncthreads();
+      float* lgg = lg + (long long)g * B;
+      hd::OnlineSoftmax<double> st;
+      for (long long s = tid; s < size; s += blockDim.x) {
+        const float* k = Kh + pos[s] * d;
+        const float acc = dot_f32(qs, k, d);
+        lgg[s] = acc;
+        st.add(double(acc));
+      }
+      const hd::OnlineSoftmax<double> tot = block_merge(st, sm, s1, s2);
+      for (long long s = tid; s < size; s += blockDim.x) pr[s] = hd::group_combine(pr[s], tot.prob(double(lgg[s])), agg);
+      if (eval) {
+        for (int i = tid; i < d; i += blockDim.x) {
+          double acc = 0.0;
+          for (long long s = 0; s < size; ++s) acc += tot.prob(double(lgg[s])) * double(Vh[pos[s] * d + i]);
+          z[((long long)h * rows + r) * d + i] = float(acc);
+        }
+        if (tid == 0) log_sum[(long long)h * rows + r] = tot.log_tau();
+      }
+      __syncthreads();
+    }
+    for (long long s = tid; s < size; s += blockDim.x) score[s] += hd::group_result(pr[s], agg, group);
+    if (eval) {
+      long long* kr = kept + ((long long)kvh * rows + r) * B;
+      for (long long s = tid; s < B; s += blockDim.x) kr[s] = s < size ? pos[s] : -1;
+      ++r;
+    }
+    __syncthreads();
+  }
+}
+
+/// buzz: grid (kv_heads), one sequential block per KV head, the CPU policy's state in global
+/// scratch: sink [kv_heads][sink], window ring [kv_heads][w], new and old body tokens
+/// [kv_heads][T] each; per step the cached list (sink, old, new, window oldest first: the CPU's
+/// answer order) in lst [kv_heads][cap], its step attention pr [kv_heads][cap], logits lg
+/// [kv_heads][group][cap]. Outputs as kept_attend_kernel, z and log_sum of the λ-scaled logits.
+__global__ void buzz_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
+                            long long sink, long long w, long long T, long long stride, bool log_scale, int agg,
+                            const long long* steps, int rows, float* z, double* log_sum, long long* kept, long long cap,
+                            BuzzTok* sink_all, BuzzTok* ring_all, BuzzTok* new_all, BuzzTok* old_all, long long* lst_all,
+                            double* pr_all, float* lg_all) {
+  const int kvh = blockIdx.x, tid = threadIdx.x;
+  const float* Kh = K + (long long)kvh * n * d;
+  const float* Vh = V + (long long)kvh * n * d;
+  BuzzTok* sk = sink_all + (long long)kvh * (sink > 0 ? sink : 1);
+  BuzzTok* ring = ring_all + (long long)kvh * w;
+  BuzzTok* neu = new_all + (long long)kvh * T;
+  BuzzTok* old = old_all + (long long)kvh * T;
+  long long* lst = lst_all + (long long)kvh * cap;
+  double* pr = pr_all + (long long)kvh * cap;
+  float* lg = lg_all + (long long)kvh * group * cap;
+  extern __shared__ float qs[];  // [d]
+  __shared__ double sm[kPolicyThreads], s1[kPolicyThreads], s2[kPolicyThreads];
+  __shared__ long long n_sink, n_old, n_new, ring_head, ring_count;
+  if (tid == 0) n_sink = n_old = n_new = ring_head = ring_count = 0;
+  __syncthreads();
+  // Entry j of the cached list, in the CPU's order: sink, old, new, then the window oldest first.
+  auto at = [&](long long j) -> BuzzTok& {
+    if (j < n_sink) return sk[j];
+    j -= n_sink;
+    if (j < n_old) return old[j];
+    j -= n_old;
+    if (j < n_new) return neu[j];
+    return ring[(ring_head + (j - n_new)) % w];
+  };
+  int r = 0;
+  for (long long t = 0; t < n; ++t) {
+    // observe(t) (BuzzPolicy::observe): sink first; then the window; the window's oldest token
+    // joins the body as new; the body evicts (hd::buzz_evict) when old + new reaches T.
+    if (tid == 0) buzz_observe(t, sink, w, T, stride, sk, ring, neu, old, n_sink, n_old, n_new, ring_head, ring_count);
+    __syncthreads();
+    const long long m = n_sink + n_old + n_new + ring_count;
+    for (long long j = tid; j < m; j += blockDim.x) {
+      lst[j] = at(j).pos;
+      pr[j] = 0.0;
+    }
+    __syncthreads();
+    // attend(q_{t+1}) (BuzzPolicy::attend): scores from the unscaled softmax, the answer from the
+    // λ-scaled one (λ = log_512(t + 1) with log_scale, else 1).
+    const bool eval = r < rows && steps[r] == t + 1;
+    const double lambda = hd::buzz_log_scale(t + 1, log_scale);
+    for (int g = 0; g < group; ++g) {
+      const int h = kvh * group + g;
+      for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Q[((long long)h * n + t) * d + i];
+      __syncthreads();
+      float* lgg = lg + (long long)g * cap;
+      hd::OnlineSoftmax<double> st, sl;
+      for (long long j = tid; j < m; j += blockDim.x) {
+        const float* k = Kh + lst[j] * d;
+        const float acc = dot_f32(qs, k, d);
+        lgg[j] = acc;
+        st.add(double(acc));
+        sl.add(lambda * double(acc));
+      }
+      const hd::OnlineSoftmax<double> tot = block_merge(st, sm, s1, s2);
+      for (long long j = tid; j < m; j += blockDim.x) pr[j] = hd::group_combine(pr[j], tot.prob(double(lgg[j])), agg);
+      if (eval) {
+        const hd::OnlineSoftmax<double> tl = block_merge(sl, sm, s1, s2);
+        for (int i = tid; i < d; i += blockDim.x) {
+          double acc = 0.0;
+          for (long long j = 0; j < m; ++j) acc += tl.prob(lambda * double(lgg[j])) * double(Vh[lst[j] * d + i]);
+          z[((long long)h * rows + r) * d + i] = float(acc);
+        }
+        if (tid == 0) log_sum[(long long)h * rows + r] = tl.log_tau();
+      }
+      __syncthreads();
+    }
+    for (long long j = tid; j < m; j += blockDim.x) at(j).score += hd::group_result(pr[j], agg, group);
+    if (eval) {
+      long long* kr = kept + ((long long)kvh * rows + r) * cap;
+      for (long long j = tid; j < cap; j += blockDim.x) kr[j] = j < m ? lst[j] : -1;
+      ++r;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace kvsim::cuda_impl

@@ -1,0 +1,32 @@
+// Internal: the formatting and HDF5 helpers shared by the two result writers (sim/io/results.cpp:
+// write_results and summary_table; sim/io/result_spill.cpp: ResultSpill).
+#pragma once
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "kvsim/io/h5.hpp"
+#include "kvsim/io/results.hpp"
+
+namespace kvsim::results_detail {
+
+std::string csv_escape(const std::string& s);
+/// "%.6g", or "nan".
+std::string num(double x);
+/// "/policy_NN".
+std::string policy_group(size_t p);
+void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex);
+void write_policy_group(h5::File& f, const std::string& g, const PolicySpec& spec);
+/// The registry's unit, description and source as attributes of a metric dataset.
+void describe_metric(h5::File& f, const std::string& g, const MetricColumn& m);
+/// CSV lines (count, mean, median, p95, max) of one group of one policy, metric by metric.
+void stat_lines(std::ostream& o, const PolicySpec& spec, const std::string& group,
+                const std::vector<MetricColumn>& metrics, const std::function<Stat(size_t metric)>& stat_of);
+/// The header of summary.csv / cells.csv after the key columns.
+extern const char* const kStatsHeader;
+/// The `kvsim run` table from each policy's statistics over all rows: all_stats[p][metric index].
+std::string format_table(const std::vector<std::string>& labels, const std::vector<MetricColumn>& metrics,
+                         const std::vector<std::vector<Stat>>& all_stats);
+
+}  // namespace kvsim::results_detail
