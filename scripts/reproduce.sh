@@ -15,17 +15,17 @@ $K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories2
   --generate 512 --out results/recordings/stories260k_generate.h5 > /dev/null
 $K record --checkpoint "$D/aidreams260K/aidreams260K.bin" --tokenizer "$D/aidreams260K/tok512.bin" \
   --generate 128 --out results/recordings/aidreams_generate.h5 > /dev/null
-$K run experiments/budget_sweep.toml --threads "$T" --quiet --out results/budget_sweep_generate \
+$K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_generate \
   --set data.path=results/recordings/stories260k_generate.h5 > results/budget_sweep_generate.txt
-$K run experiments/budget_sweep.toml --threads "$T" --quiet --out results/budget_sweep_aidreams \
+$K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_aidreams \
   --set data.path=results/recordings/aidreams_generate.h5 --set 'policy.memory=[0.1,0.2,0.3,0.4,0.6]' > results/budget_sweep_aidreams.txt
-$K run experiments/budget_sweep_synthetic.toml --threads "$T" --quiet --out results/budget_sweep_clustered \
+$K run experiments/budget_sweep_synthetic.toml --threads "$T" --out results/budget_sweep_clustered \
   --set data.synthetic=clustered > results/budget_sweep_clustered.txt
-$K run experiments/budget_sweep_long.toml --threads "$T" --quiet --out results/budget_sweep_long_clustered \
+$K run experiments/budget_sweep_long.toml --threads "$T" --out results/budget_sweep_long_clustered \
   --set data.synthetic=clustered > results/budget_sweep_long_clustered.txt
 for cfg in budget_sweep_long budget_sweep_synthetic quickstart stories260k policies_stories260k budget_sweep subgen_theorem1 subgen_theorem1_stories260k \
            h2o_submodular h2o_buzz_20pct buzz_tw_sweep; do
-  $K run "experiments/$cfg.toml" --threads "$T" --quiet > "results/$cfg.txt"
+  $K run "experiments/$cfg.toml" --threads "$T" > "results/$cfg.txt"
 done
 $K clusters experiments/clusterability.toml > results/clusterability.txt
 $K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop.txt

@@ -32,7 +32,9 @@ printf 'name="x"\n[data]\nsynthetic="gaussian"\nn=64\n[eval]\neverry=2\n[[policy
 expect_fail "unknown key 'everry'" "$KVSIM" run "$TMP/typo.toml" --out "$TMP/typo_out"
 [ -e "$TMP/typo_out" ] && bad "a failed run left $TMP/typo_out" || ok
 printf 'name="x"\n[data]\npath="%s/missing.h5"\n[[policy]]\nname="exact"\n' "$TMP" > "$TMP/missing.toml"
-expect_fail "$TMP/missing.h5" "$KVSIM" run "$TMP/missing.toml" --out "$TMP/missing_out"
+expect_fail "$TMP/missing.h5: no such recording" "$KVSIM" run "$TMP/missing.toml" --out "$TMP/missing_out"
+# A shipped config's missing recording comes with the command that makes it ([data] recipe).
+(cd "$TMP" && expect_fail "no such recording; make it with: ./build/kvsim record" "$KVSIM" run "$SRC/experiments/stories260k.toml" --out "$TMP/nr")
 [ -e "$TMP/missing_out/results.h5" ] && bad "results written for a missing recording" || ok
 echo "not hdf5" > "$TMP/junk.h5"
 expect_fail "$TMP/junk.h5: not an HDF5 file" "$KVSIM" inspect "$TMP/junk.h5"
@@ -63,13 +65,41 @@ expect_fail "has no 'attn' dataset" "$KVSIM" inspect --check-attn "$TMP/c.h5"
 expect_fail "layer 5 out of range" "$KVSIM" inspect --check-attn --layers 5 "$TMP/c.h5"
 sed "s|^synthetic = .*|path = \"$TMP/c.h5\"|; /^n = \|^d = \|^n_layers\|^n_heads\|^n_kv_heads\|^n_heavy\|^heavy_strength/d" \
   "$SRC/experiments/quickstart.toml" > "$TMP/rec.toml"
-out=$("$KVSIM" run "$TMP/rec.toml" --out "$TMP/run" --threads 2 --set eval.every=16 --quiet 2>&1) || bad "run on recording failed: $out"
+out=$("$KVSIM" run "$TMP/rec.toml" --out "$TMP/run" --threads 2 --set eval.every=16 2>&1) || bad "run on recording failed: $out"
 grep -q "oracle_topk(budget=0.25)" <<<"$out" && ok || bad "summary table missing: $out"
 [ -s "$TMP/run/results.h5" ] && [ -s "$TMP/run/summary.csv" ] && ok || bad "result files missing"
 ls "$TMP/run" | grep -q tmp && bad "temporary files left in $TMP/run" || ok
 "$KVSIM" clusters "$SRC/experiments/clusterability.toml" --set "data.path=$TMP/c.h5" --set clusters.centers=4 --out "$TMP/cl" >/dev/null \
   && [ -s "$TMP/cl/clusters.csv" ] && [ -s "$TMP/cl/clusters_fit.csv" ] && [ -s "$TMP/cl/pca.csv" ] && ok || bad "kvsim clusters"
 [ "$(awk -F, 'NR>1 && $6==1' "$TMP/cl/pca.csv" | wc -l)" -eq 16 ] && ok || bad "pca.csv should flag 4 centers x 2 tensors x 2 layers"
+
+# Provenance (issue "results"): results.h5 names kvsim's version and commit and the recording by
+# absolute path, size and SHA-1 (checked against sha1sum); metric datasets carry unit/description.
+attr() { h5dump -a "$2" "$1" 2>/dev/null | sed -n 's/.*(0): "\(.*\)".*/\1/p; s/.*(0): \([0-9][0-9]*\)$/\1/p' | head -1; }
+[ "$(attr "$TMP/run/results.h5" /recording_sha1)" = "$(sha1sum "$TMP/c.h5" | cut -d' ' -f1)" ] && ok || bad "recording_sha1 attribute"
+[ "$(attr "$TMP/run/results.h5" /recording_bytes)" = "$(stat -c %s "$TMP/c.h5")" ] && ok || bad "recording_bytes attribute"
+[ "$(attr "$TMP/run/results.h5" /recording_path)" = "$(realpath "$TMP/c.h5")" ] && ok || bad "recording_path attribute"
+[ -n "$(attr "$TMP/run/results.h5" /git_commit)" ] && [ "$(attr "$TMP/run/results.h5" /kvsim_version)" = "$("$KVSIM" --version | cut -d' ' -f2)" ] \
+  && ok || bad "kvsim_version / git_commit attributes"
+[ "$(attr "$TMP/run/results.h5" /policy_00/eps_spectral/unit)" = "1" ] && ok || bad "metric unit attribute"
+"$KVSIM" --version | grep -q "^kvsim [0-9.]* (git " && ok || bad "kvsim --version"
+
+# Command-line errors: one line "kvsim: error: ..." and status 2 (CLI11's own codes are not leaked).
+for args in "run" "bogus" "run $SRC/experiments/quickstart.toml --threads x" "synth --preset gaussian"; do
+  err=$("$KVSIM" $args 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && grep -q "^kvsim: error: " <<<"$err" && ok || bad "'kvsim $args': exit $rc, $err"
+done
+# --quiet prints nothing but errors.
+[ -z "$("$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet --out "$TMP/q" --set eval.every=64 2>&1)" ] && ok || bad "--quiet printed something"
+
+# Several sequences: 4 seeded synthetic sequences -> seq_00..03 and sequences.csv whose interval
+# contains its mean; the per-sequence means' mean is that mean.
+printf 'name="s"\nseed=2\n[data]\nsynthetic="heavy_hitter"\nn=128\nd=8\nn_layers=1\nn_heads=2\nsequences=4\n[eval]\nevery=8\n[[policy]]\nname="window"\nbudget=0.25\n' > "$TMP/seq.toml"
+"$KVSIM" run "$TMP/seq.toml" --out "$TMP/seq" --quiet && [ -s "$TMP/seq/seq_03/results.h5" ] && [ ! -e "$TMP/seq/seq_04" ] && ok || bad "multi-sequence run"
+awk -F, '$3=="rel_err" {ok = ($4 == 4 && $6 <= $5 && $5 <= $7 && $6 < $7)} END {exit !ok}' "$TMP/seq/sequences.csv" && ok || bad "sequences.csv interval"
+m=$(for i in 0 1 2 3; do awk -F, '$3=="all" && $4=="rel_err" {print $6}' "$TMP/seq/seq_0$i/summary.csv"; done | awk '{s+=$1} END {printf "%.4g", s/NR}')
+[ "$m" = "$(awk -F, '$3=="rel_err" {printf "%.4g", $5}' "$TMP/seq/sequences.csv")" ] && ok || bad "sequences.csv mean $m"
+expect_fail "data.sequences only applies to synthetic data" "$KVSIM" run "$TMP/rec.toml" --set data.sequences=2 --out "$TMP/bad_seq"
 
 # kvsim bench --quick prints its figures and writes JSON with them.
 out=$("$KVSIM" bench --quick --json "$TMP/bench.json" 2>&1) && grep -q "roofline" <<<"$out" && grep -q "results identical" <<<"$out" \
@@ -82,8 +112,16 @@ out=$("$KVSIM" bench --quick --json "$TMP/bench.json" 2>&1) && grep -q "roofline
 # Real model: record stories260K and run the stories260k experiment on it.
 if [ -f "$DATA/stories260K/stories260K.bin" ]; then
   rec=$("$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" --tokenizer "$DATA/stories260K/tok512.bin" \
-        --text "$DATA/tinystories-sample/tinystories.txt" --tokens 512 --out "$TMP/st.h5") || bad "record failed"
+        --text "$DATA/tinystories-sample/tinystories.txt" --tokens 512 --out "$TMP/new/folder/st.h5") || bad "record failed"
   grep -q "mean cross-entropy" <<<"$rec" && ok || bad "record output: $rec"
+  grep -q "^text:" <<<"$rec" && bad "record printed the text without --print-text" || ok
+  [ -s "$TMP/new/folder/st.h5" ] && cp "$TMP/new/folder/st.h5" "$TMP/st.h5" && ok || bad "record into a new folder"
+  expect_fail "--text needs --tokens" "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" \
+        --tokenizer "$DATA/stories260K/tok512.bin" --text "$DATA/tinystories-sample/tinystories.txt" --out "$TMP/y.h5"
+  "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" --tokenizer "$DATA/stories260K/tok512.bin" \
+        --text "$DATA/tinystories-sample/tinystories.txt" --tokens 64 --windows 3 --out "$TMP/win/w.h5" >/dev/null \
+    && [ -s "$TMP/win/w_w00.h5" ] && [ -s "$TMP/win/w_w02.h5" ] && [ ! -e "$TMP/win/w_w03.h5" ] && ok || bad "record --windows"
+  [ "$(sha1sum < "$TMP/win/w_w00.h5")" != "$(sha1sum < "$TMP/win/w_w01.h5")" ] && ok || bad "windows should differ"
   "$KVSIM" inspect --check-attn --layers 0 4 "$TMP/st.h5" | grep -q "attention check: PASS" && ok || bad "check-attn on a recording"
   expect_fail "" "$KVSIM" inspect --check-attn --attn-tol 1e-12 --layers 0 "$TMP/st.h5"
   expect_fail "seq_len is 512" "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" \
@@ -92,7 +130,7 @@ if [ -f "$DATA/stories260K/stories260K.bin" ]; then
         --tokenizer "$DATA/llama2c-tokenizer/tokenizer.bin" --generate 4
   expect_fail "not a llama2.c checkpoint" "$KVSIM" record --checkpoint "$DATA/stories260K/tok512.bin" \
         --tokenizer "$DATA/stories260K/tok512.bin" --generate 4
-  out=$("$KVSIM" run "$SRC/experiments/stories260k.toml" --set "data.path=$TMP/st.h5" --out "$TMP/st_run" --quiet 2>&1) \
+  out=$("$KVSIM" run "$SRC/experiments/stories260k.toml" --set "data.path=$TMP/st.h5" --out "$TMP/st_run" 2>&1) \
     || bad "stories260k run failed: $out"
   grep -q "512 tokens, 5 layers, 8 query heads" <<<"$out" && ok || bad "stories260k table: $out"
 else

@@ -63,6 +63,19 @@ std::vector<int> get_int_list(const TV& t, const std::string& key, const std::st
   return out;
 }
 
+/// A string, or a non-empty list of strings (`[data] path = ["a.h5", "b.h5"]`).
+std::vector<std::string> get_string_list(const TV& t, const std::string& key, const std::string& where) {
+  const TV& v = t.at(key);
+  if (v.is_string()) return {v.as_string()};
+  if (!v.is_array() || v.as_array().empty()) fail_at(v, where + key + " must be a string or a non-empty list of strings");
+  std::vector<std::string> out;
+  for (const auto& e : v.as_array()) {
+    if (!e.is_string()) fail_at(e, where + key + " must be a list of strings");
+    out.push_back(e.as_string());
+  }
+  return out;
+}
+
 ParamValue to_param(const TV& v, const std::string& key) {
   if (v.is_integer()) return int64_t(v.as_integer());
   if (v.is_floating()) return double(v.as_floating());
@@ -239,7 +252,7 @@ Experiment interpret(const TV& root, const std::string& origin) {
   const TV& data = root.at("data");
   check_keys(data, {"path", "synthetic", "n", "d", "n_layers", "n_heads", "n_kv_heads", "layers", "heads", "tokens",
                     "softmax_scale", "q_scale", "k_scale", "v_scale", "cluster_c", "cluster_gamma", "cluster_diameter",
-                    "center_scale", "query_norm", "n_heavy", "heavy_strength"},
+                    "center_scale", "query_norm", "n_heavy", "heavy_strength", "sequences", "recipe"},
              "[data]");
   const bool has_path = data.contains("path"), has_syn = data.contains("synthetic");
   if (has_path == has_syn) throw Error(origin + ": [data] needs exactly one of 'path' (a recording) or 'synthetic' (a preset)");
@@ -248,8 +261,11 @@ Experiment interpret(const TV& root, const std::string& origin) {
   ex.data.tokens = get_int(data, "tokens", 0, "data.");
   if (ex.data.tokens < 0) fail_at(data.at("tokens"), "data.tokens must be ≥ 0");
   if (has_path) {
-    ex.data.path = get_string(data, "path", "", "data.");
-    for (const char* k : {"n", "d", "n_layers", "n_heads", "n_kv_heads"})
+    const std::vector<std::string> paths = get_string_list(data, "path", "data.");
+    ex.data.path = paths.front();
+    ex.data.recipe = get_string(data, "recipe", "", "data.");
+    if (paths.size() > 1) ex.data.paths = paths;
+    for (const char* k : {"n", "d", "n_layers", "n_heads", "n_kv_heads", "sequences"})
       if (data.contains(k)) fail_at(data.at(k), std::string("data.") + k + " only applies to synthetic data");
   } else {
     auto& s = ex.data.synth;
@@ -273,6 +289,9 @@ Experiment interpret(const TV& root, const std::string& origin) {
     s.n_heavy = int(get_int(data, "n_heavy", s.n_heavy, "data."));
     s.heavy_strength = get_double(data, "heavy_strength", s.heavy_strength, "data.");
     s.validate(origin + ": data.");
+    const int64_t seqs = get_int(data, "sequences", 1, "data.");
+    if (seqs < 1 || seqs > 100000) fail_at(data.at("sequences"), "data.sequences must be in [1, 100000]");
+    ex.data.sequences = int(seqs);
   }
 
   parse_eval(root, ex.eval);
@@ -343,7 +362,7 @@ ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::
     check_keys(root, {"name", "data", "clusters"}, path + " (top level)");
     s.name = get_string(root, "name", s.name, "");
     if (!root.contains("data") || !root.at("data").is_table()) throw Error(path + ": missing [data] table");
-    check_keys(root.at("data"), {"path"}, "[data]");
+    check_keys(root.at("data"), {"path", "recipe"}, "[data]");
     s.path = get_string(root.at("data"), "path", "", "data.");
     if (s.path.empty()) throw Error(path + ": [data] needs 'path' (a recording)");
     if (root.contains("clusters")) {

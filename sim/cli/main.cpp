@@ -15,7 +15,9 @@
 #include "kvsim/core/error.hpp"
 #include "kvsim/cuda/cuda.hpp"
 #include "kvsim/cli/inspect.hpp"
+#include "kvsim/cli/run.hpp"
 #include "kvsim/model/record.hpp"
+#include "kvsim/io/provenance.hpp"
 #include "kvsim/io/results.hpp"
 #include "kvsim/io/synth.hpp"
 #include "kvsim/policies/registry.hpp"
@@ -31,50 +33,17 @@ struct Exit {
   int code;
 };
 
-int cmd_run(const std::string& config, std::string out, int threads, std::vector<std::string> sets, bool quiet,
-            const std::string& device) {
-  if (!device.empty()) sets.push_back("eval.device=\"" + device + "\"");
-  Experiment ex = load_experiment(config, sets);
-  if (ex.eval.device == "cuda") {
-    cuda::require_device();  // a clear error before anything is computed or written
-    std::cerr << "kvsim run: exact reference and policy replays on " << cuda::device_description() << "\n";
-  }
-  if (out.empty()) out = "results/" + ex.name;
-  auto src = open_source(ex.data);
-  if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  std::cerr << "kvsim run: " << ex.name << " on " << src->describe() << " (" << ex.policies.size() << " policies, "
-            << threads << " threads)\n";
-  auto progress = [&](int done, int total) {
-    if (!quiet) std::cerr << "\r  cells " << done << "/" << total << std::flush;
-  };
-  ResultSpill spill(out, ex);  // rows go to disk cell by cell; nothing final until finish()
-  RunResult r = run_experiment(ex, *src, threads, progress, &spill);
-  if (!quiet) std::cerr << "\n";
-  const std::string table = spill.finish(r);
-  std::cout << "experiment " << ex.name << ": " << r.n_tokens << " tokens, " << r.layers.size() << " layers, "
-            << r.meta.n_heads << " query heads (" << r.meta.n_kv_heads << " kv), gqa=" << ex.eval.gqa << "; "
-            << r.wall_seconds << " s\n"
-            << "means over every evaluated (layer, head, step); p95 likewise\n\n"
-            << table << "\nwrote " << out << "/results.h5 and " << out << "/summary.csv\n";
-  return 0;
-}
-
 void add_run(CLI::App& app) {
   auto* run = app.add_subcommand("run", "replay an experiment config through exact attention and its policies");
-  static std::string config, out;
-  static int threads = 0;
-  static bool quiet = false;
-  static std::vector<std::string> sets;
-  run->add_option("config", config, "experiment TOML file")->required();
-  run->add_option("--out", out, "output folder (default results/<name>)");
-  run->add_option("--threads", threads, "worker threads (default: all cores)");
-  run->add_option("--set", sets, "override a config key, e.g. --set eval.every=4 (repeatable)");
-  run->add_flag("--quiet", quiet, "no progress on stderr");
-  static std::string device;
-  run->add_option("--device", device, "cpu or cuda: where the exact reference runs (= --set eval.device=...)")
+  static RunOptions o;
+  run->add_option("config", o.config, "experiment TOML file")->required();
+  run->add_option("--out", o.out, "output folder (default results/<name>)");
+  run->add_option("--threads", o.threads, "worker threads (default: all cores)");
+  run->add_option("--set", o.sets, "override a config key, e.g. --set eval.every=4 (repeatable)");
+  run->add_flag("--quiet", o.quiet, "print nothing but errors");
+  run->add_option("--device", o.device, "cpu or cuda: where the exact reference runs (= --set eval.device=...)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-
-  run->callback([] { cmd_run(config, out, threads, sets, quiet, device); });
+  run->callback([] { cmd_run(o); });
 }
 
 void add_synth(CLI::App& app) {
@@ -104,7 +73,7 @@ void add_synth(CLI::App& app) {
   });
 }
 
-void record_summary(const RecordOptions& ro, const RecordResult& r) {
+void record_summary(const RecordOptions& ro, const RecordResult& r, bool print_text) {
   std::cout << "recorded " << r.tokens.size() << " tokens";
   if (!ro.out.empty()) std::cout << " into " << ro.out;
   std::cout << "\n";
@@ -119,7 +88,7 @@ void record_summary(const RecordOptions& ro, const RecordResult& r) {
               << (r.diverge_at < 0 ? std::string("never differs from the exact cache's")
                                    : "first differs from the exact cache's at token " + std::to_string(r.diverge_at))
               << "\n";
-  std::cout << "text: " << r.text << "\n";
+  if (print_text) std::cout << "text: " << r.text << "\n";
 }
 
 void add_record(CLI::App& app) {
@@ -128,7 +97,12 @@ void add_record(CLI::App& app) {
   record->add_option("--checkpoint", ro.checkpoint, "llama2.c model .bin")->required()->check(CLI::ExistingFile);
   record->add_option("--tokenizer", ro.tokenizer, "llama2.c tokenizer.bin")->required()->check(CLI::ExistingFile);
   auto* text_opt = record->add_option("--text", ro.text_path, "teacher-forced: text file")->check(CLI::ExistingFile);
-  record->add_option("--tokens", ro.tokens, "teacher-forced: tokens to record (<= seq_len)");
+  auto* tokens_opt = record->add_option("--tokens", ro.tokens, "teacher-forced: tokens to record (<= seq_len)")->capture_default_str();
+  static int windows = 0;
+  static bool print_text = false;
+  record->add_option("--windows", windows,
+                     "teacher-forced: record N disjoint consecutive windows of --tokens tokens into OUT_w00.h5 ... (several sequences)");
+  record->add_flag("--print-text", print_text, "also print the recorded text");
   auto* gen_opt = record->add_option("--generate", ro.generate, "greedy generation: positions to record");
   record->add_option("--prompt", ro.prompt, "generation prompt (default: BOS only)");
   record->add_option("--out", ro.out, "output .h5");
@@ -140,15 +114,23 @@ void add_record(CLI::App& app) {
   record->add_option("--seed", ro.seed, "closed loop: policy seed");
 
   text_opt->excludes(gen_opt);
-  record->callback([] {
+  record->callback([tokens_opt] {
     if (ro.text_path.empty() && ro.generate <= 0) throw Error("kvsim record: give --text FILE or --generate N");
+    if (!ro.text_path.empty() && tokens_opt->count() == 0)
+      throw Error("kvsim record: --text needs --tokens N (how many tokens to record)");
     if (!policy_params.empty() && ro.policy.empty()) throw Error("kvsim record: --param needs --policy");
     for (const auto& kv : policy_params) {
       auto eq = kv.find('=');
       if (eq == std::string::npos || eq == 0) throw Error("kvsim record: --param '" + kv + "': expected key=value");
       ro.policy_params.set(kv.substr(0, eq), parse_param_value(kv.substr(eq + 1)), "--param " + kv);
     }
-    record_summary(ro, record_model(ro));
+    if (windows > 0) {
+      const auto paths = record_windows(ro, windows);
+      std::cout << "recorded " << windows << " windows of " << ro.tokens << " tokens: " << paths.front() << " ... "
+                << paths.back() << "\n";
+      return;
+    }
+    record_summary(ro, record_model(ro), print_text);
   });
 }
 
@@ -261,6 +243,7 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"kvsim — KV-cache attention approximation simulator"};
+  app.set_version_flag("--version", "kvsim " + kvsim_version() + " (git " + kvsim_git_commit() + ")");
   app.require_subcommand(1);
   add_run(app);
   add_synth(app);
@@ -273,8 +256,15 @@ int main(int argc, char** argv) {
   add_metrics(app);
   try {
     app.parse(argc, argv);  // the chosen subcommand's callback runs inside parse()
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {  // bad command line: one line, status 2 like every input error
+    std::cerr << "kvsim: error: " << e.what() << " (kvsim --help, kvsim SUBCOMMAND --help)\n";
+    return 2;
   } catch (const Exit& e) {
     return e.code;
   } catch (const Error& e) {

@@ -124,6 +124,12 @@ RecordingWriter::RecordingWriter(const std::string& path, const RecordingMeta& m
   if (meta.n_layers <= 0 || meta.n_heads <= 0 || meta.n_kv_heads <= 0 || meta.head_dim <= 0 || meta.n_tokens <= 0)
     throw Error(path + ": cannot write a recording with empty dimensions");
   if (meta.n_heads % meta.n_kv_heads) throw Error(path + ": n_heads must be a multiple of n_kv_heads");
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) {  // the output folder is created (a fresh clone has no results/recordings/)
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw Error(path + ": cannot create the folder " + dir.string() + ": " + ec.message());
+  }
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   file_ = std::make_unique<h5::File>(h5::File::create(tmp_));
   auto& f = *file_;

@@ -27,6 +27,7 @@ struct ResultSpill::State {
   size_t total = 0;
   std::vector<std::vector<std::string>> cell_lines;  // [cell][policy] cells.csv lines
   std::vector<MetricColumn> metrics;
+  std::vector<std::vector<Stat>> overall;  // [policy][metric] over all rows, after finish()
   bool finished = false;
   State(const std::string& out_dir, const Experiment& e) : dir(out_dir), ex(e) {}
 };
@@ -210,7 +211,10 @@ std::string ResultSpill::finish(const RunResult& r) {
     if (ec) throw Error(st_->finals[i] + ": cannot move into place: " + ec.message());
   }
   st_->finished = true;
+  st_->overall = all;
   return format_table(labels, metrics, all);
 }
+
+const std::vector<std::vector<Stat>>& ResultSpill::overall() const { return st_->overall; }
 
 }  // namespace kvsim

@@ -14,6 +14,7 @@
 #include "kvsim/core/error.hpp"
 #include "kvsim/io/h5.hpp"
 #include "kvsim/io/recording.hpp"
+#include "kvsim/io/provenance.hpp"
 #include "results_detail.hpp"
 
 namespace kvsim {
@@ -63,6 +64,14 @@ std::string policy_group(size_t p) {
 
 void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
   f.set_attr("/", "experiment", ex.name);
+  f.set_attr("/", "kvsim_version", kvsim_version());
+  f.set_attr("/", "git_commit", kvsim_git_commit());
+  if (!ex.data.synthetic && !ex.data.path.empty()) {  // the recording, by absolute path, size and content hash
+    const FileFingerprint fp = fingerprint_file(ex.data.path);
+    f.set_attr("/", "recording_path", fp.path);
+    f.set_attr("/", "recording_bytes", fp.bytes);
+    f.set_attr("/", "recording_sha1", fp.sha1);
+  }
   f.set_attr("/", "source", r.source);
   f.set_attr("/", "config", ex.config_text);
   f.set_attr("/", "n_tokens", int64_t(r.n_tokens));

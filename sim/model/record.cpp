@@ -1,6 +1,8 @@
 #include "kvsim/model/record.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -25,8 +27,9 @@ struct Trace {
         K(L, std::vector<MatF>(KVH, MatF(n, hs))), V(L, std::vector<MatF>(KVH, MatF(n, hs))) {}
 };
 
-/// The text's first opt.tokens tokens (with BOS); throws naming the file.
-std::vector<int> encode_text(const RecordOptions& opt, const Tokenizer& tok) {
+/// The text's first `want` tokens (with BOS) — at least opt.tokens; throws naming the file.
+std::vector<int> encode_text(const RecordOptions& opt, const Tokenizer& tok, int64_t want = 0) {
+  if (want <= 0) want = opt.tokens;
   if (opt.text_path.empty()) throw Error("kvsim record: give --text FILE (teacher-forced) or --generate N");
   std::ifstream in(opt.text_path, std::ios::binary);
   if (!in) throw Error(opt.text_path + ": cannot open text file");
@@ -36,16 +39,16 @@ std::vector<int> encode_text(const RecordOptions& opt, const Tokenizer& tok) {
   if (text.empty()) throw Error(opt.text_path + ": text file is empty");
   // Encoding is O(L log L); cap the text at a generous multiple of the tokens wanted (a token
   // covers at least one byte, and llama2.c vocabularies average 3-4 bytes per token).
-  size_t cap = size_t(std::max(opt.tokens, 1)) * 16 + 64;
+  size_t cap = size_t(std::max<int64_t>(want, 1)) * 16 + 64;
   if (text.size() > cap) {
     size_t cut = text.find_first_of(" \n", cap);
     text.resize(cut == std::string::npos ? text.size() : cut);
   }
   std::vector<int> input = tok.encode(text, true, false);
   if (opt.tokens <= 1) throw Error("kvsim record: --tokens must be at least 2");
-  if (int(input.size()) < opt.tokens)
-    throw Error(opt.text_path + ": text yields only " + std::to_string(input.size()) + " tokens, fewer than --tokens " +
-                std::to_string(opt.tokens));
+  if (int64_t(input.size()) < want)
+    throw Error(opt.text_path + ": text yields only " + std::to_string(input.size()) + " tokens, fewer than " +
+                (want == opt.tokens ? "--tokens " + std::to_string(want) : "--tokens × --windows = " + std::to_string(want)));
   return input;
 }
 
@@ -180,6 +183,32 @@ RecordResult record_model(const RecordOptions& opt) {
   }
   if (!opt.out.empty()) write_recording(opt, cfg, tr, n_rec, res);
   return res;
+}
+
+std::string window_path(const std::string& out, int w) {
+  namespace fs = std::filesystem;
+  const fs::path p(out);
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "_w%02d", w);
+  return (p.parent_path() / (p.stem().string() + suffix + p.extension().string())).string();
+}
+
+std::vector<std::string> record_windows(const RecordOptions& opt, int windows) {
+  if (windows < 1) throw Error("kvsim record: --windows must be ≥ 1");
+  if (opt.generate > 0 || opt.text_path.empty()) throw Error("kvsim record: --windows needs --text (teacher-forced)");
+  if (opt.out.empty()) throw Error("kvsim record: --windows needs --out (window w goes to OUT_wNN.h5)");
+  LlamaModel probe(opt.checkpoint);
+  Tokenizer tok(opt.tokenizer, probe.config().vocab_size);
+  const std::vector<int> all = encode_text(opt, tok, int64_t(opt.tokens) * windows);
+  std::vector<std::string> paths;
+  for (int w = 0; w < windows; ++w) {
+    RecordOptions one = opt;
+    one.token_ids.assign(all.begin() + size_t(w) * opt.tokens, all.begin() + size_t(w + 1) * opt.tokens);
+    one.out = window_path(opt.out, w);
+    record_model(one);
+    paths.push_back(one.out);
+  }
+  return paths;
 }
 
 }  // namespace kvsim

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <tuple>
 #include <mutex>
@@ -23,6 +24,10 @@ std::vector<int64_t> eval_steps(const EvalSpec& e, int64_t n) {
 
 std::unique_ptr<StreamSource> open_source(const DataSpec& d) {
   if (d.synthetic) return std::make_unique<SynthSource>(d.synth);
+  if (!std::filesystem::exists(d.path))
+    throw Error(d.path + ": no such recording" +
+                (d.recipe.find(d.path) == std::string::npos ? std::string(" (make one with kvsim record, kvsim synth or datasets/export_hf.py)")
+                                  : "; make it with: " + d.recipe));
   return std::make_unique<RecordingReader>(d.path);
 }
 

@@ -3,13 +3,15 @@
 //   name = "quickstart"            # used for the default output folder results/<name>
 //   seed = 1
 //   [data]
-//   path = "rec.h5"                # a recording (relative paths: to the current directory) — or —
+//   path = "rec.h5"                # a recording (relative paths: to the current directory), or a
+//                                  # list of recordings = several sequences — or —
 //   synthetic = "clustered"        # an inline synthetic preset (gaussian | clustered | heavy_hitter)
 //   n = 2048                       # synthetic shape: n, d, n_layers, n_heads, n_kv_heads and the
 //   d = 64                         # preset's parameters (cluster_gamma, query_norm, ...; see synth.hpp)
 //   layers = [0, 1]                # optional selection of layers / query heads (default: all)
 //   heads = [0, 1, 2, 3]
 //   tokens = 0                     # replay only the first `tokens` tokens (0 = all)
+//   sequences = 8                  # synthetic: 8 independently seeded sequences (default 1)
 //   [eval]
 //   every = 1                      # evaluate every `every` steps from step `from` (last step always)
 //   from = 1

@@ -89,6 +89,8 @@ class ResultSpill {
   /// `r` carries meta, source, policy specs, wall time and threads (its rows are empty). Returns the
   /// summary table text (as summary_table()).
   std::string finish(const RunResult& r);
+  /// After finish(): each policy's statistics over all its rows, [policy][metric column].
+  const std::vector<std::vector<Stat>>& overall() const;
 
  private:
   struct State;

@@ -12,8 +12,15 @@ namespace kvsim {
 
 struct DataSpec {
   std::string path;              ///< a recording file, or empty for the synthetic preset
+  /// Several sequences (issue "results"): every recording (`[data] path = [...]`; paths[0] == path),
+  /// empty for a single one.
+  std::vector<std::string> paths;
+  /// `[data] recipe`: the command that makes a missing recording (named in the error when it is absent).
+  std::string recipe;
   bool synthetic = false;
   SynthParams synth;
+  /// Synthetic data: number of independently seeded sequences (`[data] sequences`, default 1).
+  int sequences = 1;
   std::vector<int> layers;       ///< empty = all
   std::vector<int> heads;        ///< query heads; empty = all
   int64_t tokens = 0;            ///< replay only the first `tokens` (0 = all)
@@ -52,5 +59,13 @@ struct Experiment {
   std::vector<PolicySpec> policies;
   std::string config_text;       ///< the resolved configuration, stored with the results
 };
+
+/// Number of sequences a data spec names (recordings, or synthetic seeds).
+int sequence_count(const DataSpec& d);
+
+/// Sequence i of `d` (0 ≤ i < sequence_count(d)) as a single-sequence spec: recording paths[i], or
+/// the synthetic preset with seed synth.seed for i = 0 and derive_seed({synth.seed, kSequenceTag, i})
+/// otherwise (so a one-sequence run is unchanged). Throws kvsim::Error for i out of range.
+DataSpec sequence_spec(const DataSpec& d, int i);
 
 }  // namespace kvsim

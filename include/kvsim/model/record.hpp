@@ -40,4 +40,13 @@ struct RecordResult {
 /// Runs the model; throws kvsim::Error naming the file at fault.
 RecordResult record_model(const RecordOptions& opt);
 
+/// OUT with "_wNN" before its extension (results/x.h5 → results/x_w03.h5).
+std::string window_path(const std::string& out, int w);
+
+/// `kvsim record --windows N`: N disjoint consecutive windows of opt.tokens tokens of the text (the
+/// first starts with BOS; each is recorded from position 0 with an empty cache, as a fresh sequence),
+/// written to window_path(opt.out, w). Returns the paths. Several sequences for one experiment
+/// (`[data] path = [...]`).
+std::vector<std::string> record_windows(const RecordOptions& opt, int windows);
+
 }  // namespace kvsim

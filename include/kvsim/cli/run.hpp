@@ -1,0 +1,23 @@
+// kvsim: `kvsim run` (sim/cli/run.cpp).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace kvsim {
+
+struct RunOptions {
+  std::string config;             ///< experiment TOML
+  std::string out;                ///< output folder (default results/<name>)
+  int threads = 0;                ///< 0 = all cores
+  std::vector<std::string> sets;  ///< --set key=value overrides
+  bool quiet = false;             ///< print nothing but errors
+  std::string device;             ///< "", "cpu" or "cuda" (= --set eval.device=...)
+};
+
+/// Runs an experiment config: one sequence writes results.h5, summary.csv and cells.csv into the
+/// output folder; several sequences write each into seq_NN/ and sequences.csv (mean over sequences
+/// with a 95% bootstrap interval per policy and metric). Returns the exit status; throws
+/// kvsim::Error on bad input.
+int cmd_run(const RunOptions& opt);
+
+}  // namespace kvsim

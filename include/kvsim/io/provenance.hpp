@@ -1,0 +1,23 @@
+// kvsim: provenance of a result — which kvsim built it and from which input files (issue "results").
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace kvsim {
+
+/// kvsim's version (CMake project version).
+std::string kvsim_version();
+/// The git commit kvsim was configured from ("unknown" outside a git checkout), with "-dirty" when the
+/// work tree had changes at configure time.
+std::string kvsim_git_commit();
+
+/// A file's absolute path, size in bytes and SHA-1 of its contents (boost::uuids::detail::sha1).
+struct FileFingerprint {
+  std::string path;
+  int64_t bytes = 0;
+  std::string sha1;
+};
+/// Throws kvsim::Error naming the file when it cannot be read.
+FileFingerprint fingerprint_file(const std::string& path);
+
+}  // namespace kvsim

@@ -1,0 +1,141 @@
+// `kvsim run`: one sequence → results.h5, summary.csv, cells.csv in the output folder; several
+// sequences ([data] path = [...] or [data] sequences = N) → each sequence's files in seq_NN/, and
+// sequences.csv: per policy and metric the mean over sequences with a 95% percentile-bootstrap
+// interval (include/kvsim/analysis/bootstrap.hpp, seeded by the config seed).
+#include "kvsim/cli/run.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "kvsim/analysis/bootstrap.hpp"
+#include "kvsim/cli/config.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/core/rng.hpp"
+#include "kvsim/cuda/cuda.hpp"
+#include "kvsim/io/results.hpp"
+#include "kvsim/replay/engine.hpp"
+
+namespace kvsim {
+namespace {
+
+/// Progress on stderr when it is a terminal and not --quiet: cells done, elapsed and estimated time left.
+std::function<void(int, int)> progress_printer(bool quiet, const std::string& prefix) {
+  if (quiet || !isatty(STDERR_FILENO)) return {};
+  const auto t0 = std::chrono::steady_clock::now();
+  return [t0, prefix](int done, int total) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double eta = done > 0 ? s * double(total - done) / double(done) : 0.0;
+    std::fprintf(stderr, "\r  %scells %d/%d, %.1f s, ~%.0f s left   ", prefix.c_str(), done, total, s, eta);
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+}
+
+struct SequenceRun {
+  RunResult result;
+  std::string table;
+  std::vector<std::vector<Stat>> overall;  // [policy][metric]
+};
+
+SequenceRun run_one(const Experiment& ex, const std::string& out, int threads, bool quiet, const std::string& prefix) {
+  auto src = open_source(ex.data);
+  if (!quiet)
+    std::cerr << "kvsim run: " << ex.name << " on " << src->describe() << " (" << ex.policies.size() << " policies, "
+              << threads << " threads)\n";
+  ResultSpill spill(out, ex);  // rows go to disk cell by cell; nothing final until finish()
+  SequenceRun s;
+  s.result = run_experiment(ex, *src, threads, progress_printer(quiet, prefix), &spill);
+  s.table = spill.finish(s.result);
+  s.overall = spill.overall();
+  return s;
+}
+
+/// sequences.csv rows and the printed table of a multi-sequence run.
+std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>& runs, const std::string& out) {
+  const auto& metrics = runs.front().result.metrics;
+  const std::string path = (std::filesystem::path(out) / "sequences.csv").string();
+  std::ofstream o(path + ".tmp");
+  if (!o) throw Error(path + ": cannot write");
+  o << "policy,label,metric,sequences,mean,ci_low,ci_high,interval\n";
+  std::ostringstream table;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%-40s %-12s %11s %23s\n", "policy", "metric", "mean", "95% CI (bootstrap)");
+  table << buf;
+  for (size_t p = 0; p < ex.policies.size(); ++p)
+    for (size_t m = 0; m < metrics.size(); ++m) {
+      std::vector<double> per_seq;
+      for (const auto& r : runs) per_seq.push_back(r.overall[p][m].mean);
+      const Interval ci = bootstrap_mean_ci(per_seq, derive_seed({ex.seed, 0xc1, p, m}));
+      if (ci.n == 0) continue;  // the metric does not apply to this policy
+      char line[512];
+      std::snprintf(line, sizeof line, "%s,\"%s\",%s,%d,%.6g,%.6g,%.6g,percentile bootstrap 95%% (4000 resamples)\n",
+                    ex.policies[p].name.c_str(), ex.policies[p].label.c_str(), metrics[m].name.c_str(), ci.n, ci.mean,
+                    ci.low, ci.high);
+      o << line;
+      const std::string& name = metrics[m].name;
+      if (name == "rel_err" || name == "eps_spectral" || name == "kept_mass") {
+        std::snprintf(buf, sizeof buf, "%-40s %-12s %11.4g   [%9.4g, %9.4g]\n", ex.policies[p].label.substr(0, 40).c_str(),
+                      name.c_str(), ci.mean, ci.low, ci.high);
+        table << buf;
+      }
+    }
+  o.close();
+  if (!o) throw Error(path + ": write failed (disk full?)");
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+  if (ec) throw Error(path + ": cannot move into place: " + ec.message());
+  return table.str();
+}
+
+}  // namespace
+
+int cmd_run(const RunOptions& opt) {
+  std::vector<std::string> sets = opt.sets;
+  if (!opt.device.empty()) sets.push_back("eval.device=\"" + opt.device + "\"");
+  Experiment ex = load_experiment(opt.config, sets);
+  if (ex.eval.device == "cuda") {
+    cuda::require_device();  // a clear error before anything is computed or written
+    if (!opt.quiet) std::cerr << "kvsim run: exact reference and policy replays on " << cuda::device_description() << "\n";
+  }
+  const std::string out = opt.out.empty() ? "results/" + ex.name : opt.out;
+  const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  const int S = sequence_count(ex.data);
+  if (S == 1) {
+    const SequenceRun s = run_one(ex, out, threads, opt.quiet, "");
+    const RunResult& r = s.result;
+    if (!opt.quiet)
+      std::cout << "experiment " << ex.name << ": " << r.n_tokens << " tokens, " << r.layers.size() << " layers, "
+                << r.meta.n_heads << " query heads (" << r.meta.n_kv_heads << " kv), gqa=" << ex.eval.gqa << "; "
+                << r.wall_seconds << " s\n"
+                << "means over every evaluated (layer, head, step); p95 likewise\n\n"
+                << s.table << "\nwrote " << out << "/results.h5 and " << out << "/summary.csv\n";
+    return 0;
+  }
+  std::vector<SequenceRun> runs;
+  double wall = 0;
+  for (int i = 0; i < S; ++i) {
+    Experiment one = ex;
+    one.data = sequence_spec(ex.data, i);
+    char dir[32];
+    std::snprintf(dir, sizeof dir, "seq_%02d", i);
+    char prefix[48];
+    std::snprintf(prefix, sizeof prefix, "sequence %d/%d: ", i + 1, S);
+    runs.push_back(run_one(one, (std::filesystem::path(out) / dir).string(), threads, opt.quiet, prefix));
+    wall += runs.back().result.wall_seconds;
+  }
+  const std::string table = write_sequences(ex, runs, out);
+  if (!opt.quiet)
+    std::cout << "experiment " << ex.name << ": " << S << " sequences, " << wall << " s\n"
+              << "per sequence: the mean over its evaluated (layer, head, step); below: the mean over sequences\n\n"
+              << table << "\nwrote " << out << "/seq_NN/{results.h5,summary.csv,cells.csv} and " << out
+              << "/sequences.csv\n";
+  return 0;
+}
+
+}  // namespace kvsim
