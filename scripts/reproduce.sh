@@ -15,6 +15,9 @@ $K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories2
   --generate 512 --out results/recordings/stories260k_generate.h5 > /dev/null
 $K record --checkpoint "$D/aidreams260K/aidreams260K.bin" --tokenizer "$D/aidreams260K/tok512.bin" \
   --generate 128 --out results/recordings/aidreams_generate.h5 > /dev/null
+$K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories260K/tok512.bin" \
+  --text "$D/tinystories-sample/tinystories.txt" --tokens 512 --windows 8 --out results/recordings/tinystories_512.h5
+$K run experiments/budget_sweep_8seq.toml --threads "$T" > results/budget_sweep_8seq.txt
 $K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_generate \
   --set data.path=results/recordings/stories260k_generate.h5 > results/budget_sweep_generate.txt
 $K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_aidreams \
