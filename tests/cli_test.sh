@@ -89,6 +89,10 @@ for args in "run" "bogus" "run $SRC/experiments/quickstart.toml --threads x" "sy
   err=$("$KVSIM" $args 2>&1 >/dev/null); rc=$?
   [ $rc -eq 2 ] && grep -q "^kvsim: error: " <<<"$err" && ok || bad "'kvsim $args': exit $rc, $err"
 done
+# --set policy.KEY applies to the entries that accept KEY, names the skipped ones, fails when none does.
+err=$("$KVSIM" run "$SRC/experiments/quickstart.toml" --set policy.memory=0.1 --set eval.every=64 --out "$TMP/pm" --quiet 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "skipped \[\[policy\]\] entries 0 (exact)" <<<"$err" && grep -q "memory=0.1" "$TMP/pm/summary.csv" && ok || bad "--set policy.memory: $rc $err"
+expect_fail "no [[policy]] entry accepts 'stride'" "$KVSIM" run "$SRC/experiments/quickstart.toml" --set policy.stride=3 --out "$TMP/ps"
 # --quiet prints nothing but errors.
 [ -z "$("$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet --out "$TMP/q" --set eval.every=64 2>&1)" ] && ok || bad "--quiet printed something"
 
