@@ -10,10 +10,11 @@ Writes PNG and PDF.
 import argparse
 import sys
 
+import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplotlib are missing)
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import open_results, params, policies, save, text
+from kvsim_results import column, open_results, params, policies, save, text
 
 
 def predicted(s):
@@ -34,8 +35,8 @@ def main(argv=None):
             if "threshold" not in p or "window" not in p:
                 continue  # equal-memory runs (memory = ...) belong to metric_vs_budget
             strides.add(int(p.get("stride", 5)))
-            rows.append((float(p["threshold"]) / float(p["window"]), np.mean(grp["rel_err"][:]),
-                         np.mean(grp["eps_spectral"][:])))
+            rows.append((float(p["threshold"]) / float(p["window"]), np.mean(column(grp, "rel_err")),
+                         np.mean(column(grp, "eps_spectral"))))
     if not rows:
         sys.exit(f"error: {a.results_dir}/results.h5: no buzz policies with threshold and window")
     rows.sort()

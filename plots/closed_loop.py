@@ -15,6 +15,7 @@ import os
 import sys
 from collections import defaultdict
 
+import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplotlib are missing)
 import matplotlib.pyplot as plt
 import numpy as np
 

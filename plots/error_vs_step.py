@@ -9,10 +9,11 @@ each evaluated step, and writes a PNG and a PDF (log-scaled y axis when the data
 import argparse
 import sys
 
+import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplotlib are missing)
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import color, open_results, policies, save, text
+from kvsim_results import column, color, open_results, policies, save, text
 
 
 def main(argv=None):
@@ -28,8 +29,8 @@ def main(argv=None):
         for g, grp in policies(f):
             if a.metric not in grp:
                 sys.exit(f"error: {a.results_dir}/results.h5: no metric '{a.metric}' in /{g}")
-            step = grp["step"][:]
-            y = grp[a.metric][:]
+            step = column(grp, "step")
+            y = column(grp, a.metric)
             ok = np.isfinite(y)
             if not ok.any():
                 continue

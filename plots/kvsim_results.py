@@ -2,6 +2,7 @@
 import os
 import sys
 
+import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplotlib are missing)
 import matplotlib
 
 matplotlib.use("Agg")
@@ -16,6 +17,15 @@ def text(x):
 def params(group):
     """A policy group's `params` attribute ("k=v,k=v") as a dict of strings."""
     return dict(kv.split("=", 1) for kv in text(group.attrs["params"]).split(",") if kv)
+
+
+def column(group, metric):
+    """A policy group's metric dataset as a float array; all NaN when the run left it out because it
+    does not apply to that policy (e.g. kept_mass for subgen, the objectives when they are off)."""
+    import numpy as np
+    if metric in group:
+        return np.asarray(group[metric][:], dtype=float)
+    return np.full(group["step"].shape, np.nan)
 
 
 def open_results(results_dir):

@@ -14,10 +14,11 @@ import math
 import sys
 from collections import defaultdict
 
+import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplotlib are missing)
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import color, open_results, params, policies, save, text
+from kvsim_results import column, color, open_results, params, policies, save, text
 
 
 def variant_name(grp, p):
@@ -54,8 +55,8 @@ def main(argv=None):
             if key is None:
                 continue
             series[variant_name(grp, p)].append(
-                (float(p[key]), finite_mean(grp["mass_ratio"][:]), finite_mean(grp["rel_err"][:]),
-                 finite_mean(grp["eps_spectral"][:])))
+                (float(p[key]), finite_mean(column(grp, "mass_ratio")), finite_mean(column(grp, "rel_err")),
+                 finite_mean(column(grp, "eps_spectral"))))
     if not any(len(v) >= 2 for v in series.values()):
         sys.exit(f"error: {a.results_dir}/results.h5: no policy is swept over 'budget' (need 2+ values of 'budget' or 'memory')")
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))

@@ -12,10 +12,11 @@ Writes PNG and PDF.
 import argparse
 import sys
 
+import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplotlib are missing)
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import open_results, params, policies, save, text
+from kvsim_results import column, open_results, params, policies, save, text
 
 
 def quantile_panel(ax, rows, reference, xlabel, ylabel, title):
@@ -47,8 +48,8 @@ def main(argv=None):
             p = params(grp)
             if text(grp.attrs["name"]) != "subgen":
                 continue
-            e = grp["eps_spectral"][:]
-            tau = grp["tau_rel_err"][:]
+            e = column(grp, "eps_spectral")
+            tau = column(grp, "tau_rel_err")
             if "memory" in p or not ("eps" in p or ("s" in p and "t" in p)):
                 continue  # equal-memory runs belong to metric_vs_budget
             if "eps" in p:

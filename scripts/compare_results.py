@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Compares two trees of kvsim results (e.g. `scripts/reproduce.sh` output before and after a refactor)
-bit for bit, timings aside.
+bit for bit, timings aside. A metric dataset that was all NaN before (a metric that does not apply)
+may be left out after.
 
 Usage: python3 scripts/compare_results.py BEFORE_DIR AFTER_DIR
 
@@ -32,7 +33,7 @@ def files(root, suffix):
     return sorted(out)
 
 
-def compare_h5(a_path, b_path, diffs):
+def compare_h5(a_path, b_path, diffs, omitted):
     import h5py
     import numpy as np
     with h5py.File(a_path, "r") as a, h5py.File(b_path, "r") as b:
@@ -47,7 +48,11 @@ def compare_h5(a_path, b_path, diffs):
                 if ds in TIMING:
                     continue
                 if ds not in b[g]:
-                    diffs.append(f"{b_path}: /{g}/{ds} missing")
+                    # Left out because it does not apply (all NaN before): the same information.
+                    if np.all(np.isnan(a[g][ds][()])):
+                        omitted.append(f"/{g}/{ds}")
+                    else:
+                        diffs.append(f"{b_path}: /{g}/{ds} missing")
                     continue
                 x, y = a[g][ds][()], b[g][ds][()]
                 if x.shape != y.shape or x.dtype != y.dtype or x.tobytes() != y.tobytes():
@@ -85,13 +90,13 @@ def main():
     for r in (a_root, b_root):
         if not os.path.isdir(r):
             die(f"{r}: not a directory")
-    diffs, n = [], 0
+    diffs, omitted, n = [], [], 0
     for rel in files(a_root, "results.h5"):
         b = os.path.join(b_root, rel)
         if not os.path.exists(b):
             diffs.append(f"{b}: missing")
             continue
-        compare_h5(os.path.join(a_root, rel), b, diffs)
+        compare_h5(os.path.join(a_root, rel), b, diffs, omitted)
         n += 1
     for rel in files(a_root, ".csv"):
         b = os.path.join(b_root, rel)
@@ -104,7 +109,8 @@ def main():
         print(d)
     if diffs:
         sys.exit(1)
-    print(f"compare_results: {n} files identical (timings aside)")
+    print(f"compare_results: {n} files identical (timings aside); {len(omitted)} all-NaN datasets left out "
+          "(metrics that do not apply)")
 
 
 if __name__ == "__main__":

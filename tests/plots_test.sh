@@ -53,5 +53,9 @@ fi
 # A missing results folder is a clear error, not a traceback.
 "$PY" "$SRC/plots/error_vs_step.py" "$TMP/none" 2>"$TMP/err" && { echo "FAIL: no error for a missing folder"; fails=$((fails+1)); }
 grep -q "results.h5 not found" "$TMP/err" && passes=$((passes+1)) || { echo "FAIL: message: $(cat "$TMP/err")"; fails=$((fails+1)); }
+# An interpreter without numpy/h5py/matplotlib (site-packages off: -S) gets one line naming it.
+"$PY" -S "$SRC/plots/make_figures.py" "$TMP/q" 2>"$TMP/err" >/dev/null && { echo "FAIL: -S interpreter accepted"; fails=$((fails+1)); }
+[ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "lacks numpy" "$TMP/err" && passes=$((passes+1)) \
+  || { echo "FAIL: interpreter message: $(cat "$TMP/err")"; fails=$((fails+1)); }
 echo "plots: $passes passed, $fails failed"
 [ $fails -eq 0 ]

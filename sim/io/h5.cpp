@@ -141,6 +141,10 @@ void File::set_attr(const std::string& obj, const std::string& name, const std::
   write_attr(h_.get(), path_, obj, name, t.get(), t.get(), buf.data());
 }
 
+void File::remove(const std::string& obj) {
+  if (H5Ldelete(h_.get(), obj.c_str(), H5P_DEFAULT) < 0) fail("cannot remove '" + obj + "'");
+}
+
 void File::create_group(const std::string& name) {
   Handle g(H5Gcreate2(h_.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   if (!g.valid()) fail("cannot create group '" + name + "'");

@@ -115,7 +115,7 @@ void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRo
     for (const auto& g : order)
       stat_lines(lines, st_->ex.policies[p], g, st_->metrics, [&](size_t m) {
         std::vector<double> v;
-        for (size_t i : groups[g]) v.push_back(rp[i][m]);
+        for (size_t i : groups[g]) v.push_back(rp[i][st_->metrics[m].index]);
         return summarize(std::move(v));
       });
     st_->cell_lines[cell][p] = lines.str();
@@ -138,7 +138,7 @@ void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRo
     st_->f->write_slab(g + "/step", H5T_NATIVE_INT64, {off}, {cnt}, step.data());
     std::vector<double> col(cnt);
     for (size_t m = 0; m < st_->metrics.size(); ++m) {
-      for (size_t i = 0; i < cnt; ++i) col[i] = rp[i][m];
+      for (size_t i = 0; i < cnt; ++i) col[i] = rp[i][st_->metrics[m].index];
       st_->f->write_slab(g + "/" + st_->metrics[m].name, H5T_NATIVE_DOUBLE, {off}, {cnt}, col.data());
     }
   }
@@ -186,6 +186,7 @@ std::string ResultSpill::finish(const RunResult& r) {
         }
         per[order.size()][m] = summarize(col);
         all[p][m] = per[order.size()][m];
+        if (all[p][m].count == 0) st_->f->remove(g + "/" + metrics[m].name);  // all NaN: does not apply
       }
       for (size_t k = 0; k <= order.size(); ++k)
         stat_lines(o, ex.policies[p], k < order.size() ? std::to_string(order[k]) : std::string("all"), metrics,

@@ -136,7 +136,8 @@ void write_h5(const RunResult& r, const Experiment& ex, const std::string& path)
     for (size_t m = 0; m < r.metrics.size(); ++m) {
       std::vector<double> col;
       col.reserve(pr.rows.size());
-      for (const auto& row : pr.rows) col.push_back(row[m]);
+      for (const auto& row : pr.rows) col.push_back(row[r.metrics[m].index]);
+      if (std::all_of(col.begin(), col.end(), [](double x) { return std::isnan(x); })) continue;  // does not apply
       f.write_vector(std::string(g) + "/" + r.metrics[m].name, col);
       describe_metric(f, g, r.metrics[m]);
     }
@@ -173,7 +174,7 @@ void write_stats(const RunResult& r, const std::string& path, const std::string&
       stat_lines(o, pr.spec, g, r.metrics, [&](size_t m) {
         std::vector<double> v;
         v.reserve(groups[g].size());
-        for (size_t i : groups[g]) v.push_back(pr.rows[i][m]);
+        for (size_t i : groups[g]) v.push_back(pr.rows[i][r.metrics[m].index]);
         return summarize(std::move(v));
       });
   }
@@ -269,7 +270,7 @@ std::string summary_table(const RunResult& r) {
       const size_t m = column_index(r.metrics, c.metric);
       if (m == r.metrics.size()) continue;
       std::vector<double> v;
-      for (const auto& row : r.policies[p].rows) v.push_back(row[m]);
+      for (const auto& row : r.policies[p].rows) v.push_back(row[r.metrics[m].index]);
       all[p][m] = summarize(std::move(v));
     }
   }

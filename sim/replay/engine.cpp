@@ -122,7 +122,7 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
   res.source = src.describe();
   res.n_tokens = ex.data.tokens > 0 ? std::min(ex.data.tokens, meta.n_tokens) : meta.n_tokens;
   res.threads = std::max(1, threads);
-  res.metrics = metric_columns();
+  res.metrics = metric_columns(ex.eval);
   const std::vector<Cell> cells = plan_cells(ex.data, meta, res.layers);
   // Validate policy parameters once, up front, so a typo fails before any work.
   {

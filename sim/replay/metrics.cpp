@@ -75,6 +75,9 @@ namespace {
 
 /// x / y with 0/0 = 0 and x/0 = ∞ (an error against a zero reference).
 double ratio_or_inf(double x, double y) { return y > 0 ? x / y : (x == 0 ? 0 : INFINITY); }
+/// The H2O objective metrics exist only with `[eval] objectives = true`.
+bool objectives_on(const EvalSpec& e) { return e.objectives; }
+
 /// The facility-location metrics apply at objective steps of subset-keeping policies.
 bool fl_applies(const MetricContext& c) { return c.objectives && c.objectives_due && c.has_kept(); }
 
@@ -115,27 +118,27 @@ const std::vector<Metric> kMetrics = {
      "—", [](MetricContext& c) { return c.policy_ns; }},
     {"log_value", "nats", "g_t(S) = log(1 + Σ_{j∈S} a_t(j)) of the kept set (with [eval] objectives)",
      "H2O §4.1, Appendix D",
-     [](MetricContext& c) { return c.objectives && c.has_kept() ? std::log1p(c.kept_mass()) : NAN; }},
+     [](MetricContext& c) { return c.objectives && c.has_kept() ? std::log1p(c.kept_mass()) : NAN; }, objectives_on},
     {"log_opt", "nats", "max of g_t over sets of the kept set's size (the top tokens)", "H2O §4.1",
-     [](MetricContext& c) { return c.objectives ? std::log1p(c.oracle_mass()) : NAN; }},
+     [](MetricContext& c) { return c.objectives ? std::log1p(c.oracle_mass()) : NAN; }, objectives_on},
     {"fl_value", "1", "facility location f_t(S) = Σ_{i≤t} max_{j∈S} a_i(j) of the kept set", "H2O §4.1",
-     [](MetricContext& c) { return fl_applies(c) ? c.fl_value() : NAN; }},
+     [](MetricContext& c) { return fl_applies(c) ? c.fl_value() : NAN; }, objectives_on},
     {"fl_greedy", "1", "lazy-greedy f_t for sets of the kept set's size (≥ (1 − 1/e)·OPT)", "H2O Theorem 4.4",
-     [](MetricContext& c) { return fl_applies(c) ? c.fl_greedy() : NAN; }},
+     [](MetricContext& c) { return fl_applies(c) ? c.fl_greedy() : NAN; }, objectives_on},
     {"fl_opt", "1", "brute-force max f_t over sets of that size when C(t, |S|) ≤ 2·10⁴; NaN otherwise",
-     "H2O Theorem 4.4", [](MetricContext& c) { return fl_applies(c) ? c.fl_opt() : NAN; }},
+     "H2O Theorem 4.4", [](MetricContext& c) { return fl_applies(c) ? c.fl_opt() : NAN; }, objectives_on},
     {"fl_ratio", "1", "fl_value / fl_greedy", "H2O Theorem 4.4",
      [](MetricContext& c) {
        if (!fl_applies(c)) return double(NAN);
        const double g = c.fl_greedy();
        return g > 0 ? c.fl_value() / g : NAN;
-     }},
+     }, objectives_on},
     {"thm44", "verdict",
      "H2O Theorem 4.4's f(S̃_t) ≥ (1 − α)(1 − 1/e)·OPT − β: 1 holds, 0 fails, NaN undecidable", "H2O Theorem 4.4",
      [](MetricContext& c) {
        if (!fl_applies(c)) return double(NAN);
        return theorem44_verdict(c.fl_value(), c.fl_greedy(), c.fl_opt(), c.theorem44_alpha, c.theorem44_beta);
-     }},
+     }, objectives_on},
 };
 
 }  // namespace
@@ -148,7 +151,16 @@ const std::vector<Metric>& metric_registry() {
 
 std::vector<MetricColumn> metric_columns() {
   std::vector<MetricColumn> out;
-  for (const auto& m : metric_registry()) out.push_back({m.name, m.unit, m.description, m.source});
+  const auto& r = metric_registry();
+  for (size_t i = 0; i < r.size(); ++i) out.push_back({r[i].name, r[i].unit, r[i].description, r[i].source, i});
+  return out;
+}
+
+std::vector<MetricColumn> metric_columns(const EvalSpec& eval) {
+  std::vector<MetricColumn> out;
+  const auto& r = metric_registry();
+  for (size_t i = 0; i < r.size(); ++i)
+    if (!r[i].applies || r[i].applies(eval)) out.push_back({r[i].name, r[i].unit, r[i].description, r[i].source, i});
   return out;
 }
 

@@ -52,6 +52,8 @@ class File {
   hid_t id() const { return h_.get(); }
 
   bool exists(const std::string& obj) const;
+  /// Unlinks a dataset or group (its space is not reclaimed); throws naming it on failure.
+  void remove(const std::string& obj);
   bool has_attr(const std::string& name, const std::string& obj = "/") const;
   int64_t attr_int(const std::string& name, const std::string& obj = "/") const;
   double attr_double(const std::string& name, const std::string& obj = "/") const;

@@ -26,6 +26,7 @@ namespace kvsim {
 /// source, from the metric registry (include/kvsim/replay/metrics.hpp).
 struct MetricColumn {
   std::string name, unit, description, source;
+  size_t index = 0;  ///< the value's slot in MetricRow (the registry position)
 };
 
 /// Most metrics a row can hold (the registry's size is checked against it).

@@ -67,12 +67,16 @@ struct Metric {
   const char* description;
   const char* source;
   double (*compute)(MetricContext&);
+  /// Whether the metric is computed under these settings (null: always); results leave it out otherwise.
+  bool (*applies)(const EvalSpec&) = nullptr;
 };
 
 /// Every metric, in results order (the list in sim/replay/metrics.cpp). At most kMaxMetrics.
 const std::vector<Metric>& metric_registry();
-/// The registry as result columns (name, unit, description, source) for the writers.
+/// The registry as result columns (name, unit, description, source, row slot) for the writers: every
+/// metric, or with `eval` those that apply under it.
 std::vector<MetricColumn> metric_columns();
+std::vector<MetricColumn> metric_columns(const EvalSpec& eval);
 /// Position of `name` in the registry; throws kvsim::Error naming the known metrics if absent.
 size_t metric_index(std::string_view name);
 /// A row's value of metric `name` (tests, tools).
