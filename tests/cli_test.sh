@@ -137,6 +137,14 @@ if [ -f "$DATA/stories260K/stories260K.bin" ]; then
   out=$("$KVSIM" run "$SRC/experiments/stories260k.toml" --set "data.path=$TMP/st.h5" --out "$TMP/st_run" 2>&1) \
     || bad "stories260k run failed: $out"
   grep -q "512 tokens, 5 layers, 8 query heads" <<<"$out" && ok || bad "stories260k table: $out"
+  # closed-loop: full labels, "never"/a position instead of -1, means with intervals over windows.
+  out=$("$KVSIM" closed-loop "$SRC/experiments/closed_loop.toml" --set model.windows=2 --set model.tokens=256 \
+        --set model.generate=8 --set "model.checkpoint=$DATA/stories260K/stories260K.bin" \
+        --set "model.tokenizer=$DATA/stories260K/tok512.bin" --set "model.text=$DATA/tinystories-sample/tinystories.txt" \
+        --out "$TMP/clo" --threads 2 2>/dev/null) || bad "closed-loop failed"
+  grep -q "^subgen_kcenter(centers=0.025,mode=streaming,recent=0.125) " <<<"$out" && ok || bad "closed-loop labels cut"
+  grep -q "means over 2 window(s)" <<<"$out" && ok || bad "closed-loop means"
+  awk '$2 ~ /^[01]$/ && $NF == "-1"' <<<"$out" | grep -q . && bad "closed-loop prints -1" || ok
 else
   echo "SKIPPED: real-model CLI checks ($DATA absent)"
 fi

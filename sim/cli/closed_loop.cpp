@@ -1,5 +1,6 @@
 #include "kvsim/cli/closed_loop.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <cstdio>
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kvsim/analysis/bootstrap.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/model/policy_attention.hpp"
 #include "kvsim/model/record.hpp"
@@ -159,6 +161,40 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
   }
   write_closed_loop_csv(rows, (fs::path(out_dir) / "closed_loop.csv").string());
   return rows;
+}
+
+std::string closed_loop_report(const ClosedLoopConfig& c, const std::vector<ClosedLoopRow>& rows) {
+  size_t w = 6;
+  for (const auto& r : rows) w = std::max(w, r.label.size());
+  std::ostringstream o;
+  char buf[256];
+  o << std::string("policy") + std::string(w - 6, ' ');
+  std::snprintf(buf, sizeof buf, " %6s %9s %9s %11s %11s %9s %8s\n", "window", "ce_exact", "ce", "ce_increase", "open_relerr",
+                "cache_tok", "diverge");
+  o << buf;
+  for (const auto& r : rows) {
+    const std::string div = c.generate <= 0 ? "-" : r.diverge_at < 0 ? "never" : std::to_string(r.diverge_at);
+    std::snprintf(buf, sizeof buf, " %6d %9.4f %9.4f %11.4f %11.4g %9.1f %8s\n", r.window, r.ce_exact, r.ce_policy,
+                  r.ce_increase, r.open_rel_err, r.cache_tokens, div.c_str());
+    o << r.label << std::string(w - r.label.size(), ' ') << buf;
+  }
+  o << "\nmeans over " << c.windows << " window(s), [95% bootstrap interval over windows]:\n";
+  std::vector<std::string> order;
+  for (const auto& r : rows)
+    if (std::find(order.begin(), order.end(), r.label) == order.end()) order.push_back(r.label);
+  for (size_t p = 0; p < order.size(); ++p) {
+    std::vector<double> inc, err;
+    for (const auto& r : rows)
+      if (r.label == order[p]) {
+        inc.push_back(r.ce_increase);
+        err.push_back(r.open_rel_err);
+      }
+    const Interval a = bootstrap_mean_ci(inc, derive_seed({c.seed, 0xc10, p})), b = bootstrap_mean_ci(err, derive_seed({c.seed, 0xc11, p}));
+    std::snprintf(buf, sizeof buf, "  ce_increase %9.4g [%9.4g, %9.4g]   open rel_err %9.4g [%9.4g, %9.4g]\n", a.mean, a.low,
+                  a.high, b.mean, b.low, b.high);
+    o << order[p] << std::string(w - order[p].size(), ' ') << buf;
+  }
+  return o.str();
 }
 
 }  // namespace kvsim

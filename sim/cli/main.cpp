@@ -147,13 +147,8 @@ void add_closed_loop(CLI::App& app) {
     ClosedLoopConfig c = load_closed_loop(cl2_config, cl2_sets);
     if (cl2_threads <= 0) cl2_threads = std::max(1u, std::thread::hardware_concurrency());
     const std::string out = cl2_out.empty() ? "results/" + c.name : cl2_out;
-    auto rows = run_closed_loop(c, out, cl2_threads);
-    std::printf("%-44s %6s %9s %9s %11s %11s %9s %8s\n", "policy", "window", "ce_exact", "ce", "ce_increase",
-                "open_relerr", "cache_tok", "diverge");
-    for (const auto& r : rows)
-      std::printf("%-44s %6d %9.4f %9.4f %11.4f %11.4g %9.1f %8d\n", r.label.substr(0, 44).c_str(), r.window, r.ce_exact,
-                  r.ce_policy, r.ce_increase, r.open_rel_err, r.cache_tokens, r.diverge_at);
-    std::cout << "wrote " << out << "/closed_loop.csv\n";
+    const auto rows = run_closed_loop(c, out, cl2_threads);
+    std::cout << closed_loop_report(c, rows) << "wrote " << out << "/closed_loop.csv\n";
   });
 }
 

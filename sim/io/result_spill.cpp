@@ -113,7 +113,7 @@ void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRo
     }
     std::ostringstream lines;
     for (const auto& g : order)
-      stat_lines(lines, st_->ex.policies[p], g, st_->metrics, [&](size_t m) {
+      stat_lines(lines, st_->ex.policies[p], g, st_->metrics, param_keys(st_->ex.policies), [&](size_t m) {
         std::vector<double> v;
         for (size_t i : groups[g]) v.push_back(rp[i][st_->metrics[m].index]);
         return summarize(std::move(v));
@@ -153,7 +153,8 @@ std::string ResultSpill::finish(const RunResult& r) {
   {
     std::ofstream o(st_->tmps[1]);
     if (!o) throw Error(st_->tmps[1] + ": cannot write");
-    o << "policy,label,layer" << kStatsHeader;
+    const std::vector<std::string> keys = param_keys(ex.policies);
+    o << "policy,label,layer" << stats_header(keys);
     std::lock_guard<std::mutex> lock(hdf5_mutex());
     write_root_attrs(*st_->f, r, ex);
     for (size_t p = 0; p < ex.policies.size(); ++p) {
@@ -189,7 +190,7 @@ std::string ResultSpill::finish(const RunResult& r) {
         if (all[p][m].count == 0) st_->f->remove(g + "/" + metrics[m].name);  // all NaN: does not apply
       }
       for (size_t k = 0; k <= order.size(); ++k)
-        stat_lines(o, ex.policies[p], k < order.size() ? std::to_string(order[k]) : std::string("all"), metrics,
+        stat_lines(o, ex.policies[p], k < order.size() ? std::to_string(order[k]) : std::string("all"), metrics, keys,
                    [&](size_t m) { return per[k][m]; });
     }
     st_->f->flush();
@@ -200,7 +201,7 @@ std::string ResultSpill::finish(const RunResult& r) {
   {
     std::ofstream o(st_->tmps[2]);
     if (!o) throw Error(st_->tmps[2] + ": cannot write");
-    o << "policy,label,layer,head" << kStatsHeader;
+    o << "policy,label,layer,head" << stats_header(param_keys(ex.policies));
     for (size_t p = 0; p < ex.policies.size(); ++p)
       for (const auto& cell : st_->cell_lines) o << cell[p];
     o.flush();

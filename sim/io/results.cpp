@@ -9,7 +9,9 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
+#include <variant>
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/io/h5.hpp"
@@ -94,16 +96,39 @@ void write_policy_group(h5::File& f, const std::string& g, const PolicySpec& spe
   f.set_attr(g, "name", spec.name);
   f.set_attr(g, "label", spec.label);
   f.set_attr(g, "params", spec.params.to_string());
+  for (const auto& [k, v] : spec.params.values()) {  // each parameter typed, as param_<name>
+    const std::string a = "param_" + k;
+    if (auto p = std::get_if<int64_t>(&v)) f.set_attr(g, a, *p);
+    else if (auto d = std::get_if<double>(&v)) f.set_attr(g, a, *d);
+    else if (auto b = std::get_if<bool>(&v)) f.set_attr(g, a, int64_t(*b));
+    else f.set_attr(g, a, std::get<std::string>(v));
+  }
+}
+
+std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs) {
+  std::set<std::string> keys;
+  for (const auto& s : specs)
+    for (const auto& [k, v] : s.params.values()) keys.insert(k);
+  return {keys.begin(), keys.end()};
+}
+
+std::string stats_header(const std::vector<std::string>& keys) {
+  std::string h = ",metric,count,mean,median,p95,max";
+  for (const auto& k : keys) h += "," + csv_escape(k);
+  return h + "\n";
 }
 
 /// CSV lines (count, mean, median, p95, max) of one group of one policy, metric by metric.
 void stat_lines(std::ostream& o, const PolicySpec& spec, const std::string& group,
-                const std::vector<MetricColumn>& metrics, const std::function<Stat(size_t metric)>& stat_of) {
+                const std::vector<MetricColumn>& metrics, const std::vector<std::string>& keys,
+                const std::function<Stat(size_t metric)>& stat_of) {
+  std::string cells;
+  for (const auto& k : keys) cells += "," + (spec.params.has(k) ? csv_escape(param_to_string(spec.params.values().at(k))) : "");
   for (size_t m = 0; m < metrics.size(); ++m) {
     const Stat st = stat_of(m);
     if (st.count == 0) continue;
     o << csv_escape(spec.name) << ',' << csv_escape(spec.label) << ',' << group << ',' << metrics[m].name << ','
-      << st.count << ',' << num(st.mean) << ',' << num(st.median) << ',' << num(st.p95) << ',' << num(st.max) << '\n';
+      << st.count << ',' << num(st.mean) << ',' << num(st.median) << ',' << num(st.p95) << ',' << num(st.max) << cells << '\n';
   }
 }
 
@@ -148,13 +173,14 @@ void write_h5(const RunResult& r, const Experiment& ex, const std::string& path)
 /// Aggregates (count, mean, median, p95, max) of every metric per group of rows. `key` maps a row to
 /// its group's CSV cells (e.g. "3" or "3,5"); groups are written in key order of first appearance
 /// (rows are ordered by layer, KV head, step), then an "all" group when `with_all`.
-const char* const kStatsHeader = ",metric,count,mean,median,p95,max\n";
-
 void write_stats(const RunResult& r, const std::string& path, const std::string& key_header,
                  const std::function<std::string(const MetricRow&)>& key, bool with_all) {
   std::ofstream o(path);
   if (!o) throw Error(path + ": cannot write");
-  o << "policy,label," << key_header << kStatsHeader;
+  std::vector<PolicySpec> specs;
+  for (const auto& pr : r.policies) specs.push_back(pr.spec);
+  const std::vector<std::string> keys = param_keys(specs);
+  o << "policy,label," << key_header << stats_header(keys);
   for (const auto& pr : r.policies) {
     std::vector<std::string> order;
     std::map<std::string, std::vector<size_t>> groups;
@@ -171,7 +197,7 @@ void write_stats(const RunResult& r, const std::string& path, const std::string&
       order.push_back("all");
     }
     for (const auto& g : order)
-      stat_lines(o, pr.spec, g, r.metrics, [&](size_t m) {
+      stat_lines(o, pr.spec, g, r.metrics, keys, [&](size_t m) {
         std::vector<double> v;
         v.reserve(groups[g].size());
         for (size_t i : groups[g]) v.push_back(pr.rows[i][r.metrics[m].index]);

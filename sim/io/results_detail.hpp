@@ -21,10 +21,14 @@ void write_policy_group(h5::File& f, const std::string& g, const PolicySpec& spe
 /// The registry's unit, description and source as attributes of a metric dataset.
 void describe_metric(h5::File& f, const std::string& g, const MetricColumn& m);
 /// CSV lines (count, mean, median, p95, max) of one group of one policy, metric by metric.
+/// Each line ends with the policy's value of every parameter in `keys` (empty where it has none).
 void stat_lines(std::ostream& o, const PolicySpec& spec, const std::string& group,
-                const std::vector<MetricColumn>& metrics, const std::function<Stat(size_t metric)>& stat_of);
-/// The header of summary.csv / cells.csv after the key columns.
-extern const char* const kStatsHeader;
+                const std::vector<MetricColumn>& metrics, const std::vector<std::string>& keys,
+                const std::function<Stat(size_t metric)>& stat_of);
+/// Every parameter name any policy of the run has (sorted): one CSV column each.
+std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs);
+/// The header of summary.csv / cells.csv after the key columns: metric, the statistics, the parameters.
+std::string stats_header(const std::vector<std::string>& keys);
 /// The `kvsim run` table from each policy's statistics over all rows: all_stats[p][metric index].
 std::string format_table(const std::vector<std::string>& labels, const std::vector<MetricColumn>& metrics,
                          const std::vector<std::vector<Stat>>& all_stats);

@@ -182,8 +182,10 @@ std::string metrics_markdown() {
     << "     tests/cli_test.sh fails when this file and the registry disagree. -->\n\n"
     << "One row per (policy, layer, query head, evaluated step t). With q̃_t = softmax_scale·q_t, "
        "a_t = softmax(K_t q̃_t), Attn_t = a_tᵀV_t, τ_t = Σ_i exp(⟨k_i, q̃_t⟩), z the policy's output and S "
-       "its kept token set. NaN marks a metric that does not apply (e.g. kept_mass for `subgen`, which keeps "
-       "no token subset). The objective metrics (log_*, fl_*, thm44) need `[eval] objectives = true`.\n\n"
+       "its kept token set. NaN marks a metric that does not apply at a step (e.g. kept_mass for `subgen`, "
+       "which keeps no token subset); a metric that applies to none of a policy's rows is left out of its "
+       "results.h5 group, and the objective metrics (log_*, fl_*, thm44) exist only with "
+       "`[eval] objectives = true`.\n\n"
     << "| metric | unit | definition | source |\n|---|---|---|---|\n";
   for (const auto& m : metric_registry()) {
     std::string d;
@@ -196,7 +198,9 @@ std::string metrics_markdown() {
     << "Files (docs/cli.md): `results.h5` holds every row, `/policy_NN/{layer, head, step, <metric>...}`, each "
        "metric dataset with `unit`, `description` and `source` attributes from this registry; `summary.csv` has "
        "`count, mean, median, p95, max` per (policy, layer or `all`, metric) over the finite values; `cells.csv` "
-       "the same per (layer, query head).\n";
+       "the same per (layer, query head); both end with one column per policy parameter (budget, memory, "
+       "sink, …; empty where a policy has none), and each results.h5 policy group has typed `param_<name>` "
+       "attributes. Several sequences add `sequences.csv` (docs/cli.md).\n";
   return o.str();
 }
 

@@ -34,6 +34,11 @@ struct ClosedLoopRow {
   int diverge_at = -1;                                  ///< generation: first differing token (-1: none / not run)
 };
 
+/// The printed report: one line per (policy, window) with full labels ("never" when greedy output never
+/// differed, "-" when generation was off), then per policy the mean over windows of the cross-entropy
+/// increase and the open-loop rel_err with 95% bootstrap intervals over windows.
+std::string closed_loop_report(const ClosedLoopConfig& c, const std::vector<ClosedLoopRow>& rows);
+
 /// Runs every policy on every window closed-loop (and open-loop on the window's exact recording);
 /// writes closed_loop.csv into out_dir (atomically) and returns the rows.
 std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std::string& out_dir, int threads);
