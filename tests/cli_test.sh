@@ -93,6 +93,8 @@ done
 err=$("$KVSIM" run "$SRC/experiments/quickstart.toml" --set policy.memory=0.1 --set eval.every=64 --out "$TMP/pm" --quiet 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "skipped \[\[policy\]\] entries 0 (exact)" <<<"$err" && grep -q "memory=0.1" "$TMP/pm/summary.csv" && ok || bad "--set policy.memory: $rc $err"
 expect_fail "no [[policy]] entry accepts 'stride'" "$KVSIM" run "$SRC/experiments/quickstart.toml" --set policy.stride=3 --out "$TMP/ps"
+# Sizes with defaults show them in --help.
+"$KVSIM" synth --help | grep -q -- "--n INT=1024" && "$KVSIM" record --help | grep -q -- "--tokens INT=256" && ok || bad "defaults in --help"
 # --quiet prints nothing but errors.
 [ -z "$("$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet --out "$TMP/q" --set eval.every=64 2>&1)" ] && ok || bad "--quiet printed something"
 

@@ -19,6 +19,11 @@ run() { "$KVSIM" run "$@" --quiet >/dev/null 2>"$TMP/err" || { echo "FAIL: kvsim
 "$KVSIM" synth --preset heavy_hitter --n 160 --d 8 --layers 1 --heads 2 --kv-heads 1 --seed 2 --out "$TMP/rec.h5" >/dev/null
 run "$SRC/experiments/quickstart.toml" --out "$TMP/q" --set data.n=128 --set data.d=8
 "$PY" "$SRC/plots/error_vs_step.py" "$TMP/q" --metric eps_spectral >/dev/null && check "$TMP/q/eps_spectral_vs_step"
+# results.h5 strings come back as str in h5py (variable-length UTF-8), parameters as typed attributes.
+"$PY" -c "import h5py, sys; f = h5py.File(sys.argv[1]); g = f['policy_01']
+assert isinstance(f.attrs['experiment'], str) and isinstance(g.attrs['label'], str), 'bytes attributes'
+assert float(g.attrs['param_budget']) == 0.25 and g['rel_err'].attrs['unit'] == '1'" "$TMP/q/results.h5" \
+  && passes=$((passes+1)) || { echo "FAIL: results.h5 attribute types"; fails=$((fails+1)); }
 run "$SRC/experiments/subgen_theorem1.toml" --out "$TMP/s" --set data.n=256 --set data.n_heads=2 --set data.n_kv_heads=2 --set eval.from=64
 "$PY" "$SRC/plots/subgen_theorem1.py" "$TMP/s" >/dev/null && check "$TMP/s/subgen_theorem1"
 run "$SRC/experiments/subgen_theorem1_stories260k.toml" --out "$TMP/s2" --set "data.path=$TMP/rec.h5" --set eval.from=16 --set policy.delta=2.0

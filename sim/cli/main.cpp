@@ -51,18 +51,18 @@ void add_synth(CLI::App& app) {
   static SynthParams sp;
   static std::string synth_out;
   synth->add_option("--preset", sp.preset, "gaussian | clustered | heavy_hitter")->required();
-  synth->add_option("--n", sp.n, "tokens");
-  synth->add_option("--d", sp.head_dim, "head_dim");
-  synth->add_option("--layers", sp.n_layers, "layers");
-  synth->add_option("--heads", sp.n_heads, "query heads");
+  synth->add_option("--n", sp.n, "tokens")->capture_default_str();
+  synth->add_option("--d", sp.head_dim, "head_dim")->capture_default_str();
+  synth->add_option("--layers", sp.n_layers, "layers")->capture_default_str();
+  synth->add_option("--heads", sp.n_heads, "query heads")->capture_default_str();
   synth->add_option("--kv-heads", sp.n_kv_heads, "kv heads (default: = heads)");
-  synth->add_option("--seed", sp.seed, "seed");
-  synth->add_option("--cluster-gamma", sp.cluster_gamma, "clustered: m(n) = ceil(c n^gamma)");
-  synth->add_option("--cluster-c", sp.cluster_c, "clustered: c");
-  synth->add_option("--cluster-diameter", sp.cluster_diameter, "clustered: cluster diameter delta0");
-  synth->add_option("--query-norm", sp.query_norm, "clustered: bound r on |scaled q|");
-  synth->add_option("--n-heavy", sp.n_heavy, "heavy_hitter: number of heavy tokens");
-  synth->add_option("--heavy-strength", sp.heavy_strength, "heavy_hitter: logit boost");
+  synth->add_option("--seed", sp.seed, "seed")->capture_default_str();
+  synth->add_option("--cluster-gamma", sp.cluster_gamma, "clustered: m(n) = ceil(c n^gamma)")->capture_default_str();
+  synth->add_option("--cluster-c", sp.cluster_c, "clustered: c")->capture_default_str();
+  synth->add_option("--cluster-diameter", sp.cluster_diameter, "clustered: cluster diameter delta0")->capture_default_str();
+  synth->add_option("--query-norm", sp.query_norm, "clustered: bound r on |scaled q|")->capture_default_str();
+  synth->add_option("--n-heavy", sp.n_heavy, "heavy_hitter: number of heavy tokens")->capture_default_str();
+  synth->add_option("--heavy-strength", sp.heavy_strength, "heavy_hitter: logit boost")->capture_default_str();
   synth->add_option("--out", synth_out, "output .h5")->required();
 
   synth->callback([synth] {

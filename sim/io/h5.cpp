@@ -133,12 +133,12 @@ void File::set_attr(const std::string& obj, const std::string& name, double v) {
   write_attr(h_.get(), path_, obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
 }
 void File::set_attr(const std::string& obj, const std::string& name, const std::string& v) {
+  // Variable-length UTF-8: h5py returns str (not bytes) for these; attr_string reads both kinds.
   Handle t(H5Tcopy(H5T_C_S1));
-  H5Tset_size(t.get(), std::max<size_t>(1, v.size()));
-  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
+  H5Tset_size(t.get(), H5T_VARIABLE);
   H5Tset_cset(t.get(), H5T_CSET_UTF8);
-  std::string buf = v.empty() ? std::string(1, '\0') : v;
-  write_attr(h_.get(), path_, obj, name, t.get(), t.get(), buf.data());
+  const char* p = v.c_str();
+  write_attr(h_.get(), path_, obj, name, t.get(), t.get(), &p);
 }
 
 void File::remove(const std::string& obj) {
