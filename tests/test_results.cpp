@@ -76,3 +76,62 @@ TEST_CASE("sequences: recordings are taken in order, synthetic seeds differ and 
   CHECK(sequence_spec(s, 0).synth.seed == 11);  // a one-sequence run keeps its numbers
   CHECK(sequence_spec(s, 3).sequences == 1);
 }
+
+#include "kvsim/cli/config.hpp"
+#include "kvsim/replay/engine.hpp"
+
+TEST_CASE("resolved config: defaults filled in, parses back to the same run, and is a fixed point", "[results]") {
+  const std::string text = R"(name = "r"
+seed = 5
+[data]
+synthetic = "heavy_hitter"
+n = 96
+d = 8
+n_heads = 2
+n_kv_heads = 1
+[eval]
+every = 8
+[[policy]]
+name = "sink"
+budget = 0.25
+[[policy]]
+name = "h2o"
+memory = [0.2, 0.3]
+[[policy]]
+name = "buzz"
+window = 8
+threshold = 16
+)";
+  const Experiment ex = parse_experiment(text, "test");
+  const std::string& resolved = ex.resolved_text;
+  CHECK(resolved.find("sink = 4   # default") != std::string::npos);
+  CHECK(resolved.find("heavy_ratio = 0.5   # default") != std::string::npos);
+  CHECK(resolved.find("stride = 5   # default") != std::string::npos);
+  CHECK(resolved.find("n_heavy = 4") != std::string::npos);      // a data default
+  CHECK(resolved.find("group_agg = \"mean\"") != std::string::npos);  // an eval default
+  const Experiment back = parse_experiment(resolved, "resolved");
+  // A fixed point once the defaults are explicit (only the "# default" markers go).
+  CHECK(parse_experiment(back.resolved_text, "again").resolved_text == back.resolved_text);
+  std::string unmarked = resolved;
+  for (size_t at; (at = unmarked.find("   # default")) != std::string::npos;) unmarked.erase(at, 12);
+  CHECK(back.resolved_text == unmarked);
+  REQUIRE(back.policies.size() == ex.policies.size());
+  for (size_t p = 0; p < ex.policies.size(); ++p) CHECK(back.policies[p].label == ex.policies[p].label);
+  // Same numbers: the filled-in defaults are the factories' defaults.
+  SynthSource a(ex.data.synth), b(back.data.synth);
+  const RunResult ra = run_experiment(ex, a, 1), rb = run_experiment(back, b, 1);
+  for (size_t p = 0; p < ra.policies.size(); ++p) {
+    REQUIRE(ra.policies[p].rows.size() == rb.policies[p].rows.size());
+    for (size_t i = 0; i < ra.policies[p].rows.size(); ++i)
+      REQUIRE(metric_of(ra.policies[p].rows[i], "rel_err") == metric_of(rb.policies[p].rows[i], "rel_err"));
+  }
+  // Negative control: a changed default is a different run.
+  std::string wrong = resolved;
+  wrong.replace(wrong.find("stride = 5"), 10, "stride = 3");
+  SynthSource c(back.data.synth);
+  const RunResult rc = run_experiment(parse_experiment(wrong, "wrong"), c, 1);
+  bool differs = false;
+  for (size_t i = 0; i < rc.policies.back().rows.size(); ++i)
+    differs |= metric_of(rc.policies.back().rows[i], "rel_err") != metric_of(ra.policies.back().rows[i], "rel_err");
+  CHECK(differs);
+}

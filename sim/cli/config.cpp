@@ -348,6 +348,7 @@ Experiment parse_experiment(const std::string& text, const std::string& origin, 
     std::ostringstream s;
     s << toml::format(root, 100);
     ex.config_text = s.str();
+    ex.resolved_text = resolved_config(ex);
     return ex;
   } catch (const toml::exception& e) {
     throw Error(origin + ": " + e.what());

@@ -76,6 +76,7 @@ void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
   }
   f.set_attr("/", "source", r.source);
   f.set_attr("/", "config", ex.config_text);
+  if (!ex.resolved_text.empty()) f.set_attr("/", "resolved_config", ex.resolved_text);
   f.set_attr("/", "n_tokens", int64_t(r.n_tokens));
   f.set_attr("/", "seed", int64_t(ex.seed));
   f.set_attr("/", "n_layers", int64_t(r.meta.n_layers));

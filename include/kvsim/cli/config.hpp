@@ -37,6 +37,10 @@ namespace kvsim {
 /// is a string) — for `--param key=value`.
 ParamValue parse_param_value(const std::string& text);
 
+/// The experiment as TOML with every default filled in (data, eval, each policy's documented literal
+/// defaults; recordings as absolute paths). Parsing it gives the same experiment.
+std::string resolved_config(const Experiment& ex);
+
 /// Parse a config file with overrides; throws kvsim::Error naming the file, key and line.
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides = {});
 /// Same, from text (`origin` names it in errors).

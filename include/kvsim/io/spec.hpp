@@ -57,7 +57,10 @@ struct Experiment {
   DataSpec data;
   EvalSpec eval;
   std::vector<PolicySpec> policies;
-  std::string config_text;       ///< the resolved configuration, stored with the results
+  std::string config_text;       ///< the configuration as given (with --set overrides), stored with the results
+  /// The configuration with every default filled in (data, eval, each policy's documented literal
+  /// defaults), as TOML: results.h5's `resolved_config` attribute (sim/cli/resolved.cpp).
+  std::string resolved_text;
 };
 
 /// Number of sequences a data spec names (recordings, or synthetic seeds).

@@ -1,0 +1,109 @@
+// The resolved configuration: an Experiment written back as TOML with every default filled in, so a
+// result records exactly what ran (results.h5 attribute `resolved_config`).
+#include "kvsim/cli/config.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "kvsim/policies/registry.hpp"
+
+namespace kvsim {
+namespace {
+
+std::string quoted(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o + "\"";
+}
+
+std::string toml_value(const ParamValue& v) {
+  if (auto s = std::get_if<std::string>(&v)) return quoted(*s);
+  if (auto d = std::get_if<double>(&v)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", *d);
+    std::string t = buf;
+    if (t.find_first_of(".eEn") == std::string::npos) t += ".0";  // stays a float in TOML
+    return t;
+  }
+  return param_to_string(v);
+}
+
+std::string int_list(const std::vector<int>& v) {
+  std::string o = "[";
+  for (size_t i = 0; i < v.size(); ++i) o += (i ? ", " : "") + std::to_string(v[i]);
+  return o + "]";
+}
+
+void write_data(std::ostream& o, const DataSpec& d) {
+  o << "[data]\n";
+  if (d.synthetic) {
+    const SynthParams& s = d.synth;
+    o << "synthetic = " << quoted(s.preset) << "\nsequences = " << d.sequences << "\nn = " << s.n << "\nd = " << s.head_dim
+      << "\nn_layers = " << s.n_layers << "\nn_heads = " << s.n_heads << "\nn_kv_heads = " << s.n_kv_heads
+      << "\nsoftmax_scale = " << toml_value(s.softmax_scale) << "\nq_scale = " << toml_value(s.q_scale)
+      << "\nk_scale = " << toml_value(s.k_scale) << "\nv_scale = " << toml_value(s.v_scale)
+      << "\ncluster_c = " << toml_value(s.cluster_c) << "\ncluster_gamma = " << toml_value(s.cluster_gamma)
+      << "\ncluster_diameter = " << toml_value(s.cluster_diameter) << "\ncenter_scale = " << toml_value(s.center_scale)
+      << "\nquery_norm = " << toml_value(s.query_norm) << "\nn_heavy = " << s.n_heavy
+      << "\nheavy_strength = " << toml_value(s.heavy_strength) << "\n";
+  } else {
+    const std::vector<std::string> paths = d.paths.empty() ? std::vector<std::string>{d.path} : d.paths;
+    o << "path = [";
+    for (size_t i = 0; i < paths.size(); ++i) {
+      std::error_code ec;
+      o << (i ? ", " : "") << quoted(std::filesystem::absolute(paths[i], ec).lexically_normal().string());
+    }
+    o << "]\n";
+  }
+  o << "layers = " << int_list(d.layers) << "   # [] = all\nheads = " << int_list(d.heads) << "   # [] = all\ntokens = "
+    << d.tokens << "   # 0 = all\n";
+}
+
+void write_eval(std::ostream& o, const EvalSpec& e) {
+  o << "\n[eval]\nevery = " << e.every << "\nfrom = " << e.from << "\ngqa = " << quoted(e.gqa)
+    << "\ngroup_agg = " << quoted(e.group_agg) << "\npolicy_precision = " << quoted(e.policy_precision)
+    << "\nreference_precision = " << quoted(e.reference_precision) << "\ndevice = " << quoted(e.device)
+    << "\nobjectives = " << (e.objectives ? "true" : "false") << "\nobjectives_every = " << e.objectives_every
+    << "\nobjectives_max_t = " << e.objectives_max_t << "\ntheorem44_alpha = " << toml_value(e.theorem44_alpha)
+    << "\ntheorem44_beta = " << toml_value(e.theorem44_beta) << "\n";
+}
+
+/// A literal documented default ("4", "0.5", "false", "accumulated") as a TOML value of its kind.
+bool literal_default(const ParamInfo& p, std::string& out) {
+  const std::string& d = p.default_value;
+  if (d.empty() || d.find(' ') != std::string::npos || d == "required" || d == "none") return false;
+  if (p.kind == "string") out = quoted(d);
+  else if (p.kind == "bool" && (d == "true" || d == "false")) out = d;
+  else if (p.kind == "int" && d.find_first_not_of("-0123456789") == std::string::npos) out = d;
+  else if (p.kind == "float" && d.find_first_not_of("-0123456789.e") == std::string::npos)
+    out = d.find_first_of(".e") == std::string::npos ? d + ".0" : d;
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+std::string resolved_config(const Experiment& ex) {
+  std::ostringstream o;
+  o << "# resolved by kvsim: every default filled in\nname = " << quoted(ex.name) << "\nseed = " << ex.seed << "\n\n";
+  write_data(o, ex.data);
+  write_eval(o, ex.eval);
+  for (const auto& p : ex.policies) {
+    o << "\n[[policy]]\nname = " << quoted(p.name) << "\nlabel = " << quoted(p.label) << "\n";
+    std::map<std::string, std::string> lines;  // key order, given and default alike
+    for (const auto& [k, v] : p.params.values()) lines[k] = toml_value(v);
+    for (const auto& q : policy_info(p.name).params) {
+      std::string lit;
+      if (!p.params.has(q.name) && literal_default(q, lit)) lines[q.name] = lit + "   # default";
+    }
+    for (const auto& [k, v] : lines) o << k << " = " << v << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace kvsim
