@@ -18,6 +18,7 @@ import closed_loop
 import clusterability
 import error_vs_step
 import metric_vs_budget
+import sequences
 import subgen_theorem1
 
 TABLE_METRICS = ["rel_err", "eps_spectral", "kept_mass", "mass_ratio", "tau_rel_err", "cache_tokens"]
@@ -53,6 +54,23 @@ def summary_table(results_dir):
             v = rows[label].get(m)
             cells.append("-" if v in (None, "nan") else f"{float(v):.4g}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sequences_table(results_dir):
+    """rel_err and kept_mass means over sequences with their intervals, one row per policy."""
+    rows, order = {}, []
+    with open(os.path.join(results_dir, "sequences.csv"), newline="") as f:
+        for r in csv.DictReader(f):
+            if r["metric"] not in ("rel_err", "kept_mass"):
+                continue
+            if r["label"] not in rows:
+                rows[r["label"]] = {}
+                order.append(r["label"])
+            rows[r["label"]][r["metric"]] = f"{float(r['mean']):.4g} [{float(r['ci_low']):.4g}, {float(r['ci_high']):.4g}]"
+    lines = ["| policy (mean over sequences [95% interval]) | rel_err | kept_mass |", "|---|---|---|"]
+    for label in order:
+        lines.append(f"| {label} | {rows[label].get('rel_err', '-')} | {rows[label].get('kept_mass', '-')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -92,6 +110,9 @@ def main():
             figs.append(try_figure(metric_vs_budget, [d]))
             figs.append(try_figure(buzz_tw_sweep, [d]))
             table = summary_table(d)
+        if os.path.exists(os.path.join(d, "sequences.csv")):  # a multi-sequence run: intervals over sequences
+            figs.append(try_figure(sequences, [d]))
+            table = sequences_table(d)
         if os.path.exists(os.path.join(d, "clusters.csv")):
             figs.append(try_figure(clusterability, [d]))
         if os.path.exists(os.path.join(d, "closed_loop.csv")):
@@ -99,7 +120,7 @@ def main():
             table += closed_loop_table(d)
         figs = [f for f in figs if f]
         if not figs and not table:
-            sys.exit(f"error: {d} holds no kvsim results (results.h5, clusters.csv or closed_loop.csv)")
+            sys.exit(f"error: {d} holds no kvsim results (results.h5, sequences.csv, clusters.csv or closed_loop.csv)")
         made += len(figs)
         out += [f"## {os.path.basename(os.path.normpath(d))}", ""]
         if table:

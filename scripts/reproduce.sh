@@ -35,4 +35,13 @@ $K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop
 $PY plots/make_figures.py results/stories260k results/policies_stories260k results/subgen_theorem1 \
   results/subgen_theorem1_stories260k results/budget_sweep results/budget_sweep_generate results/budget_sweep_aidreams \
   results/budget_sweep_synthetic results/budget_sweep_clustered results/budget_sweep_long results/budget_sweep_long_clustered results/h2o_submodular results/h2o_buzz_20pct results/buzz_tw_sweep \
-  results/clusterability results/closed_loop --report results/report.md
+  results/clusterability results/closed_loop results/budget_sweep_8seq --report results/report.md
+# The figures the README and docs embed, refreshed from this run.
+cp results/budget_sweep/metric_vs_budget.png docs/figures/budget_sweep.png
+cp results/budget_sweep_8seq/rel_err_vs_memory_sequences.png docs/figures/budget_sweep_8seq.png
+cp results/h2o_submodular/metric_vs_budget.png docs/figures/metric_vs_budget.png
+cp results/buzz_tw_sweep/buzz_tw_sweep.png docs/figures/buzz_tw_sweep.png
+cp results/closed_loop/closed_loop.png docs/figures/closed_loop.png
+cp results/clusterability/clusterability.png docs/figures/clusterability.png
+cp results/subgen_theorem1/subgen_theorem1.png docs/figures/subgen_theorem1.png
+cp results/subgen_theorem1_stories260k/subgen_theorem1.png docs/figures/subgen_theorem1_stories260k.png

@@ -47,8 +47,12 @@ if [ -f "$DATA/stories260K/stories260K.bin" ]; then
 else
   echo "SKIPPED: closed-loop figure ($DATA absent)"
 fi
+# Several sequences: metric vs memory with intervals (plots/sequences.py) from sequences.csv.
+printf 'name="sq"\n[data]\nsynthetic="heavy_hitter"\nn=96\nd=8\nn_heads=2\nn_kv_heads=1\nsequences=3\n[eval]\nevery=8\n[[policy]]\nname="window"\nmemory=[0.2,0.5]\n[[policy]]\nname="subgen"\nmemory=[0.2,0.5]\nt=1\n' > "$TMP/sq.toml"
+run "$TMP/sq.toml" --out "$TMP/sq"
+"$PY" "$SRC/plots/sequences.py" "$TMP/sq" >/dev/null && check "$TMP/sq/rel_err_vs_memory_sequences"
 # One command for every figure + report.md over all the tiny runs.
-dirs="$TMP/q $TMP/s $TMP/s2 $TMP/h $TMP/m $TMP/b $TMP/c"; [ -d "$TMP/cl2" ] && dirs="$dirs $TMP/cl2"
+dirs="$TMP/q $TMP/s $TMP/s2 $TMP/h $TMP/m $TMP/b $TMP/c $TMP/sq"; [ -d "$TMP/cl2" ] && dirs="$dirs $TMP/cl2"
 if "$PY" "$SRC/plots/make_figures.py" $dirs --report "$TMP/report.md" >/dev/null 2>"$TMP/err"; then
   n=$(grep -c '^!\[' "$TMP/report.md"); [ "$n" -ge 8 ] && passes=$((passes+1)) || { echo "FAIL: report.md embeds only $n figures"; fails=$((fails+1)); }
   grep -q '^| policy |' "$TMP/report.md" && passes=$((passes+1)) || { echo "FAIL: report.md has no summary table"; fails=$((fails+1)); }

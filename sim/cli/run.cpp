@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -62,7 +64,14 @@ std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>
   const std::string path = (std::filesystem::path(out) / "sequences.csv").string();
   std::ofstream o(path + ".tmp");
   if (!o) throw Error(path + ": cannot write");
-  o << "policy,label,metric,sequences,mean,ci_low,ci_high,interval\n";
+  // Parameter columns as in summary.csv: one per parameter any policy has.
+  std::set<std::string> key_set;
+  for (const auto& p : ex.policies)
+    for (const auto& [k, v] : p.params.values()) key_set.insert(k);
+  const std::vector<std::string> keys(key_set.begin(), key_set.end());
+  o << "policy,label,metric,sequences,mean,ci_low,ci_high,interval";
+  for (const auto& k : keys) o << ',' << k;
+  o << '\n';
   std::ostringstream table;
   char buf[160];
   std::snprintf(buf, sizeof buf, "%-40s %-12s %11s %23s\n", "policy", "metric", "mean", "95% CI (bootstrap)");
@@ -77,7 +86,10 @@ std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>
       std::snprintf(line, sizeof line, "%s,\"%s\",%s,%d,%.6g,%.6g,%.6g,percentile bootstrap 95%% (4000 resamples)\n",
                     ex.policies[p].name.c_str(), ex.policies[p].label.c_str(), metrics[m].name.c_str(), ci.n, ci.mean,
                     ci.low, ci.high);
-      o << line;
+      std::string cells;
+      for (const auto& k : keys)
+        cells += "," + (ex.policies[p].params.has(k) ? param_to_string(ex.policies[p].params.values().at(k)) : "");
+      o << std::string(line, std::strlen(line) - 1) << cells << '\n';
       const std::string& name = metrics[m].name;
       if (name == "rel_err" || name == "eps_spectral" || name == "kept_mass") {
         std::snprintf(buf, sizeof buf, "%-40s %-12s %11.4g   [%9.4g, %9.4g]\n", ex.policies[p].label.substr(0, 40).c_str(),
