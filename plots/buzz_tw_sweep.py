@@ -14,7 +14,7 @@ import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplot
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import column, open_results, params, policies, save, text
+from kvsim_results import column, data_set, open_results, params, policies, save, text
 
 
 def predicted(s):
@@ -28,6 +28,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     rows, strides = [], set()
     with open_results(a.results_dir) as f:
+        data = data_set(f)
         for _, grp in policies(f):
             if text(grp.attrs["name"]) != "buzz":
                 continue
@@ -51,7 +52,7 @@ def main(argv=None):
     ax.set_xlabel("T / w (eviction threshold / sliding window)")
     ax.set_ylabel("error (mean over layers, heads, steps)")
     ax.set_yscale("log")
-    ax.set_title("BUZZ at fixed stride and cache size")
+    ax.set_title(f"BUZZ at fixed stride and cache size: {data}", fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save(fig, a.results_dir, a.out, "buzz_tw_sweep.png")

@@ -13,7 +13,7 @@ import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplot
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import column, color, open_results, policies, save, text
+from kvsim_results import column, color, data_set, open_results, policies, save, text
 
 
 def main(argv=None):
@@ -43,7 +43,7 @@ def main(argv=None):
             pos = mean[mean > 0]
             if pos.size:
                 spans.append((pos.min(), pos.max()))
-        title = text(f.attrs.get("experiment", ""))
+        title = f"{text(f.attrs.get('experiment', ''))}: {data_set(f)}"
     if spans:
         lo = min(s[0] for s in spans)
         hi = max(s[1] for s in spans)

@@ -28,6 +28,16 @@ def column(group, metric):
     return np.full(group["step"].shape, np.nan)
 
 
+def data_set(f):
+    """A run's data set in words, for figure titles: the model and recording file, or the synthetic source."""
+    a = f.attrs
+    if "recording_path" in a:
+        model = os.path.splitext(os.path.basename(text(a.get("model", ""))))[0] or "model"
+        return f"{model} on {os.path.basename(text(a['recording_path']))}, n = {int(a['n_tokens'])}"
+    src = text(a.get("source", ""))
+    return src.replace("kvsim synth ", "synthetic ") if src else text(a.get("experiment", ""))
+
+
 def open_results(results_dir):
     """Open RESULTS_DIR/results.h5 or exit with a clear message naming it."""
     path = os.path.join(results_dir, "results.h5")

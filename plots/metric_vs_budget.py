@@ -18,7 +18,7 @@ import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplot
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import column, color, open_results, params, policies, save, text
+from kvsim_results import column, color, data_set, open_results, params, policies, save, text
 
 
 def variant_name(grp, p):
@@ -49,6 +49,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     series = defaultdict(list)
     with open_results(a.results_dir) as f:
+        data = f"{text(f.attrs.get('experiment', ''))}: {data_set(f)}"
         for _, grp in policies(f):
             p = params(grp)
             key = "budget" if "budget" in p else "memory" if "memory" in p else None
@@ -62,10 +63,11 @@ def main(argv=None):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     ax1, ax2, ax3 = axes
     off_scale = []
-    for name, rows in sorted(series.items()):
+    for i, (name, rows) in enumerate(sorted(series.items())):
         rows.sort()
         x = [r[0] for r in rows]
-        style = "s--" if ("oracle)" in name or "(log n)" in name or "(weighted)" in name) else "o-"
+        # A distinct marker per series, so curves that coincide (window and sink) stay distinguishable.
+        style = "osD^v<>phX*"[i % 10] + ("--" if ("oracle)" in name or "(log n)" in name or "(weighted)" in name) else "-")
         if any(np.isfinite(r[1]) for r in rows):
             ax1.plot(x, [r[1] for r in rows], style, color=color(name), label=name)
         for ax, col in ((ax2, 2), (ax3, 3)):
@@ -92,7 +94,8 @@ def main(argv=None):
         ax.grid(alpha=0.3, which="both")
     ax1.legend(fontsize=7)
     ax3.legend(fontsize=7)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.suptitle(data, fontsize=10)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
     return save(fig, a.results_dir, a.out, "metric_vs_budget.png")
 
 
