@@ -41,7 +41,8 @@ def summary_table(results_dir):
     order = []
     with open(path) as f:
         for r in csv.DictReader(f):
-            if r["layer"] != "all" or r["metric"] not in TABLE_METRICS:
+            aggregate = r.get("all_layers") == "1" or r["layer"] == "all"  # "all": files before the all_layers column
+            if not aggregate or r["metric"] not in TABLE_METRICS:
                 continue
             if r["label"] not in rows:
                 rows[r["label"]] = {}

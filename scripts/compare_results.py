@@ -68,6 +68,9 @@ def compare_csv(a_path, b_path, diffs):
         return
     head = ra[0]
     rb = [r[:len(head)] for r in rb]  # columns added after the old ones (e.g. parameter columns) are new information
+    if "layer" in head and "all_layers" not in head:  # the all-layer aggregate used to be written as layer "all"
+        li = head.index("layer")
+        rb = [r[:li] + ["all" if r[li] == "-1" else r[li]] + r[li + 1:] for r in rb]
     timing_cols = [i for i, h in enumerate(head) if h in TIMING]
     metric_col = head.index("metric") if "metric" in head else -1
 

@@ -103,7 +103,7 @@ expect_fail "no [[policy]] entry accepts 'stride'" "$KVSIM" run "$SRC/experiment
 printf 'name="s"\nseed=2\n[data]\nsynthetic="heavy_hitter"\nn=128\nd=8\nn_layers=1\nn_heads=2\nsequences=4\n[eval]\nevery=8\n[[policy]]\nname="window"\nbudget=0.25\n' > "$TMP/seq.toml"
 "$KVSIM" run "$TMP/seq.toml" --out "$TMP/seq" --quiet && [ -s "$TMP/seq/seq_03/results.h5" ] && [ ! -e "$TMP/seq/seq_04" ] && ok || bad "multi-sequence run"
 awk -F, '$3=="rel_err" {ok = ($4 == 4 && $6 <= $5 && $5 <= $7 && $6 < $7)} END {exit !ok}' "$TMP/seq/sequences.csv" && ok || bad "sequences.csv interval"
-m=$(for i in 0 1 2 3; do awk -F, '$3=="all" && $4=="rel_err" {print $6}' "$TMP/seq/seq_0$i/summary.csv"; done | awk '{s+=$1} END {printf "%.4g", s/NR}')
+m=$(for i in 0 1 2 3; do awk -F, '$3=="-1" && $10=="1" && $4=="rel_err" {print $6}' "$TMP/seq/seq_0$i/summary.csv"; done | awk '{s+=$1} END {printf "%.4g", s/NR}')
 [ "$m" = "$(awk -F, '$3=="rel_err" {printf "%.4g", $5}' "$TMP/seq/sequences.csv")" ] && ok || bad "sequences.csv mean $m"
 expect_fail "data.sequences only applies to synthetic data" "$KVSIM" run "$TMP/rec.toml" --set data.sequences=2 --out "$TMP/bad_seq"
 

@@ -176,14 +176,14 @@ TEST_CASE("results: files are written whole and summaries are consistent", "[res
   auto rel = f.read_double_vector("/policy_02/rel_err");
   REQUIRE(rel.size() == r.policies[2].rows.size());
   for (size_t i = 0; i < rel.size(); ++i) REQUIRE(rel[i] == metric_of(r.policies[2].rows[i], "rel_err"));
-  // summary.csv "all" mean of rel_err equals the mean of the rows.
+  // summary.csv's all-layer row (layer -1, all_layers = 1) mean of rel_err equals the mean of the rows.
   std::ifstream csv(out + "/summary.csv");
   std::string line;
   bool found = false;
   double sum = 0;
   for (double x : rel) sum += x;
   while (std::getline(csv, line)) {
-    if (line.rfind("window,window(budget=0.25),all,rel_err,", 0) == 0) {
+    if (line.rfind("window,window(budget=0.25),-1,rel_err,", 0) == 0) {
       found = true;
       std::stringstream ss(line);
       std::string cell;
@@ -191,6 +191,7 @@ TEST_CASE("results: files are written whole and summaries are consistent", "[res
       while (std::getline(ss, cell, ',')) cells.push_back(cell);
       // the label contains a comma inside quotes? No: "window(budget=0.25)" has none.
       CHECK(std::stod(cells[5]) == Approx(sum / double(rel.size())).epsilon(1e-5));
+      CHECK(cells[9] == "1");  // all_layers
     }
   }
   CHECK(found);

@@ -154,13 +154,13 @@ std::string ResultSpill::finish(const RunResult& r) {
     std::ofstream o(st_->tmps[1]);
     if (!o) throw Error(st_->tmps[1] + ": cannot write");
     const std::vector<std::string> keys = param_keys(ex.policies);
-    o << "policy,label,layer" << stats_header(keys);
+    o << "policy,label,layer" << stats_header(keys, ",all_layers");
     std::lock_guard<std::mutex> lock(hdf5_mutex());
     write_root_attrs(*st_->f, r, ex);
     for (size_t p = 0; p < ex.policies.size(); ++p) {
       labels.push_back(ex.policies[p].label);
       const std::string g = policy_group(p);
-      // summary.csv: per layer (in order of first appearance) and "all", one metric column at a time.
+      // summary.csv: per layer (in order of first appearance) and all layers (layer −1, all_layers = 1), one metric column at a time.
       // Row indices of each layer, once (not a scan of every row per layer and metric).
       std::vector<int32_t> order;
       std::vector<std::vector<uint32_t>> rows_of;
@@ -190,8 +190,8 @@ std::string ResultSpill::finish(const RunResult& r) {
         if (all[p][m].count == 0) st_->f->remove(g + "/" + metrics[m].name);  // all NaN: does not apply
       }
       for (size_t k = 0; k <= order.size(); ++k)
-        stat_lines(o, ex.policies[p], k < order.size() ? std::to_string(order[k]) : std::string("all"), metrics, keys,
-                   [&](size_t m) { return per[k][m]; });
+        stat_lines(o, ex.policies[p], k < order.size() ? std::to_string(order[k]) : std::string(kAllLayers), metrics, keys,
+                   [&](size_t m) { return per[k][m]; }, k < order.size() ? ",0" : ",1");
     }
     st_->f->flush();
     st_->f.reset();

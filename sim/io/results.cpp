@@ -113,8 +113,8 @@ std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs) {
   return {keys.begin(), keys.end()};
 }
 
-std::string stats_header(const std::vector<std::string>& keys) {
-  std::string h = ",metric,count,mean,median,p95,max";
+std::string stats_header(const std::vector<std::string>& keys, const std::string& flag_header) {
+  std::string h = ",metric,count,mean,median,p95,max" + flag_header;
   for (const auto& k : keys) h += "," + csv_escape(k);
   return h + "\n";
 }
@@ -122,8 +122,8 @@ std::string stats_header(const std::vector<std::string>& keys) {
 /// CSV lines (count, mean, median, p95, max) of one group of one policy, metric by metric.
 void stat_lines(std::ostream& o, const PolicySpec& spec, const std::string& group,
                 const std::vector<MetricColumn>& metrics, const std::vector<std::string>& keys,
-                const std::function<Stat(size_t metric)>& stat_of) {
-  std::string cells;
+                const std::function<Stat(size_t metric)>& stat_of, const std::string& flags) {
+  std::string cells = flags;
   for (const auto& k : keys) cells += "," + (spec.params.has(k) ? csv_escape(param_to_string(spec.params.values().at(k))) : "");
   for (size_t m = 0; m < metrics.size(); ++m) {
     const Stat st = stat_of(m);
@@ -181,7 +181,7 @@ void write_stats(const RunResult& r, const std::string& path, const std::string&
   std::vector<PolicySpec> specs;
   for (const auto& pr : r.policies) specs.push_back(pr.spec);
   const std::vector<std::string> keys = param_keys(specs);
-  o << "policy,label," << key_header << stats_header(keys);
+  o << "policy,label," << key_header << stats_header(keys, with_all ? ",all_layers" : "");
   for (const auto& pr : r.policies) {
     std::vector<std::string> order;
     std::map<std::string, std::vector<size_t>> groups;
@@ -194,8 +194,8 @@ void write_stats(const RunResult& r, const std::string& path, const std::string&
     if (with_all) {
       std::vector<size_t> all(pr.rows.size());
       for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-      groups["all"] = std::move(all);
-      order.push_back("all");
+      groups[kAllLayers] = std::move(all);
+      order.push_back(kAllLayers);
     }
     for (const auto& g : order)
       stat_lines(o, pr.spec, g, r.metrics, keys, [&](size_t m) {
@@ -203,7 +203,7 @@ void write_stats(const RunResult& r, const std::string& path, const std::string&
         v.reserve(groups[g].size());
         for (size_t i : groups[g]) v.push_back(pr.rows[i][r.metrics[m].index]);
         return summarize(std::move(v));
-      });
+      }, !with_all ? "" : g == kAllLayers ? ",1" : ",0");
   }
   o.flush();
   if (!o) throw Error(path + ": write failed (disk full?)");

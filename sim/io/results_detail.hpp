@@ -24,11 +24,15 @@ void describe_metric(h5::File& f, const std::string& g, const MetricColumn& m);
 /// Each line ends with the policy's value of every parameter in `keys` (empty where it has none).
 void stat_lines(std::ostream& o, const PolicySpec& spec, const std::string& group,
                 const std::vector<MetricColumn>& metrics, const std::vector<std::string>& keys,
-                const std::function<Stat(size_t metric)>& stat_of);
+                const std::function<Stat(size_t metric)>& stat_of, const std::string& flags = "");
 /// Every parameter name any policy of the run has (sorted): one CSV column each.
 std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs);
 /// The header of summary.csv / cells.csv after the key columns: metric, the statistics, the parameters.
-std::string stats_header(const std::vector<std::string>& keys);
+/// `flag_header` names extra columns between the statistics and the parameters (summary.csv's
+/// ",all_layers"); stat_lines' `flags` gives their values.
+std::string stats_header(const std::vector<std::string>& keys, const std::string& flag_header = "");
+/// summary.csv's layer cell of the all-layer aggregate (with all_layers = 1): an integer column stays integer.
+inline constexpr const char* kAllLayers = "-1";
 /// The `kvsim run` table from each policy's statistics over all rows: all_stats[p][metric index].
 std::string format_table(const std::vector<std::string>& labels, const std::vector<MetricColumn>& metrics,
                          const std::vector<std::vector<Stat>>& all_stats);

@@ -197,7 +197,8 @@ std::string metrics_markdown() {
        "‖V_t‖_op is tracked by Lanczos on VᵀV, updated per token and warm-started.\n\n"
     << "Files (docs/cli.md): `results.h5` holds every row, `/policy_NN/{layer, head, step, <metric>...}`, each "
        "metric dataset with `unit`, `description` and `source` attributes from this registry; `summary.csv` has "
-       "`count, mean, median, p95, max` per (policy, layer or `all`, metric) over the finite values; `cells.csv` "
+       "`count, mean, median, p95, max` per (policy, layer, metric) over the finite values, the all-layer "
+       "aggregate as layer -1 with `all_layers` = 1 (0 on per-layer rows); `cells.csv` "
        "the same per (layer, query head); both end with one column per policy parameter (budget, memory, "
        "sink, …; empty where a policy has none), and each results.h5 policy group has typed `param_<name>` "
        "attributes. Several sequences add `sequences.csv` (docs/cli.md).\n";

@@ -1,14 +1,16 @@
 // kvsim: result files. `results.h5` holds every evaluated row; `summary.csv` the aggregates.
 //
-// results.h5: root attributes experiment, source, config (the resolved TOML), n_tokens, seed,
-//   n_layers, n_heads, n_kv_heads, head_dim, threads, wall_seconds; one group per policy
-//   /policy_{i:02d} with attributes name, label, params and 1-D datasets layer, head, step and one
-//   per metric column (the metric registry's, with `unit`, `description` and `source` attributes).
-//   NaN = not applicable.
-// summary.csv: policy,label,layer,metric,count,mean,median,p95,max — one row per policy, layer
-//   ("all" for every layer together) and metric, NaN rows skipped in the statistics.
-// cells.csv: policy,label,layer,head,metric,count,mean,median,p95,max — the same per (layer, query
-//   head) cell, over its evaluated steps.
+// results.h5: root attributes experiment, source, config (as given), resolved_config (every default
+//   filled in), kvsim_version, git_commit, recording_path/bytes/sha1, n_tokens, seed, n_layers,
+//   n_heads, n_kv_heads, head_dim, threads, wall_seconds; one group per policy /policy_{i:02d} with
+//   attributes name, label, params, param_<name> (typed) and 1-D datasets layer, head, step and one
+//   per metric column that applies (the metric registry's, with `unit`, `description` and `source`
+//   attributes). NaN = not applicable at that row.
+// summary.csv: policy,label,layer,metric,count,mean,median,p95,max,all_layers,<one column per policy
+//   parameter> — one row per policy, layer and metric; the all-layer aggregate has layer −1 and
+//   all_layers = 1 (an integer layer column); NaN rows skipped in the statistics.
+// cells.csv: policy,label,layer,head,metric,count,mean,median,p95,max,<parameters> — the same per
+//   (layer, query head) cell, over its evaluated steps.
 // All files are written to a temporary name and renamed into place (never half-written).
 #pragma once
 #include <array>
