@@ -24,6 +24,11 @@ def die(msg):
     sys.exit(2)
 
 
+def as_text(x):
+    """An HDF5 string attribute as str (fixed-length ones come back as bytes)."""
+    return x.decode() if isinstance(x, bytes) else x
+
+
 def files(root, suffix):
     out = []
     for d, _, names in os.walk(root):
@@ -42,7 +47,7 @@ def compare_h5(a_path, b_path, diffs, omitted):
                 diffs.append(f"{b_path}: group {g} missing")
                 continue
             for attr in ("name", "label", "params"):
-                if a[g].attrs.get(attr) != b[g].attrs.get(attr):
+                if as_text(a[g].attrs.get(attr)) != as_text(b[g].attrs.get(attr)):
                     diffs.append(f"{b_path}: /{g} attribute {attr}: {a[g].attrs.get(attr)!r} vs {b[g].attrs.get(attr)!r}")
             for ds in sorted(a[g].keys()):
                 if ds in TIMING:
