@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "kvsim/core/error.hpp"
+#include "kvsim/io/files.hpp"
 #include "kvsim/io/recording.hpp"
 #include "kvsim/analysis/subgen.hpp"
 
@@ -116,16 +117,7 @@ void write_files(const std::string& out_dir, const std::vector<std::pair<std::st
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
-  for (const auto& [name, body] : files) {
-    const std::string path = (fs::path(out_dir) / name).string();
-    {
-      std::ofstream o(path + ".tmp");
-      o << body;
-      if (!o) throw Error(path + ": write failed");
-    }
-    fs::rename(path + ".tmp", path, ec);
-    if (ec) throw Error(path + ": cannot move into place: " + ec.message());
-  }
+  for (const auto& [name, body] : files) write_file_atomically((fs::path(out_dir) / name).string(), body);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "kvsim/cli/bench.hpp"
+#include "kvsim/io/files.hpp"
 
 #include <sys/resource.h>
 
@@ -212,12 +213,13 @@ double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
                 (long long)n);
   out << buf << "policy            ns/step  head-steps/s  cached tok  ns/step/token  vs FMA bound\n";
   const double fma_per_ns = gemm / 2.0;  // multiply-adds per ns at the SGEMM rate (GFLOP/s / 2)
+  const size_t kNs = metric_index("policy_ns"), kTokens = metric_index("cache_tokens");
   for (const RunResult* run : {&r, &r32})
     for (const auto& pr : run->policies) {
       double mean_ns = 0, mean_tok = 0;
       for (const auto& row : pr.rows) {
-        mean_ns += metric_of(row, "policy_ns");
-        mean_tok += metric_of(row, "cache_tokens");
+        mean_ns += row[kNs];
+        mean_tok += row[kTokens];
       }
       mean_ns /= double(pr.rows.size());
       mean_tok /= double(pr.rows.size());
@@ -235,7 +237,7 @@ double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
   double cheapest = INFINITY;
   for (const auto& pr : r32.policies) {
     double m = 0;
-    for (const auto& row : pr.rows) m += metric_of(row, "policy_ns");
+    for (const auto& row : pr.rows) m += row[kNs];
     cheapest = std::min(cheapest, m / double(pr.rows.size()));
   }
   return cheapest;
@@ -293,9 +295,10 @@ void bench_threads(const BenchOptions& o, BenchOut& b, const Experiment& ex, int
   RunResult many = run_experiment(mc, msrc, N);
   const double sn = seconds_since(tn);
   bool same = true;
+  const size_t kRelErr = metric_index("rel_err");
   for (size_t p = 0; p < one.policies.size(); ++p)
     for (size_t i = 0; i < one.policies[p].rows.size(); ++i)
-      same &= metric_of(one.policies[p].rows[i], "rel_err") == metric_of(many.policies[p].rows[i], "rel_err");
+      same &= one.policies[p].rows[i][kRelErr] == many.policies[p].rows[i][kRelErr];
   std::snprintf(buf, sizeof buf,
                 "\nmulti-cell run (4 layers x 4 KV heads, n = %lld, 3 policies): 1 thread %.2f s, %d threads %.2f s, "
                 "speed-up %.2fx, results %s\n",
@@ -315,15 +318,7 @@ void write_bench_json(const BenchOptions& o, BenchOut& b) {
   auto& out = b.out;
   auto& js = b.js;
   if (!o.json.empty()) {
-    const std::string tmp = o.json + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << "{\n" << js.s.str() << "\n}\n";
-      if (!f) throw Error(o.json + ": cannot write");
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, o.json, ec);
-    if (ec) throw Error(o.json + ": cannot move into place: " + ec.message());
+    write_file_atomically(o.json, "{\n" + js.s.str() + "\n}\n");
     out << "wrote " << o.json << "\n";
   }
 }

@@ -10,6 +10,7 @@
 
 #include "kvsim/analysis/bootstrap.hpp"
 #include "kvsim/core/error.hpp"
+#include "kvsim/io/files.hpp"
 #include "kvsim/model/policy_attention.hpp"
 #include "kvsim/model/record.hpp"
 #include "kvsim/io/results.hpp"
@@ -96,22 +97,17 @@ void closed_loop_policy(const ClosedLoopConfig& c, LlamaModel& model, const Poli
 }
 
 void write_closed_loop_csv(const std::vector<ClosedLoopRow>& rows, const std::string& path) {
-  {
-    std::ofstream o(path + ".tmp");
-    o << "policy,label,window,ce_exact,ce_policy,ce_increase,open_rel_err,open_eps,cache_tokens,diverge_at\n";
-    char buf[512];
-    for (const auto& r : rows) {
-      std::string label = r.label;
-      if (label.find(',') != std::string::npos) label = "\"" + label + "\"";
-      std::snprintf(buf, sizeof buf, "%s,%s,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%d\n", r.name.c_str(), label.c_str(), r.window,
-                    r.ce_exact, r.ce_policy, r.ce_increase, r.open_rel_err, r.open_eps, r.cache_tokens, r.diverge_at);
-      o << buf;
-    }
-    if (!o) throw Error(path + ": write failed");
+  std::ostringstream o;
+  o << "policy,label,window,ce_exact,ce_policy,ce_increase,open_rel_err,open_eps,cache_tokens,diverge_at\n";
+  char buf[512];
+  for (const auto& r : rows) {
+    std::string label = r.label;
+    if (label.find(',') != std::string::npos) label = "\"" + label + "\"";
+    std::snprintf(buf, sizeof buf, "%s,%s,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%d\n", r.name.c_str(), label.c_str(), r.window,
+                  r.ce_exact, r.ce_policy, r.ce_increase, r.open_rel_err, r.open_eps, r.cache_tokens, r.diverge_at);
+    o << buf;
   }
-  std::error_code ec;
-  std::filesystem::rename(path + ".tmp", path, ec);
-  if (ec) throw Error(path + ": cannot move into place: " + ec.message());
+  write_file_atomically(path, o.str());
 }
 
 }  // namespace
@@ -131,6 +127,7 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
   fs::create_directories(out_dir, ec);
   if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
 
+  const size_t kRelErr = metric_index("rel_err"), kEps = metric_index("eps_spectral");
   std::vector<ClosedLoopRow> rows;
   for (int w = 0; w < c.windows; ++w) {
     std::vector<int> win(all.begin() + size_t(w) * c.tokens, all.begin() + size_t(w + 1) * c.tokens);
@@ -149,8 +146,8 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
       r.ce_exact = ce_exact;
       std::vector<double> re, ep;
       for (const auto& row : open.policies[p].rows) {
-        re.push_back(metric_of(row, "rel_err"));
-        ep.push_back(metric_of(row, "eps_spectral"));
+        re.push_back(row[kRelErr]);
+        ep.push_back(row[kEps]);
       }
       r.open_rel_err = summarize(re).mean;
       r.open_eps = summarize(ep).mean;

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <set>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -21,6 +20,7 @@
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/rng.hpp"
 #include "kvsim/cuda/cuda.hpp"
+#include "kvsim/io/files.hpp"
 #include "kvsim/io/results.hpp"
 #include "kvsim/replay/engine.hpp"
 
@@ -61,14 +61,8 @@ SequenceRun run_one(const Experiment& ex, const std::string& out, int threads, b
 /// sequences.csv rows and the printed table of a multi-sequence run.
 std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>& runs, const std::string& out) {
   const auto& metrics = runs.front().result.metrics;
-  const std::string path = (std::filesystem::path(out) / "sequences.csv").string();
-  std::ofstream o(path + ".tmp");
-  if (!o) throw Error(path + ": cannot write");
-  // Parameter columns as in summary.csv: one per parameter any policy has.
-  std::set<std::string> key_set;
-  for (const auto& p : ex.policies)
-    for (const auto& [k, v] : p.params.values()) key_set.insert(k);
-  const std::vector<std::string> keys(key_set.begin(), key_set.end());
+  const std::vector<std::string> keys = param_keys(ex.policies);  // parameter columns, as in summary.csv
+  std::ostringstream o;
   o << "policy,label,metric,sequences,mean,ci_low,ci_high,interval";
   for (const auto& k : keys) o << ',' << k;
   o << '\n';
@@ -97,11 +91,7 @@ std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>
         table << buf;
       }
     }
-  o.close();
-  if (!o) throw Error(path + ": write failed (disk full?)");
-  std::error_code ec;
-  std::filesystem::rename(path + ".tmp", path, ec);
-  if (ec) throw Error(path + ": cannot move into place: " + ec.message());
+  write_file_atomically((std::filesystem::path(out) / "sequences.csv").string(), o.str());
   return table.str();
 }
 

@@ -27,9 +27,10 @@ struct ResultSpill::State {
   size_t total = 0;
   std::vector<std::vector<std::string>> cell_lines;  // [cell][policy] cells.csv lines
   std::vector<MetricColumn> metrics;
+  std::vector<std::string> keys;  // parameter columns (param_keys of the policies)
   std::vector<std::vector<Stat>> overall;  // [policy][metric] over all rows, after finish()
   bool finished = false;
-  State(const std::string& out_dir, const Experiment& e) : dir(out_dir), ex(e) {}
+  State(const std::string& out_dir, const Experiment& e) : dir(out_dir), ex(e), keys(param_keys(e.policies)) {}
 };
 
 ResultSpill::ResultSpill(const std::string& out_dir, const Experiment& ex) : st_(std::make_unique<State>(out_dir, ex)) {
@@ -113,7 +114,7 @@ void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRo
     }
     std::ostringstream lines;
     for (const auto& g : order)
-      stat_lines(lines, st_->ex.policies[p], g, st_->metrics, param_keys(st_->ex.policies), [&](size_t m) {
+      stat_lines(lines, st_->ex.policies[p], g, st_->metrics, st_->keys, [&](size_t m) {
         std::vector<double> v;
         for (size_t i : groups[g]) v.push_back(rp[i][st_->metrics[m].index]);
         return summarize(std::move(v));
@@ -153,7 +154,7 @@ std::string ResultSpill::finish(const RunResult& r) {
   {
     std::ofstream o(st_->tmps[1]);
     if (!o) throw Error(st_->tmps[1] + ": cannot write");
-    const std::vector<std::string> keys = param_keys(ex.policies);
+    const std::vector<std::string>& keys = st_->keys;
     o << "policy,label,layer" << stats_header(keys, ",all_layers");
     std::lock_guard<std::mutex> lock(hdf5_mutex());
     write_root_attrs(*st_->f, r, ex);
@@ -201,7 +202,7 @@ std::string ResultSpill::finish(const RunResult& r) {
   {
     std::ofstream o(st_->tmps[2]);
     if (!o) throw Error(st_->tmps[2] + ": cannot write");
-    o << "policy,label,layer,head" << stats_header(param_keys(ex.policies));
+    o << "policy,label,layer,head" << stats_header(st_->keys);
     for (size_t p = 0; p < ex.policies.size(); ++p)
       for (const auto& cell : st_->cell_lines) o << cell[p];
     o.flush();

@@ -21,6 +21,13 @@
 
 namespace kvsim {
 
+std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs) {
+  std::set<std::string> keys;
+  for (const auto& s : specs)
+    for (const auto& [k, v] : s.params.values()) keys.insert(k);
+  return {keys.begin(), keys.end()};
+}
+
 Stat summarize(std::vector<double> v) {
   v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
   Stat s;
@@ -104,13 +111,6 @@ void write_policy_group(h5::File& f, const std::string& g, const PolicySpec& spe
     else if (auto b = std::get_if<bool>(&v)) f.set_attr(g, a, int64_t(*b));
     else f.set_attr(g, a, std::get<std::string>(v));
   }
-}
-
-std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs) {
-  std::set<std::string> keys;
-  for (const auto& s : specs)
-    for (const auto& [k, v] : s.params.values()) keys.insert(k);
-  return {keys.begin(), keys.end()};
 }
 
 std::string stats_header(const std::vector<std::string>& keys, const std::string& flag_header) {

@@ -25,8 +25,6 @@ void describe_metric(h5::File& f, const std::string& g, const MetricColumn& m);
 void stat_lines(std::ostream& o, const PolicySpec& spec, const std::string& group,
                 const std::vector<MetricColumn>& metrics, const std::vector<std::string>& keys,
                 const std::function<Stat(size_t metric)>& stat_of, const std::string& flags = "");
-/// Every parameter name any policy of the run has (sorted): one CSV column each.
-std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs);
 /// The header of summary.csv / cells.csv after the key columns: metric, the statistics, the parameters.
 /// `flag_header` names extra columns between the statistics and the parameters (summary.csv's
 /// ",all_layers"); stat_lines' `flags` gives their values.

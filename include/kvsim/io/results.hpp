@@ -66,6 +66,10 @@ struct Stat {
   double mean = NAN, median = NAN, p95 = NAN, max = NAN;
 };
 
+/// Every parameter name any policy of the run has, sorted: the parameter columns of summary.csv,
+/// cells.csv and sequences.csv, one each.
+std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs);
+
 /// Statistics over the finite values of `v` (NaN entries are skipped).
 Stat summarize(std::vector<double> v);
 
