@@ -1,6 +1,5 @@
 // The policy and metric registries: documentation that cannot drift from the code.
 #include <catch2/catch.hpp>
-#include <regex>
 #include <set>
 
 #include "kvsim/core/error.hpp"
@@ -19,12 +18,6 @@ StreamInfo small_stream() {
   return s;
 }
 
-/// A documented default is compared with the factory's only when it is a literal ("4", "0.05",
-/// "accumulated"); rules like "recent + 4·centers" and "required" are prose.
-bool literal_default(const std::string& d) {
-  return std::regex_match(d, std::regex("[A-Za-z0-9_.+-]+")) && d != "required" && d != "none";
-}
-
 /// Distinct disagreements between `info`'s documented parameters and what its factory reads, over its examples.
 std::set<std::string> doc_mismatches(const PolicyInfo& info) {
   std::set<std::string> bad;
@@ -40,7 +33,7 @@ std::set<std::string> doc_mismatches(const PolicyInfo& info) {
         continue;
       }
       for (const auto& p : info.params)
-        if (p.name == key && def && literal_default(p.default_value) && *def != p.default_value)
+        if (p.name == key && def && literal_default(p) && *def != param_to_string(*literal_default(p)))
           bad.insert(info.name + ": '" + key + "' documented default " + p.default_value + ", factory uses " + *def);
     }
   }

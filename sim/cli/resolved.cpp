@@ -3,6 +3,7 @@
 #include "kvsim/cli/config.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -25,7 +26,10 @@ std::string toml_value(const ParamValue& v) {
   if (auto s = std::get_if<std::string>(&v)) return quoted(*s);
   if (auto d = std::get_if<double>(&v)) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.17g", *d);
+    for (int digits = 15; digits <= 17; ++digits) {  // the shortest form that reads back as the same double
+      std::snprintf(buf, sizeof buf, "%.*g", digits, *d);
+      if (std::strtod(buf, nullptr) == *d) break;
+    }
     std::string t = buf;
     if (t.find_first_of(".eEn") == std::string::npos) t += ".0";  // stays a float in TOML
     return t;
@@ -73,19 +77,6 @@ void write_eval(std::ostream& o, const EvalSpec& e) {
     << "\ntheorem44_beta = " << toml_value(e.theorem44_beta) << "\n";
 }
 
-/// A literal documented default ("4", "0.5", "false", "accumulated") as a TOML value of its kind.
-bool literal_default(const ParamInfo& p, std::string& out) {
-  const std::string& d = p.default_value;
-  if (d.empty() || d.find(' ') != std::string::npos || d == "required" || d == "none") return false;
-  if (p.kind == "string") out = quoted(d);
-  else if (p.kind == "bool" && (d == "true" || d == "false")) out = d;
-  else if (p.kind == "int" && d.find_first_not_of("-0123456789") == std::string::npos) out = d;
-  else if (p.kind == "float" && d.find_first_not_of("-0123456789.e") == std::string::npos)
-    out = d.find_first_of(".e") == std::string::npos ? d + ".0" : d;
-  else return false;
-  return true;
-}
-
 }  // namespace
 
 std::string resolved_config(const Experiment& ex) {
@@ -98,8 +89,8 @@ std::string resolved_config(const Experiment& ex) {
     std::map<std::string, std::string> lines;  // key order, given and default alike
     for (const auto& [k, v] : p.params.values()) lines[k] = toml_value(v);
     for (const auto& q : policy_info(p.name).params) {
-      std::string lit;
-      if (!p.params.has(q.name) && literal_default(q, lit)) lines[q.name] = lit + "   # default";
+      const auto lit = literal_default(q);
+      if (!p.params.has(q.name) && lit) lines[q.name] = toml_value(*lit) + "   # default";
     }
     for (const auto& [k, v] : lines) o << k << " = " << v << "\n";
   }

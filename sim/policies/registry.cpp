@@ -41,6 +41,16 @@ const PolicyInfo& policy_info(const std::string& name) {
   throw Error("unknown policy '" + name + "' (known: " + known + ")");
 }
 
+std::optional<ParamValue> literal_default(const ParamInfo& p) {
+  const std::string& d = p.default_value;
+  if (d.empty() || d.find(' ') != std::string::npos || d == "required" || d == "none") return std::nullopt;
+  if (p.kind == "string") return ParamValue(d);
+  if (p.kind == "bool" && (d == "true" || d == "false")) return ParamValue(d == "true");
+  if (p.kind == "int" && d.find_first_not_of("-0123456789") == std::string::npos) return ParamValue(int64_t(std::stoll(d)));
+  if (p.kind == "float" && d.find_first_not_of("-0123456789.e") == std::string::npos) return ParamValue(std::stod(d));
+  return std::nullopt;
+}
+
 namespace {
 std::string memory_doc(const PolicyInfo& p) { return p.memory ? p.memory->doc : "refused (keeps the whole stream)"; }
 }  // namespace

@@ -51,6 +51,11 @@ struct PolicyInfo {
   std::vector<Params> examples;
 };
 
+/// A documented default that is a literal of the parameter's kind ("4", "0.5", "false",
+/// "accumulated") as a value; nullopt for "required", "none" and rules such as "recent + 4·centers".
+/// The registry test compares these with the factories' defaults; the resolved config writes them.
+std::optional<ParamValue> literal_default(const ParamInfo& p);
+
 /// Every registered policy, in registration order.
 const std::vector<const PolicyInfo*>& policy_registry();
 /// The policy named `name`; throws kvsim::Error listing the known names.
