@@ -34,7 +34,10 @@ expect_fail "unknown key 'everry'" "$KVSIM" run "$TMP/typo.toml" --out "$TMP/typ
 printf 'name="x"\n[data]\npath="%s/missing.h5"\n[[policy]]\nname="exact"\n' "$TMP" > "$TMP/missing.toml"
 expect_fail "$TMP/missing.h5: no such recording" "$KVSIM" run "$TMP/missing.toml" --out "$TMP/missing_out"
 # A shipped config's missing recording comes with the command that makes it ([data] recipe).
-(cd "$TMP" && expect_fail "no such recording; make it with: ./build/kvsim record" "$KVSIM" run "$SRC/experiments/stories260k.toml" --out "$TMP/nr")
+# Its path is relative to the config file (../results/recordings/...), not the working directory.
+mkdir -p "$TMP/exp" && cp "$SRC/experiments/stories260k.toml" "$TMP/exp/"
+expect_fail "$TMP/results/recordings/stories260k_tinystories.h5: no such recording; make it with: ./build/kvsim record" \
+  env -C / "$KVSIM" run "$TMP/exp/stories260k.toml" --out "$TMP/nr"
 [ -e "$TMP/missing_out/results.h5" ] && bad "results written for a missing recording" || ok
 echo "not hdf5" > "$TMP/junk.h5"
 expect_fail "$TMP/junk.h5: not an HDF5 file" "$KVSIM" inspect "$TMP/junk.h5"
@@ -69,6 +72,12 @@ out=$("$KVSIM" run "$TMP/rec.toml" --out "$TMP/run" --threads 2 --set eval.every
 grep -q "oracle_topk(budget=0.25)" <<<"$out" && ok || bad "summary table missing: $out"
 [ -s "$TMP/run/results.h5" ] && [ -s "$TMP/run/summary.csv" ] && ok || bad "result files missing"
 ls "$TMP/run" | grep -q tmp && bad "temporary files left in $TMP/run" || ok
+# Relative paths in a config resolve against its folder, from any working directory; the same
+# relative path given with --set resolves against the working directory (negative control).
+mkdir -p "$TMP/sub" && cp "$TMP/c.h5" "$TMP/sub/rel.h5"
+printf 'name="rel"\n[data]\npath="rel.h5"\n[eval]\nevery=64\n[[policy]]\nname="exact"\n' > "$TMP/sub/rel.toml"
+(cd / && "$KVSIM" run "$TMP/sub/rel.toml" --out "$TMP/rel_out" --quiet) && [ -s "$TMP/rel_out/results.h5" ] && ok || bad "config-relative data.path"
+expect_fail "kvsim: error: rel.h5: no such recording" env -C / "$KVSIM" run "$TMP/sub/rel.toml" --set data.path=rel.h5 --out "$TMP/rel_out2"
 "$KVSIM" clusters "$SRC/experiments/clusterability.toml" --set "data.path=$TMP/c.h5" --set clusters.centers=4 --out "$TMP/cl" >/dev/null \
   && [ -s "$TMP/cl/clusters.csv" ] && [ -s "$TMP/cl/clusters_fit.csv" ] && [ -s "$TMP/cl/pca.csv" ] && ok || bad "kvsim clusters"
 [ "$(awk -F, 'NR>1 && $6==1' "$TMP/cl/pca.csv" | wc -l)" -eq 16 ] && ok || bad "pca.csv should flag 4 centers x 2 tensors x 2 layers"

@@ -1,6 +1,7 @@
 #include "kvsim/cli/config.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <iostream>
@@ -16,6 +17,7 @@ namespace kvsim {
 namespace {
 
 using TV = toml::value;
+namespace fs = std::filesystem;
 using config_detail::parse_override_value;
 using config_detail::apply_override;
 
@@ -259,22 +261,73 @@ Experiment interpret(const TV& root, const std::string& origin) {
   return ex;
 }
 
-/// Parse TOML from `in` (named `origin` in errors) and apply `--set` overrides.
-TV parse_root(std::istream& in, const std::string& origin, const std::vector<std::string>& overrides) {
+/// `p` relative to the folder `base` holding the config file (absolute paths and an empty base
+/// leave it as written), lexically normalised: `experiments/../results/x.h5` → `results/x.h5`.
+std::string anchor(const std::string& p, const std::string& base) {
+  if (p.empty() || base.empty() || fs::path(p).is_absolute()) return p;
+  return (fs::path(base) / p).lexically_normal().string();
+}
+
+/// Rewrite the file paths a config names — `[data] path` (string or list) and `[model]` checkpoint,
+/// tokenizer and text — relative to the config file's folder. Runs before `--set` overrides, so a
+/// path given on the command line keeps meaning "relative to the working directory".
+void anchor_paths(TV& root, const std::string& base) {
+  if (base.empty() || !root.is_table()) return;
+  auto fix = [&](TV& v) {
+    if (v.is_string()) v = TV(anchor(v.as_string(), base));
+  };
+  if (root.contains("data") && root.at("data").is_table() && root.at("data").contains("path")) {
+    TV& p = root.as_table().at("data").as_table().at("path");
+    if (p.is_array())
+      for (auto& e : p.as_array()) fix(e);
+    else
+      fix(p);
+  }
+  if (root.contains("model") && root.at("model").is_table())
+    for (const char* k : {"checkpoint", "tokenizer", "text"})
+      if (root.at("model").contains(k)) fix(root.as_table().at("model").as_table().at(k));
+}
+
+/// Parse TOML from `in` (named `origin` in errors), anchor its paths at `base` (the config file's
+/// folder; empty for text that is not a file) and apply `--set` overrides.
+TV parse_root(std::istream& in, const std::string& origin, const std::vector<std::string>& overrides,
+              const std::string& base = "") {
   TV root;
   try {
     root = toml::parse(in, origin);
   } catch (const toml::syntax_error& e) {
     throw Error(std::string("config syntax error: ") + e.what());
   }
+  anchor_paths(root, base);
   for (const auto& o : overrides) apply_override(root, o);
   return root;
+}
+
+/// The folder holding config file `path` ("." when it has none), against which its paths resolve.
+std::string config_dir(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
 }
 
 TV load_root(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot open config file");
-  return parse_root(in, path, overrides);
+  return parse_root(in, path, overrides, config_dir(path));
+}
+
+Experiment experiment_from(std::istream& in, const std::string& origin, const std::vector<std::string>& overrides,
+                           const std::string& base) {
+  TV root = parse_root(in, origin, overrides, base);
+  try {
+    Experiment ex = interpret(root, origin);
+    std::ostringstream s;
+    s << toml::format(root, 100);
+    ex.config_text = s.str();
+    ex.resolved_text = resolved_config(ex);
+    return ex;
+  } catch (const toml::exception& e) {
+    throw Error(origin + ": " + e.what());
+  }
 }
 
 }  // namespace
@@ -342,25 +395,13 @@ ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::
 
 Experiment parse_experiment(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
   std::istringstream in(text);
-  TV root = parse_root(in, origin, overrides);
-  try {
-    Experiment ex = interpret(root, origin);
-    std::ostringstream s;
-    s << toml::format(root, 100);
-    ex.config_text = s.str();
-    ex.resolved_text = resolved_config(ex);
-    return ex;
-  } catch (const toml::exception& e) {
-    throw Error(origin + ": " + e.what());
-  }
+  return experiment_from(in, origin, overrides, "");
 }
 
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot open config file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_experiment(ss.str(), path, overrides);
+  return experiment_from(in, path, overrides, config_dir(path));
 }
 
 }  // namespace kvsim

@@ -24,10 +24,19 @@ std::vector<int64_t> eval_steps(const EvalSpec& e, int64_t n) {
 
 std::unique_ptr<StreamSource> open_source(const DataSpec& d) {
   if (d.synthetic) return std::make_unique<SynthSource>(d.synth);
-  if (!std::filesystem::exists(d.path))
+  if (!std::filesystem::exists(d.path)) {
+    // The recipe (a shell command run from the repository root) only when it makes this file:
+    // it names the file, or, for `kvsim record --windows`, the file without its `_wNN` suffix.
+    std::string file = std::filesystem::path(d.path).filename().string();
+    const size_t w = file.rfind("_w");
+    if (d.recipe.find(file) == std::string::npos && w != std::string::npos && file.size() == w + 7 &&
+        file.compare(w + 4, 3, ".h5") == 0)
+      file = file.substr(0, w) + ".h5";
     throw Error(d.path + ": no such recording" +
-                (d.recipe.find(d.path) == std::string::npos ? std::string(" (make one with kvsim record, kvsim synth or datasets/export_hf.py)")
-                                  : "; make it with: " + d.recipe));
+                (file.empty() || d.recipe.find(file) == std::string::npos
+                     ? std::string(" (make one with kvsim record, kvsim synth or datasets/export_hf.py)")
+                     : "; make it with: " + d.recipe));
+  }
   return std::make_unique<RecordingReader>(d.path);
 }
 

@@ -42,8 +42,10 @@ ParamValue parse_param_value(const std::string& text);
 std::string resolved_config(const Experiment& ex);
 
 /// Parse a config file with overrides; throws kvsim::Error naming the file, key and line.
+/// Relative file paths in the file (`[data] path`, `[model]` checkpoint/tokenizer/text) resolve
+/// against the config file's folder; paths given by `--set` resolve against the working directory.
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides = {});
-/// Same, from text (`origin` names it in errors).
+/// Same, from text (`origin` names it in errors); relative paths resolve against the working directory.
 Experiment parse_experiment(const std::string& text, const std::string& origin,
                             const std::vector<std::string>& overrides = {});
 
