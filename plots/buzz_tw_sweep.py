@@ -41,6 +41,8 @@ def main(argv=None):
     if not rows:
         sys.exit(f"error: {a.results_dir}/results.h5: no buzz policies with threshold and window")
     rows.sort()
+    if len({r[0] for r in rows}) < 2:
+        sys.exit(f"error: {a.results_dir}/results.h5: buzz runs at one T/w only ({rows[0][0]:.3g}); a T/w sweep needs 2 or more")
     fig, ax = plt.subplots(figsize=(6.5, 4))
     x = [r[0] for r in rows]
     ax.plot(x, [r[1] for r in rows], "o-", label="rel_err (mean)")
@@ -54,7 +56,7 @@ def main(argv=None):
     ax.set_yscale("log")
     ax.set_title(f"BUZZ at fixed stride and cache size: {data}", fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return save(fig, a.results_dir, a.out, "buzz_tw_sweep.png")
 
 

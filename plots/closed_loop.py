@@ -3,11 +3,15 @@
 
 Usage: python3 plots/closed_loop.py RESULTS_DIR [--out FIG.png]
 
-Left: cross-entropy increase over the exact cache (nats/token, mean over text windows) against the
-cache budget (fraction of the window; for subgen_kcenter recent + centers) for every policy.
-Right: each (policy, budget, window)'s open-loop mean rel_err against its closed-loop cross-entropy
-increase — does attention error predict model quality? (Spearman rank correlation in the title.)
-Writes PNG and PDF.
+Left: cross-entropy increase over the exact cache (nats/token) against the cache budget (fraction of
+the window: `budget`, `memory`, or for subgen_kcenter recent + centers), the mean over text windows
+with a 95% percentile-bootstrap interval over windows; one curve per policy variant (parameters other
+than the size), variants of one policy told apart by line style.
+Right: each (policy, size, window)'s open-loop mean rel_err against its closed-loop cross-entropy
+increase — does attention error predict model quality? (Spearman rank correlation over all points in
+the title.) Points with rel_err > 10 (an output that has lost the exact one, e.g. SubGen's unbounded
+estimator) go to a narrow off-scale panel on their own log axis instead of squashing the rest.
+Legends sit outside the data. Writes PNG and PDF.
 """
 import argparse
 import csv
@@ -19,17 +23,34 @@ import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplot
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import color, save
+from kvsim_results import bootstrap_ci, color, save
+
+SIZE_KEYS = ("budget", "memory", "recent", "centers")
+OFF_SCALE = 10.0  # open-loop rel_err above this is drawn in the off-scale panel
+STYLES = ["-", "--", ":", "-."]
+MARKERS = ["o", "s", "^", "D"]
+
+
+def label_params(label):
+    inside = label[label.find("(") + 1:label.rfind(")")] if "(" in label else ""
+    return dict(kv.split("=", 1) for kv in inside.split(",") if "=" in kv)
 
 
 def budget_of(label):
-    inside = label[label.find("(") + 1:label.rfind(")")] if "(" in label else ""
-    p = dict(kv.split("=", 1) for kv in inside.split(",") if "=" in kv)
-    if "budget" in p:
-        return float(p["budget"])
+    """The cache size as a fraction of the window, from the label's parameters (NaN if none)."""
+    p = label_params(label)
+    for k in ("budget", "memory"):
+        if k in p:
+            return float(p[k])
     if "recent" in p and "centers" in p:
         return float(p["recent"]) + float(p["centers"])
     return np.nan
+
+
+def variant_of(name, label):
+    """The curve a row belongs to: policy name plus its parameters other than the size."""
+    rest = [f"{k}={v}" for k, v in sorted(label_params(label).items()) if k not in SIZE_KEYS]
+    return f"{name}({','.join(rest)})" if rest else name
 
 
 def spearman(x, y):
@@ -38,53 +59,99 @@ def spearman(x, y):
     return np.corrcoef(rx, ry)[0, 1]
 
 
+def read_rows(results_dir):
+    path = os.path.join(results_dir, "closed_loop.csv")
+    if not os.path.exists(path):
+        sys.exit(f"error: {path} not found (run `kvsim closed-loop CONFIG --out {results_dir}` first)")
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        sys.exit(f"error: {path} has no rows")
+    return rows
+
+
+def draw_budget_panel(ax, rows):
+    """Left panel: mean ce_increase ± bootstrap interval over windows against budget, per variant."""
+    curves = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        inc = float(r["ce_increase"])
+        if np.isfinite(inc):
+            curves[(r["policy"], variant_of(r["policy"], r["label"]))][budget_of(r["label"])].append(inc)
+    per_policy = defaultdict(int)
+    for (name, variant), pts in sorted(curves.items()):
+        stats = sorted((b, *bootstrap_ci(v, seed=1)) for b, v in pts.items() if np.isfinite(b))
+        if not stats:
+            continue
+        k = per_policy[name]
+        per_policy[name] += 1
+        b, m, lo, hi = (np.array(c) for c in zip(*stats))
+        ax.errorbar(b, m, yerr=[m - lo, hi - m], color=color(name), ls=STYLES[k % 4], marker=MARKERS[k % 4], ms=4,
+                    capsize=2, label=variant)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_xlabel("cache size (fraction of the window)")
+    ax.set_ylabel("cross-entropy increase (nats/token)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.16), ncol=2)
+
+
+def draw_scatter(ax, ax_off, rows):
+    """Right panels: open-loop rel_err vs closed-loop ce_increase; off-scale points beside."""
+    xs, ys, cs = [], [], []
+    for r in rows:
+        x, y = float(r["open_rel_err"]), float(r["ce_increase"])
+        if np.isfinite(x) and np.isfinite(y):
+            xs.append(x)
+            ys.append(y)
+            cs.append(color(r["policy"]))
+    xs, ys, cs = np.array(xs), np.array(ys), np.array(cs)
+    on = xs <= OFF_SCALE
+    ax.scatter(xs[on], ys[on], c=cs[on], s=14, alpha=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_xlabel("open-loop rel_err (mean over layers, heads, steps)")
+    ax.set_ylabel("closed-loop cross-entropy increase (nats/token)")
+    ax.grid(alpha=0.3, which="both")
+    rho = spearman(xs, ys) if len(xs) > 2 else np.nan
+    ax.set_title(f"Does attention error predict quality?\nSpearman ρ = {rho:.2f} over all {len(xs)} points", fontsize=9)
+    if ax_off is not None:
+        ax_off.scatter(xs[~on], ys[~on], c=cs[~on], s=14, alpha=0.8)
+        ax_off.set_xscale("log")
+        ax_off.set_yscale("symlog", linthresh=1e-3)
+        lo, hi = min(ax.get_ylim()[0], ax_off.get_ylim()[0]), max(ax.get_ylim()[1], ax_off.get_ylim()[1])
+        hi *= 2.0  # headroom above the largest point (symlog: positive top)
+        ax.set_ylim(lo, hi)  # one y scale for both panels, so off-scale points are comparable
+        ax_off.set_ylim(lo, hi)
+        ax_off.tick_params(labelleft=False)
+        ax_off.set_title(f"off scale\n(rel_err > {OFF_SCALE:g})", fontsize=8)
+        ax_off.grid(alpha=0.3, which="both")
+        for name in sorted({r["policy"] for r in rows if float(r["open_rel_err"]) > OFF_SCALE}):
+            ax_off.scatter([], [], color=color(name), label=name, s=14)
+        ax_off.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.05, 1.0))
+        print(f"off-scale panel: {int((~on).sum())} points with rel_err > {OFF_SCALE:g}")
+    return rho
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    path = os.path.join(a.results_dir, "closed_loop.csv")
-    if not os.path.exists(path):
-        sys.exit(f"error: {path} not found (run `kvsim closed-loop CONFIG --out {a.results_dir}` first)")
-    with open(path) as f:
-        rows = [r for r in csv.DictReader(f)]
-    if not rows:
-        sys.exit(f"error: {path} has no rows")
-    by_policy = defaultdict(lambda: defaultdict(list))
-    xs, ys, cs = [], [], []
-    names = sorted({r["policy"] for r in rows})
-    colors = {n: color(n) for n in names}
-    for r in rows:
-        inc = float(r["ce_increase"])
-        if not np.isfinite(inc):
-            continue
-        by_policy[r["policy"]][budget_of(r["label"])].append(inc)
-        xs.append(float(r["open_rel_err"]))
-        ys.append(inc)
-        cs.append(colors[r["policy"]])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name in names:
-        pts = sorted((b, np.mean(v)) for b, v in by_policy[name].items() if np.isfinite(b))
-        if pts:
-            ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colors[name], label=name)
-    ax1.axhline(0, color="k", lw=0.8)
-    ax1.set_yscale("symlog", linthresh=1e-3)
-    ax1.set_xlabel("cache budget (fraction of the 512-token window)")
-    ax1.set_ylabel("cross-entropy increase (nats/token)")
-    ax1.set_title("Closed loop: model quality vs budget")
-    ax1.grid(alpha=0.3, which="both")
-    ax1.legend(fontsize=8)
-    ax2.scatter(xs, ys, c=cs, s=14, alpha=0.8)
-    for name in names:
-        ax2.scatter([], [], color=colors[name], label=name)
-    ax2.set_xscale("log")
-    ax2.set_yscale("symlog", linthresh=1e-3)
-    ax2.set_xlabel("open-loop rel_err (mean over layers, heads, steps)")
-    ax2.set_ylabel("closed-loop cross-entropy increase (nats/token)")
-    rho = spearman(np.array(xs), np.array(ys)) if len(xs) > 2 else np.nan
-    ax2.set_title(f"Does attention error predict quality? Spearman ρ = {rho:.2f}")
-    ax2.grid(alpha=0.3, which="both")
-    ax2.legend(fontsize=8)
+    rows = read_rows(a.results_dir)
+    has_off = any(float(r["open_rel_err"]) > OFF_SCALE and np.isfinite(float(r["ce_increase"])) for r in rows)
+    if has_off:
+        fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(12, 5.4), gridspec_kw={"width_ratios": [1.0, 0.9, 0.18]})
+    else:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 5.4))
+        ax3 = None
+    draw_budget_panel(ax1, rows)
+    draw_scatter(ax2, ax3, rows)
+    r0 = rows[0]
+    windows = len({r["window"] for r in rows})
+    data = (f"{r0['model']} on {r0['text']}, {windows} windows × {r0['tokens']} tokens" if "model" in r0
+            else f"{windows} windows")
+    ax1.set_title("Closed loop: quality vs cache size\n(mean, 95% bootstrap interval over windows)", fontsize=9)
+    fig.suptitle(f"Closed loop — {data}", fontsize=10)
     return save(fig, a.results_dir, a.out, "closed_loop.png")
 
 

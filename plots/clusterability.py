@@ -62,7 +62,7 @@ def main(argv=None):
     ax1.set_ylabel("clusters m' (mean over KV heads)")
     ax1.set_title("Online δ-clustering, δ = same multiple of median norm")
     ax1.grid(alpha=0.3, which="both")
-    ax1.legend(fontsize=7, ncol=2)
+    ax1.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(0, -0.2))
     for ax, tensor in ((ax2, "key"), (ax3, "value")):
         pts = [r for r in pca if int(r["layer"]) == a.layer and r["tensor"] == tensor]
         if not pts:
@@ -76,9 +76,13 @@ def main(argv=None):
         ax.set_xlabel("principal component 1")
         ax.set_ylabel("principal component 2")
         ax.set_title(f"Layer {a.layer} {tensor}s (KV head 0), colour = token index")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.2))
         ax.grid(alpha=0.3)
     fig.colorbar(sc, ax=ax3, label="token index")
+    f0 = next(iter(fit.values()))
+    if "model" in f0:
+        fig.suptitle(f"Clusterability — {f0['model']} on {f0['recording']}, n = {f0['n_tokens']}, "
+                     f"δ = {f0['delta_rel']} × median norm", fontsize=10)
     return save(fig, a.results_dir, a.out, "clusterability.png")
 
 

@@ -5,6 +5,8 @@ Usage: python3 plots/error_vs_step.py results/stories260k [--metric rel_err] [--
 
 Reads RESULTS_DIR/results.h5 (written by `kvsim run`), averages the metric over layers and heads at
 each evaluated step, and writes a PNG and a PDF (log-scaled y axis when the data spans decades).
+A run with more than --max-policies policy entries (a sweep) is refused with a one-line message —
+its curves would be unreadable; plot it with metric_vs_budget.py instead.
 """
 import argparse
 import sys
@@ -21,7 +23,13 @@ def main(argv=None):
     ap.add_argument("results_dir")
     ap.add_argument("--metric", default="rel_err")
     ap.add_argument("--out", default=None, help="output .png (default RESULTS_DIR/<metric>_vs_step.png)")
+    ap.add_argument("--max-policies", type=int, default=12, help="most curves in one figure (default 12)")
     a = ap.parse_args(argv)
+    with open_results(a.results_dir) as f:
+        count = sum(1 for _ in policies(f))
+    if count > a.max_policies:
+        sys.exit(f"error: {a.results_dir}/results.h5: {count} policy entries, too many curves for one error-vs-step figure "
+                 f"(--max-policies {a.max_policies}); a sweep is drawn by metric_vs_budget.py")
     fig, ax = plt.subplots(figsize=(7, 4.2))
     spans = []
     seen = {}  # policies sharing a name share a colour and differ in line style
@@ -53,7 +61,7 @@ def main(argv=None):
     ax.set_ylabel(f"{a.metric} (mean over layers and heads)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return save(fig, a.results_dir, a.out, f"{a.metric}_vs_step.png")
 
 

@@ -55,9 +55,9 @@ def save(fig, results_dir, out, default_name):
     """Write the figure as PNG (at `out`, or RESULTS_DIR/default_name) and PDF beside it."""
     out = out or os.path.join(results_dir, default_name)
     fig.tight_layout()
-    fig.savefig(out, dpi=130)
+    fig.savefig(out, dpi=130, bbox_inches="tight")  # "tight" keeps legends placed outside the axes
     pdf = os.path.splitext(out)[0] + ".pdf"
-    fig.savefig(pdf)
+    fig.savefig(pdf, bbox_inches="tight")
     print(f"wrote {out} and {pdf}")
     import matplotlib.pyplot as plt
 
@@ -70,6 +70,17 @@ POLICY_COLORS = {
     "exact": "#7f7f7f", "window": "#9467bd", "sink": "#ff7f0e", "h2o": "#1f77b4", "buzz": "#8c564b",
     "subgen": "#e377c2", "subgen_kcenter": "#2ca02c", "uniform": "#d62728", "oracle_topk": "#17becf",
 }
+
+
+def bootstrap_ci(values, seed=1, resamples=4000):
+    """Mean of `values` with a 95% percentile-bootstrap interval over them (seeded numpy resampling,
+    the method kvsim's sequences.csv uses): (mean, low, high); NaNs ignored, (nan, nan, nan) if none."""
+    import numpy as np
+    v = np.asarray([x for x in values if np.isfinite(x)], dtype=float)
+    if v.size == 0:
+        return np.nan, np.nan, np.nan
+    means = np.random.default_rng(seed).choice(v, size=(resamples, v.size)).mean(axis=1)
+    return float(v.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def color(policy_name):

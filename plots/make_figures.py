@@ -20,6 +20,7 @@ import error_vs_step
 import metric_vs_budget
 import sequences
 import subgen_theorem1
+from kvsim_results import bootstrap_ci
 
 TABLE_METRICS = ["rel_err", "eps_spectral", "kept_mass", "mass_ratio", "tau_rel_err", "cache_tokens"]
 
@@ -76,17 +77,23 @@ def sequences_table(results_dir):
 
 
 def closed_loop_table(results_dir):
+    """Per policy entry: mean over windows [95% bootstrap interval over windows] of the cross-entropy
+    increase and the open-loop rel_err (windows where the model broke down, ce = nan, left out)."""
     path = os.path.join(results_dir, "closed_loop.csv")
     acc = {}
-    with open(path) as f:
+    with open(path, newline="") as f:
         for r in csv.DictReader(f):
-            a = acc.setdefault(r["label"], [0.0, 0.0, 0])
-            a[0] += float(r["ce_increase"])
-            a[1] += float(r["open_rel_err"])
-            a[2] += 1
-    lines = ["| policy | CE increase (nats/token) | open-loop rel_err |", "|---|---|---|"]
-    for label, (ce, re, n) in acc.items():
-        lines.append(f"| {label} | {ce / n:.4g} | {re / n:.4g} |")
+            a = acc.setdefault(r["label"], ([], []))
+            a[0].append(float(r["ce_increase"]))
+            a[1].append(float(r["open_rel_err"]))
+
+    def cell(v):
+        m, lo, hi = bootstrap_ci(v)
+        n = sum(1 for x in v if x == x)
+        return "-" if n == 0 else f"{m:.4g} [{lo:.4g}, {hi:.4g}]" + ("" if n == len(v) else f" ({n} of {len(v)} windows)")
+    lines = ["| policy (mean over windows [95% interval]) | CE increase (nats/token) | open-loop rel_err |", "|---|---|---|"]
+    for label, (ce, re) in acc.items():
+        lines.append(f"| {label} | {cell(ce)} | {cell(re)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplot
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import column, open_results, params, policies, save, text
+from kvsim_results import column, data_set, open_results, params, policies, save, text
 
 
 def quantile_panel(ax, rows, reference, xlabel, ylabel, title):
@@ -31,7 +31,7 @@ def quantile_panel(ax, rows, reference, xlabel, ylabel, title):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.19), ncol=3)
     ax.grid(alpha=0.3, which="both")
 
 
@@ -43,6 +43,7 @@ def main(argv=None):
     eps_rows, t_rows, s_rows = [], [], []
     with open_results(a.results_dir) as f:
         d = int(f.attrs["head_dim"])
+        data = data_set(f)
         by_s, by_t = {}, {}
         for _, grp in policies(f):
             p = params(grp)
@@ -82,6 +83,7 @@ def main(argv=None):
         x = np.array([r[0] for r in rows], dtype=float)
         quantile_panel(ax2, rows, (rows[0][1] * np.sqrt(x[0] / x), "k:", "∝ 1/√t"),
                        "samples per cluster t", "|τ̂ − τ| / τ", "Partition function (Eq. 5) vs t")
+    fig.suptitle(f"SubGen Theorem 1 — {data}", fontsize=10)
     return save(fig, a.results_dir, a.out, "subgen_theorem1.png")
 
 

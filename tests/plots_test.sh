@@ -53,12 +53,33 @@ run "$TMP/sq.toml" --out "$TMP/sq"
 "$PY" "$SRC/plots/sequences.py" "$TMP/sq" >/dev/null && check "$TMP/sq/rel_err_vs_memory_sequences"
 # One command for every figure + report.md over all the tiny runs.
 dirs="$TMP/q $TMP/s $TMP/s2 $TMP/h $TMP/m $TMP/b $TMP/c $TMP/sq"; [ -d "$TMP/cl2" ] && dirs="$dirs $TMP/cl2"
+rm -f "$TMP/q/rel_err_vs_step.png"
 if "$PY" "$SRC/plots/make_figures.py" $dirs --report "$TMP/report.md" >/dev/null 2>"$TMP/err"; then
   n=$(grep -c '^!\[' "$TMP/report.md"); [ "$n" -ge 8 ] && passes=$((passes+1)) || { echo "FAIL: report.md embeds only $n figures"; fails=$((fails+1)); }
   grep -q '^| policy |' "$TMP/report.md" && passes=$((passes+1)) || { echo "FAIL: report.md has no summary table"; fails=$((fails+1)); }
 else
   echo "FAIL: make_figures.py: $(cat "$TMP/err")"; fails=$((fails+1))
 fi
+# Figures that do not fit a run are skipped with a reason: a 20-entry sweep gets no error-vs-step
+# figure (the 3-entry quickstart run does: negative control); buzz at one T/w gets no T/w "sweep".
+grep -q "skipped error_vs_step: .*policy entries, too many curves" "$TMP/err" && passes=$((passes+1)) \
+  || { echo "FAIL: make_figures did not skip error_vs_step for the sweep: $(cat "$TMP/err")"; fails=$((fails+1)); }
+[ -s "$TMP/q/rel_err_vs_step.png" ] && passes=$((passes+1)) || { echo "FAIL: no rel_err_vs_step for quickstart"; fails=$((fails+1)); }
+run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b1" --set "data.path=$TMP/rec.h5" --set policy.window=31 --set policy.threshold=93
+"$PY" "$SRC/plots/buzz_tw_sweep.py" "$TMP/b1" 2>"$TMP/err" >/dev/null && { echo "FAIL: a one-T/w sweep was drawn"; fails=$((fails+1)); }
+grep -q "one T/w only" "$TMP/err" && passes=$((passes+1)) || { echo "FAIL: one-T/w message: $(cat "$TMP/err")"; fails=$((fails+1)); }
+# Closed loop: an off-scale point (SubGen's rel_err 1e30) goes to its own panel; none without it.
+mkdir -p "$TMP/cl3" "$TMP/cl4"
+h="policy,label,window,ce_exact,ce_policy,ce_increase,open_rel_err,open_eps,cache_tokens,diverge_at,model,text,tokens"
+rows="window,window(budget=0.1),0,1.5,1.6,0.1,0.2,0.04,10,-1,m,t.txt,64
+window,window(budget=0.5),0,1.5,1.51,0.01,0.02,0.004,32,-1,m,t.txt,64
+h2o,h2o(budget=0.1),0,1.5,1.62,0.12,0.25,0.05,10,-1,m,t.txt,64"
+printf '%s\n%s\n' "$h" "$rows" > "$TMP/cl4/closed_loop.csv"
+printf '%s\n%s\nsubgen,"subgen(memory=0.1,t=1)",0,1.5,8,6.5,1e30,1e29,10,3,m,t.txt,64\n' "$h" "$rows" > "$TMP/cl3/closed_loop.csv"
+out=$("$PY" "$SRC/plots/closed_loop.py" "$TMP/cl3")
+grep -q "off-scale panel: 1 points" <<<"$out" && check "$TMP/cl3/closed_loop" || { echo "FAIL: closed-loop off-scale panel: $out"; fails=$((fails+1)); }
+out=$("$PY" "$SRC/plots/closed_loop.py" "$TMP/cl4")
+grep -q "off-scale" <<<"$out" && { echo "FAIL: off-scale panel without off-scale points"; fails=$((fails+1)); } || check "$TMP/cl4/closed_loop"
 # A missing results folder is a clear error, not a traceback.
 "$PY" "$SRC/plots/error_vs_step.py" "$TMP/none" 2>"$TMP/err" && { echo "FAIL: no error for a missing folder"; fails=$((fails+1)); }
 grep -q "results.h5 not found" "$TMP/err" && passes=$((passes+1)) || { echo "FAIL: message: $(cat "$TMP/err")"; fails=$((fails+1)); }

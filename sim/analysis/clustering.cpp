@@ -123,6 +123,7 @@ void write_files(const std::string& out_dir, const std::vector<std::pair<std::st
 }  // namespace
 
 std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir) {
+  namespace fs = std::filesystem;
   RecordingReader rec(s.path);
   const auto& m = rec.meta();
   std::vector<int> layers = s.layers;
@@ -133,7 +134,11 @@ std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir)
   if (!(s.delta_rel > 0)) throw Error("clusters.delta_rel must be > 0");
   std::ostringstream counts, fit, pca, summary;
   counts << "layer,kv_head,tensor,n,clusters\n";
-  fit << "layer,tensor,delta,delta_r,gamma,clusters_at_n\n";
+  // The last columns name the data set (model and recording file names, tokens, δ multiple) for titles.
+  fit << "layer,tensor,delta,delta_r,gamma,clusters_at_n,model,recording,n_tokens,delta_rel\n";
+  const std::string data = "," + csv_field(fs::path(m.model).stem().string()) + "," +
+                           csv_field(fs::path(s.path).filename().string()) + "," + std::to_string(m.n_tokens) + "," +
+                           [&] { std::ostringstream d; d << s.delta_rel; return d.str(); }() + "\n";
   pca << "layer,tensor,index,pc1,pc2,center\n";
   char buf[256];
   std::snprintf(buf, sizeof buf, "%5s %6s %9s %9s %7s %9s\n", "layer", "tensor", "delta", "delta*r", "gamma", "m'(n)");
@@ -168,7 +173,7 @@ std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir)
       const double delta = delta_sum / m.n_kv_heads;
       const double dr = which == Tensor::k ? delta * r : NAN;
       const double last = mean_m.rbegin()->second;
-      fit << l << ',' << tname << ',' << delta << ',' << dr << ',' << gamma << ',' << last << '\n';
+      fit << l << ',' << tname << ',' << delta << ',' << dr << ',' << gamma << ',' << last << data;
       std::snprintf(buf, sizeof buf, "%5d %6s %9.4g %9.4g %7.3f %9.1f\n", l, tname, delta, dr, gamma, last);
       summary << buf;
     }

@@ -96,16 +96,19 @@ void closed_loop_policy(const ClosedLoopConfig& c, LlamaModel& model, const Poli
   }
 }
 
-void write_closed_loop_csv(const std::vector<ClosedLoopRow>& rows, const std::string& path) {
+/// closed_loop.csv: a row per (policy entry, window); the last three columns name the data set
+/// (checkpoint and text file names, window length) so figures can title themselves.
+void write_closed_loop_csv(const ClosedLoopConfig& c, const std::vector<ClosedLoopRow>& rows, const std::string& path) {
+  namespace fs = std::filesystem;
   std::ostringstream o;
-  o << "policy,label,window,ce_exact,ce_policy,ce_increase,open_rel_err,open_eps,cache_tokens,diverge_at\n";
+  o << "policy,label,window,ce_exact,ce_policy,ce_increase,open_rel_err,open_eps,cache_tokens,diverge_at,model,text,tokens\n";
+  const std::string data = "," + csv_field(fs::path(c.checkpoint).stem().string()) + "," +
+                           csv_field(fs::path(c.text).filename().string()) + "," + std::to_string(c.tokens) + "\n";
   char buf[512];
   for (const auto& r : rows) {
-    std::string label = r.label;
-    if (label.find(',') != std::string::npos) label = "\"" + label + "\"";
-    std::snprintf(buf, sizeof buf, "%s,%s,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%d\n", r.name.c_str(), label.c_str(), r.window,
-                  r.ce_exact, r.ce_policy, r.ce_increase, r.open_rel_err, r.open_eps, r.cache_tokens, r.diverge_at);
-    o << buf;
+    std::snprintf(buf, sizeof buf, ",%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%d", r.window, r.ce_exact, r.ce_policy, r.ce_increase,
+                  r.open_rel_err, r.open_eps, r.cache_tokens, r.diverge_at);
+    o << csv_field(r.name) << ',' << csv_field(r.label) << buf << data;
   }
   write_file_atomically(path, o.str());
 }
@@ -156,7 +159,7 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
     }
     fs::remove(rec_path, ec);
   }
-  write_closed_loop_csv(rows, (fs::path(out_dir) / "closed_loop.csv").string());
+  write_closed_loop_csv(c, rows, (fs::path(out_dir) / "closed_loop.csv").string());
   return rows;
 }
 

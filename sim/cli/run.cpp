@@ -67,9 +67,11 @@ std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>
   for (const auto& k : keys) o << ',' << k;
   o << '\n';
   std::ostringstream table;
+  size_t w = 6;  // full labels: k-center rows differ only at their end
+  for (const auto& p : ex.policies) w = std::max(w, p.label.size());
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%-40s %-12s %11s %23s\n", "policy", "metric", "mean", "95% CI (bootstrap)");
-  table << buf;
+  std::snprintf(buf, sizeof buf, " %-12s %11s %23s\n", "metric", "mean", "95% CI (bootstrap)");
+  table << "policy" << std::string(w - 6, ' ') << buf;
   for (size_t p = 0; p < ex.policies.size(); ++p)
     for (size_t m = 0; m < metrics.size(); ++m) {
       std::vector<double> per_seq;
@@ -77,18 +79,16 @@ std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>
       const Interval ci = bootstrap_mean_ci(per_seq, derive_seed({ex.seed, 0xc1, p, m}));
       if (ci.n == 0) continue;  // the metric does not apply to this policy
       char line[512];
-      std::snprintf(line, sizeof line, "%s,\"%s\",%s,%d,%.6g,%.6g,%.6g,percentile bootstrap 95%% (4000 resamples)\n",
-                    ex.policies[p].name.c_str(), ex.policies[p].label.c_str(), metrics[m].name.c_str(), ci.n, ci.mean,
-                    ci.low, ci.high);
-      std::string cells;
+      std::snprintf(line, sizeof line, ",%s,%d,%.6g,%.6g,%.6g,percentile bootstrap 95%% (4000 resamples)",
+                    metrics[m].name.c_str(), ci.n, ci.mean, ci.low, ci.high);
+      o << csv_field(ex.policies[p].name) << ',' << csv_field(ex.policies[p].label) << line;
       for (const auto& k : keys)
-        cells += "," + (ex.policies[p].params.has(k) ? param_to_string(ex.policies[p].params.values().at(k)) : "");
-      o << std::string(line, std::strlen(line) - 1) << cells << '\n';
+        o << ',' << (ex.policies[p].params.has(k) ? csv_field(param_to_string(ex.policies[p].params.values().at(k))) : "");
+      o << '\n';
       const std::string& name = metrics[m].name;
       if (name == "rel_err" || name == "eps_spectral" || name == "kept_mass") {
-        std::snprintf(buf, sizeof buf, "%-40s %-12s %11.4g   [%9.4g, %9.4g]\n", ex.policies[p].label.substr(0, 40).c_str(),
-                      name.c_str(), ci.mean, ci.low, ci.high);
-        table << buf;
+        std::snprintf(buf, sizeof buf, " %-12s %11.4g   [%9.4g, %9.4g]\n", name.c_str(), ci.mean, ci.low, ci.high);
+        table << ex.policies[p].label << std::string(w - ex.policies[p].label.size(), ' ') << buf;
       }
     }
   write_file_atomically((std::filesystem::path(out) / "sequences.csv").string(), o.str());

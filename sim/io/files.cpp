@@ -7,6 +7,13 @@
 
 namespace kvsim {
 
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string o = "\"";
+  for (char c : s) o += (c == '"') ? std::string("\"\"") : std::string(1, c);
+  return o + "\"";
+}
+
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "kvsim/core/error.hpp"
+#include "kvsim/io/files.hpp"
 #include "kvsim/io/h5.hpp"
 #include "kvsim/io/recording.hpp"
 #include "kvsim/io/provenance.hpp"
@@ -50,13 +51,6 @@ Stat summarize(std::vector<double> v) {
 }
 
 namespace results_detail {
-
-std::string csv_escape(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char c : s) o += (c == '"') ? std::string("\"\"") : std::string(1, c);
-  return o + "\"";
-}
 
 std::string num(double x) {
   if (std::isnan(x)) return "nan";
@@ -115,7 +109,7 @@ void write_policy_group(h5::File& f, const std::string& g, const PolicySpec& spe
 
 std::string stats_header(const std::vector<std::string>& keys, const std::string& flag_header) {
   std::string h = ",metric,count,mean,median,p95,max" + flag_header;
-  for (const auto& k : keys) h += "," + csv_escape(k);
+  for (const auto& k : keys) h += "," + csv_field(k);
   return h + "\n";
 }
 
@@ -124,11 +118,11 @@ void stat_lines(std::ostream& o, const PolicySpec& spec, const std::string& grou
                 const std::vector<MetricColumn>& metrics, const std::vector<std::string>& keys,
                 const std::function<Stat(size_t metric)>& stat_of, const std::string& flags) {
   std::string cells = flags;
-  for (const auto& k : keys) cells += "," + (spec.params.has(k) ? csv_escape(param_to_string(spec.params.values().at(k))) : "");
+  for (const auto& k : keys) cells += "," + (spec.params.has(k) ? csv_field(param_to_string(spec.params.values().at(k))) : "");
   for (size_t m = 0; m < metrics.size(); ++m) {
     const Stat st = stat_of(m);
     if (st.count == 0) continue;
-    o << csv_escape(spec.name) << ',' << csv_escape(spec.label) << ',' << group << ',' << metrics[m].name << ','
+    o << csv_field(spec.name) << ',' << csv_field(spec.label) << ',' << group << ',' << metrics[m].name << ','
       << st.count << ',' << num(st.mean) << ',' << num(st.median) << ',' << num(st.p95) << ',' << num(st.max) << cells << '\n';
   }
 }

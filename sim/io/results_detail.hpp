@@ -11,7 +11,6 @@
 
 namespace kvsim::results_detail {
 
-std::string csv_escape(const std::string& s);
 /// "%.6g", or "nan".
 std::string num(double x);
 /// "/policy_NN".

@@ -9,4 +9,8 @@ namespace kvsim {
 /// or moved into place.
 void write_file_atomically(const std::string& path, const std::string& text);
 
+/// One CSV field (RFC 4180): as is, or double-quoted with inner quotes doubled when it holds a
+/// comma, quote or newline — e.g. a policy label `h2o(budget=0.1,group_agg=max)`.
+std::string csv_field(const std::string& s);
+
 }  // namespace kvsim
