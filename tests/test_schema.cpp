@@ -218,6 +218,89 @@ TEST_CASE("schema: malformed recordings are rejected naming file and dataset and
   require_error(tmp.file("missing.h5"), "not an HDF5 file");
 }
 
+namespace {
+
+/// Replace dataset `ds` of a valid recording by one of the same shape made with `dcpl` and `type`,
+/// writing `write_heads` of its heads (chunked: chunk = one head) from float data.
+void replace_dataset(h5::File& f, const std::string& ds, hid_t type, hid_t dcpl, int write_heads,
+                     std::vector<hsize_t> shape = {1, 8, 4}, bool extendible = false) {
+  H5Ldelete(f.id(), ds.c_str(), H5P_DEFAULT);
+  std::vector<hsize_t> maxdims(shape.size(), H5S_UNLIMITED);
+  h5::Handle sp(H5Screate_simple(int(shape.size()), shape.data(), extendible ? maxdims.data() : nullptr));
+  h5::Handle d(H5Dcreate2(f.id(), ds.c_str(), type, sp.get(), H5P_DEFAULT, dcpl, H5P_DEFAULT));
+  REQUIRE(d.valid());
+  const hsize_t per_head = shape[1] * shape[2];
+  std::vector<double> buf(per_head, 0.5);
+  for (int h = 0; h < write_heads; ++h) {
+    h5::Handle fs(H5Dget_space(d.get()));
+    hsize_t off[3] = {hsize_t(h), 0, 0}, cnt[3] = {1, shape[1], shape[2]};
+    H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, off, nullptr, cnt, nullptr);
+    h5::Handle ms(H5Screate_simple(3, cnt, nullptr));
+    REQUIRE(H5Dwrite(d.get(), H5T_NATIVE_DOUBLE, ms.get(), fs.get(), H5P_DEFAULT, buf.data()) >= 0);
+  }
+}
+
+h5::Handle chunked_dcpl(std::vector<hsize_t> chunk) {
+  h5::Handle p(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_chunk(p.get(), int(chunk.size()), chunk.data());
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("schema: element types and storage are checked before any read", "[schema][untrusted]") {
+  test::TempDir tmp;
+  int k = 0;
+  auto path = [&] { return tmp.file("st" + std::to_string(k++) + ".h5"); };
+  auto with = [&](const std::function<void(h5::File&)>& m) {
+    auto p = path();
+    write_raw(p, 1, 2, 1, 8, 4, m);
+    return p;
+  };
+  // Negative control: a float64 copy of a valid dataset differs only in its type.
+  auto p0 = with([](h5::File& f) { replace_dataset(f, "/layer_000/v", H5T_IEEE_F32LE, H5P_DEFAULT, 1); });
+  CHECK_NOTHROW(RecordingReader(p0).read(0, Tensor::v, 0));
+  require_error(with([](h5::File& f) { replace_dataset(f, "/layer_000/v", H5T_IEEE_F64LE, H5P_DEFAULT, 1); }),
+                "dataset '/layer_000/v' has element type float64; the schema allows IEEE float32 or float16 only");
+  require_error(with([](h5::File& f) { replace_dataset(f, "/layer_000/k", H5T_STD_I32LE, H5P_DEFAULT, 1); }),
+                "dataset '/layer_000/k' has element type int32");
+  // A contiguous dataset never written reads as zeros: refused, not replayed.
+  require_error(with([](h5::File& f) { replace_dataset(f, "/layer_000/v", H5T_IEEE_F32LE, H5P_DEFAULT, 0); }),
+                "dataset '/layer_000/v': storage holds 0 bytes");
+  // A chunked dataset with one of two chunks written (the other would read as fill values).
+  require_error(with([](h5::File& f) {
+                  replace_dataset(f, "/layer_000/q", H5T_IEEE_F32LE, chunked_dcpl({1, 8, 4}).get(), 1, {2, 8, 4});
+                }),
+                "dataset '/layer_000/q': 1 of its 2 chunks hold data");
+  CHECK_NOTHROW(RecordingReader(with([](h5::File& f) {
+    replace_dataset(f, "/layer_000/q", H5T_IEEE_F32LE, chunked_dcpl({1, 8, 4}).get(), 2, {2, 8, 4});
+  })));
+  // Chunk dims larger than the dataset (possible for an extendible one), a filter kvsim does not read, external raw data.
+  require_error(with([](h5::File& f) {
+                  replace_dataset(f, "/layer_000/k", H5T_IEEE_F32LE, chunked_dcpl({1, 64, 4}).get(), 1, {1, 8, 4}, true);
+                }),
+                "dataset '/layer_000/k': chunk dims [1, 64, 4] do not fit its shape [1, 8, 4]");
+  require_error(with([](h5::File& f) {
+                  auto dcpl = chunked_dcpl({1, 8, 4});
+                  H5Pset_nbit(dcpl.get());
+                  replace_dataset(f, "/layer_000/k", H5T_IEEE_F32LE, dcpl.get(), 1);
+                }),
+                "dataset '/layer_000/k' uses the nbit filter");
+  const std::string ext = tmp.file("raw.bin");
+  require_error(with([&](h5::File& f) {
+                  h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
+                  H5Pset_external(dcpl.get(), ext.c_str(), 0, 8 * 4 * 4);
+                  replace_dataset(f, "/layer_000/v", H5T_IEEE_F32LE, dcpl.get(), 1);
+                }),
+                "dataset '/layer_000/v' keeps its data in external files");
+  // Tokens must be int32; a float or int64 tokens dataset is refused by name.
+  require_error(with([](h5::File& f) { f.write_vector("/tokens", std::vector<double>(8, 1.0)); }),
+                "dataset '/tokens' has element type float64; the schema allows int32 only");
+  require_error(with([](h5::File& f) { f.write_vector("/tokens", std::vector<int64_t>(8, 1)); }),
+                "dataset '/tokens' has element type int64");
+  CHECK_NOTHROW(RecordingReader(with([](h5::File& f) { f.write_vector("/tokens", std::vector<int32_t>(8, 1)); })));
+}
+
 TEST_CASE("schema: an unfinished writer leaves no file behind", "[schema]") {
   test::TempDir tmp;
   std::string path = tmp.file("partial.h5");

@@ -1,5 +1,6 @@
 #include "kvsim/io/h5.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 namespace kvsim::h5 {
@@ -9,6 +10,56 @@ struct Quiet {
   Quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 };
 const Quiet quiet_once;
+
+/// HDF5's automatic error-stack printing is per thread in thread-safe builds: switched off in every
+/// thread that touches a file, so a failure is only ever kvsim's one-line error.
+void quiet_this_thread() { thread_local const Quiet q; (void)q; }
+
+std::string dims_text(const std::vector<hsize_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string filter_name(H5Z_filter_t f) {
+  switch (f) {
+    case H5Z_FILTER_DEFLATE: return "deflate";
+    case H5Z_FILTER_SHUFFLE: return "shuffle";
+    case H5Z_FILTER_FLETCHER32: return "fletcher32";
+    case H5Z_FILTER_SZIP: return "szip";
+    case H5Z_FILTER_NBIT: return "nbit";
+    case H5Z_FILTER_SCALEOFFSET: return "scaleoffset";
+    case 32000: return "lzf";
+    case 32001: return "blosc";
+    case 32004: return "lz4";
+    case 32015: return "zstd";
+    default: return "filter " + std::to_string(f);
+  }
+}
+
+/// Layout, chunking, filters and sizes of an open dataset into `info`.
+void read_storage(hid_t d, DatasetInfo& info) {
+  Handle dcpl(H5Dget_create_plist(d));
+  info.layout = H5Pget_layout(dcpl.get());
+  info.external_files = H5Pget_external_count(dcpl.get());
+  info.storage_bytes = H5Dget_storage_size(d);
+  if (info.layout == H5D_CONTIGUOUS) info.offset = H5Dget_offset(d);
+  if (info.layout != H5D_CHUNKED) return;
+  const int rank = H5Pget_chunk(dcpl.get(), 0, nullptr);
+  if (rank > 0 && rank <= 32) {
+    info.chunk.resize(size_t(rank));
+    H5Pget_chunk(dcpl.get(), rank, info.chunk.data());
+  }
+  const int nf = H5Pget_nfilters(dcpl.get());
+  for (int i = 0; i < nf && i < 64; ++i) {
+    unsigned flags = 0, cd[8];
+    size_t ncd = 8;
+    info.filters.push_back(H5Pget_filter2(dcpl.get(), unsigned(i), &flags, &ncd, cd, 0, nullptr, nullptr));
+  }
+  hsize_t n = 0;
+  Handle space(H5Dget_space(d));
+  if (H5Dget_num_chunks(d, space.get(), &n) >= 0) info.allocated_chunks = n;
+}
 
 }  // namespace
 
@@ -29,8 +80,16 @@ void Handle::reset() {
 
 void File::fail(const std::string& what) const { throw Error(path_ + ": " + what); }
 
+bool DatasetInfo::is_ieee_float(int bits) const {
+  if (type_class != H5T_FLOAT) return false;
+  if (bits == 32) return type_size == 4 && exp_bits == 8 && mant_bits == 23 && exp_bias == 127;
+  if (bits == 16) return type_size == 2 && exp_bits == 5 && mant_bits == 10 && exp_bias == 15;
+  return false;
+}
+
 File File::open_read(const std::string& path) {
   (void)quiet_once;
+  quiet_this_thread();
   if (H5Fis_hdf5(path.c_str()) <= 0) throw Error(path + ": not an HDF5 file (or cannot be opened)");
   Handle h(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!h.valid()) throw Error(path + ": cannot open HDF5 file for reading");
@@ -39,6 +98,7 @@ File File::open_read(const std::string& path) {
 
 File File::create(const std::string& path) {
   (void)quiet_once;
+  quiet_this_thread();
   Handle h(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (!h.valid()) throw Error(path + ": cannot create HDF5 file");
   return File(std::move(h), path);
@@ -151,6 +211,7 @@ void File::create_group(const std::string& name) {
 }
 
 DatasetInfo File::dataset_info(const std::string& name) const {
+  quiet_this_thread();
   if (!exists(name)) fail("missing dataset '" + name + "'");
   Handle d(H5Dopen2(h_.get(), name.c_str(), H5P_DEFAULT));
   if (!d.valid()) fail("'" + name + "' is not a dataset");
@@ -159,11 +220,63 @@ DatasetInfo File::dataset_info(const std::string& name) const {
   DatasetInfo info;
   int rank = H5Sget_simple_extent_ndims(sp.get());
   if (rank < 0) fail("cannot read the shape of dataset '" + name + "'");
+  if (rank > 32) fail("dataset '" + name + "' has rank " + std::to_string(rank));
   info.shape.resize(rank);
   H5Sget_simple_extent_dims(sp.get(), info.shape.data(), nullptr);
   info.type_class = H5Tget_class(t.get());
   info.type_size = H5Tget_size(t.get());
+  if (info.type_class == H5T_FLOAT) {
+    size_t spos, epos, mpos;
+    H5Tget_fields(t.get(), &spos, &epos, &info.exp_bits, &mpos, &info.mant_bits);
+    info.exp_bias = H5Tget_ebias(t.get());
+  } else if (info.type_class == H5T_INTEGER) {
+    info.is_signed = H5Tget_sign(t.get()) == H5T_SGN_2;
+  }
+  read_storage(d.get(), info);
   return info;
+}
+
+void File::check_storage(const std::string& name, const DatasetInfo& info) const {
+  const std::string ds = "dataset '" + name + "'";
+  if (info.external_files != 0) fail(ds + " keeps its data in external files (not read, for safety)");
+  const hsize_t n = info.elements();
+  const hsize_t bytes = n * hsize_t(info.type_size);
+  if (info.type_size == 0 || (n != 0 && bytes / n != hsize_t(info.type_size))) fail(ds + ": impossible size");
+  if (info.layout == H5D_CONTIGUOUS || info.layout == H5D_COMPACT) {
+    if (info.storage_bytes != bytes)
+      fail(ds + ": storage holds " + std::to_string(info.storage_bytes) + " bytes, its shape " + dims_text(info.shape) +
+           " and " + std::to_string(info.type_size) + "-byte type need " + std::to_string(bytes) +
+           (info.storage_bytes == 0 ? " (no data was ever written)" : " (corrupt or truncated)"));
+    if (info.layout == H5D_CONTIGUOUS && n != 0) {
+      hsize_t file_size = 0;
+      H5Fget_filesize(h_.get(), &file_size);
+      if (info.offset == HADDR_UNDEF || info.offset + bytes > file_size)
+        fail(ds + ": its data lies beyond the end of the file (" + std::to_string(file_size) + " bytes; truncated?)");
+    }
+    return;
+  }
+  if (info.layout != H5D_CHUNKED) fail(ds + " has a virtual or unknown storage layout (kvsim reads contiguous, compact or chunked)");
+  if (info.chunk.size() != info.shape.size()) fail(ds + ": chunk rank does not match its rank " + std::to_string(info.shape.size()));
+  hsize_t chunk_elems = 1, expected_chunks = 1;
+  for (size_t i = 0; i < info.shape.size(); ++i) {
+    const hsize_t c = info.chunk[i], dim = info.shape[i];
+    if (c == 0 || c > std::max<hsize_t>(dim, 1))
+      fail(ds + ": chunk dims " + dims_text(info.chunk) + " do not fit its shape " + dims_text(info.shape));
+    chunk_elems *= c;
+    expected_chunks *= (dim + c - 1) / c;
+  }
+  for (H5Z_filter_t f : info.filters) {
+    if (f != H5Z_FILTER_DEFLATE && f != H5Z_FILTER_SHUFFLE && f != H5Z_FILTER_FLETCHER32)
+      fail(ds + " uses the " + filter_name(f) + " filter (kvsim reads deflate, shuffle and fletcher32; re-export without it)");
+    if (H5Zfilter_avail(f) <= 0) fail(ds + ": the " + filter_name(f) + " filter is not available in this HDF5 library");
+  }
+  if (n != 0 && info.allocated_chunks != expected_chunks)
+    fail(ds + ": " + std::to_string(info.allocated_chunks) + " of its " + std::to_string(expected_chunks) +
+         " chunks hold data (the rest would read as fill values; incomplete or corrupt)");
+  if (info.filters.empty() && info.storage_bytes != info.allocated_chunks * chunk_elems * info.type_size)
+    fail(ds + ": storage holds " + std::to_string(info.storage_bytes) + " bytes, " + std::to_string(info.allocated_chunks) +
+         " chunks of " + dims_text(info.chunk) + " need " + std::to_string(info.allocated_chunks * chunk_elems * info.type_size));
+  if (!info.filters.empty() && n != 0 && info.storage_bytes == 0) fail(ds + ": no data was ever written");
 }
 
 void File::create_dataset(const std::string& name, hid_t file_type, const std::vector<hsize_t>& shape,
@@ -185,6 +298,7 @@ void File::create_dataset(const std::string& name, hid_t file_type, const std::v
 
 void File::read_slab(const std::string& name, hid_t mem_type, const std::vector<hsize_t>& offset,
                      const std::vector<hsize_t>& count, void* out) const {
+  quiet_this_thread();
   Handle d(H5Dopen2(h_.get(), name.c_str(), H5P_DEFAULT));
   if (!d.valid()) fail("missing dataset '" + name + "'");
   Handle fs(H5Dget_space(d.get()));
@@ -237,6 +351,7 @@ std::vector<int32_t> File::read_int_vector(const std::string& name) const {
   auto info = dataset_info(name);
   if (info.shape.size() != 1) fail("dataset '" + name + "' must be 1-D");
   if (info.type_class != H5T_INTEGER) fail("dataset '" + name + "' must hold integers");
+  check_storage(name, info);
   std::vector<int32_t> v(info.shape[0]);
   if (!v.empty()) read_slab(name, H5T_NATIVE_INT32, {0}, {info.shape[0]}, v.data());
   return v;
@@ -245,6 +360,8 @@ std::vector<int32_t> File::read_int_vector(const std::string& name) const {
 std::vector<double> File::read_double_vector(const std::string& name) const {
   auto info = dataset_info(name);
   if (info.shape.size() != 1) fail("dataset '" + name + "' must be 1-D");
+  if (info.type_class != H5T_FLOAT && info.type_class != H5T_INTEGER) fail("dataset '" + name + "' must hold numbers");
+  check_storage(name, info);
   std::vector<double> v(info.shape[0]);
   if (!v.empty()) read_slab(name, H5T_NATIVE_DOUBLE, {0}, {info.shape[0]}, v.data());
   return v;

@@ -29,6 +29,19 @@ std::string layer_dataset(int layer, Tensor which) {
 }
 
 namespace {
+/// An element type in words for errors: "float64", "int16 (unsigned)", "string", ….
+std::string type_text(const h5::DatasetInfo& i) {
+  const std::string bits = std::to_string(8 * i.type_size);
+  switch (i.type_class) {
+    case H5T_FLOAT:
+      return (i.is_ieee_float(32) || i.is_ieee_float(16) || (i.type_size == 8 && i.mant_bits == 52) ? "float" : "non-IEEE float") + bits;
+    case H5T_INTEGER: return std::string(i.is_signed ? "int" : "uint") + bits;
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound";
+    default: return "class " + std::to_string(int(i.type_class)) + ", " + bits + " bits";
+  }
+}
+
 int positive_int_attr(const h5::File& f, const char* name) {
   int64_t v = f.attr_int(name);
   if (v <= 0 || v > (1LL << 31)) throw Error(f.path() + ": attribute '" + name + "' must be a positive integer, got " + std::to_string(v));
@@ -74,13 +87,27 @@ RecordingReader::RecordingReader(const std::string& path) : path_(path) {
         throw Error(path + ": dataset '" + ds + "' has shape " + got.str() + ", expected " + want.str() +
                     " from the root attributes (n_heads/n_kv_heads, n_tokens, head_dim)");
       }
-      if (info.type_class != H5T_FLOAT) throw Error(path + ": dataset '" + ds + "' must be floating point (float32 or float16)");
+      if (!info.is_ieee_float(32) && !info.is_ieee_float(16))
+        throw Error(path + ": dataset '" + ds + "' has element type " + type_text(info) +
+                    "; the schema allows IEEE float32 or float16 only");
+      f.check_storage(ds, info);
     }
   }
   if (f.exists("/tokens")) {
     auto info = f.dataset_info("/tokens");
     if (info.shape.size() != 1 || info.shape[0] != hsize_t(n))
       throw Error(path + ": dataset '/tokens' must have shape [" + std::to_string(n) + "]");
+    if (info.type_class != H5T_INTEGER || info.type_size != 4 || !info.is_signed)
+      throw Error(path + ": dataset '/tokens' has element type " + type_text(info) + "; the schema allows int32 only");
+    f.check_storage("/tokens", info);
+  }
+  if (f.exists("/cross_entropy")) {
+    auto info = f.dataset_info("/cross_entropy");
+    if (info.shape.size() != 1 || info.shape[0] > hsize_t(n))
+      throw Error(path + ": dataset '/cross_entropy' must be 1-D with at most n_tokens entries");
+    if (!info.is_ieee_float(32))
+      throw Error(path + ": dataset '/cross_entropy' has element type " + type_text(info) + "; the schema allows float32 only");
+    f.check_storage("/cross_entropy", info);
   }
 }
 

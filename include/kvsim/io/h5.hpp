@@ -39,6 +39,26 @@ struct DatasetInfo {
   std::vector<hsize_t> shape;
   H5T_class_t type_class = H5T_NO_CLASS;
   size_t type_size = 0;
+  // Floating-point layout (H5Tget_fields/H5Tget_ebias): IEEE binary32 is 8 exponent bits, 23
+  // mantissa bits, bias 127; binary16 is 5, 10, 15. Integers: whether signed.
+  size_t exp_bits = 0, mant_bits = 0, exp_bias = 0;
+  bool is_signed = false;
+  // Storage, checked against shape and type by File::check_storage before any read.
+  H5D_layout_t layout = H5D_LAYOUT_ERROR;
+  std::vector<hsize_t> chunk;         ///< chunk dims (chunked layout only)
+  std::vector<H5Z_filter_t> filters;  ///< filter pipeline (chunked layout only)
+  int external_files = 0;             ///< external raw-data files (refused)
+  hsize_t storage_bytes = 0;          ///< H5Dget_storage_size
+  hsize_t allocated_chunks = 0;       ///< H5Dget_num_chunks (chunked layout only)
+  haddr_t offset = HADDR_UNDEF;       ///< file address of contiguous data
+  /// Number of elements (product of shape).
+  hsize_t elements() const {
+    hsize_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+  /// IEEE binary32 (`bits` 32) or binary16 (`bits` 16), either byte order.
+  bool is_ieee_float(int bits) const;
 };
 
 /// An open HDF5 file. `path` is kept for error messages.
@@ -64,6 +84,12 @@ class File {
 
   void create_group(const std::string& name);
   DatasetInfo dataset_info(const std::string& name) const;
+  /// Throws naming the dataset unless its storage is one kvsim reads safely and completely:
+  /// contiguous, compact or chunked layout (no virtual or external data); filters only deflate,
+  /// shuffle and fletcher32; chunk dims of the dataset's rank within its shape; every element
+  /// written (contiguous/compact: exactly elements × type size bytes inside the file; chunked: every
+  /// chunk allocated, and unfiltered chunks exactly chunk × type size bytes each).
+  void check_storage(const std::string& name, const DatasetInfo& info) const;
 
   /// Create a float32 (or int32/float64/int64) dataset of `shape`; `chunk` empty = contiguous.
   /// Compression (shuffle + deflate level 4) is applied whenever `chunk` is given.
