@@ -1,6 +1,7 @@
 #include "kvsim/cli/config.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -21,8 +22,40 @@ namespace fs = std::filesystem;
 using config_detail::parse_override_value;
 using config_detail::apply_override;
 
+/// "FILE:LINE: " for a place in a config (or "--set KEY=VALUE: " for a value given on the command line).
+std::string place(const toml::source_location& loc) {
+  if (loc.file_name() == "--set") return "--set value `" + loc.line_str().substr(loc.line_str().rfind("x = ") == 0 ? 4 : 0) + "`: ";
+  if (loc.line() == 0) return loc.file_name() == "unknown file" ? "" : loc.file_name() + ": ";
+  return loc.file_name() + ":" + std::to_string(loc.line()) + ": ";
+}
+
+/// The offending config line, trimmed, in backquotes (empty when unknown).
+std::string excerpt(const toml::source_location& loc) {
+  if (loc.file_name() == "--set" || loc.line() == 0) return "";
+  std::string s = loc.line_str();
+  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t\r");
+  if (a == std::string::npos) return "";
+  s = s.substr(a, b - a + 1);
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20) c = '?';
+  return " (`" + s + "`)";
+}
+
+/// Every config error is one line: FILE:LINE: message (`the line`).
 [[noreturn]] void fail_at(const TV& v, const std::string& msg) {
-  throw Error(toml::format_error("[error] " + msg, v, "here"));
+  const auto loc = v.location();
+  throw Error(place(loc) + msg + excerpt(loc));
+}
+
+/// A toml11 exception (multi-line, with an excerpt) as one line: FILE:LINE: first message line.
+Error one_line(const toml::exception& e, const std::string& prefix = "") {
+  std::string first = e.what();
+  first = first.substr(0, first.find('\n'));
+  for (const char* strip : {"[error] "})
+    if (first.rfind(strip, 0) == 0) first = first.substr(std::strlen(strip));
+  if (first.rfind("toml::", 0) == 0 && first.find(": ") != std::string::npos) first = first.substr(first.find(": ") + 2);
+  return Error(place(e.location()) + prefix + first + excerpt(e.location()));
 }
 
 void check_keys(const TV& table, const std::set<std::string>& allowed, const std::string& where) {
@@ -193,6 +226,7 @@ std::vector<PolicySpec> parse_policies(const TV& root, const std::string& origin
     info.n = 4096;
     info.head_dim = 1;
     info.n_queries = 1;
+    info.config_check = true;
     try {
       make_policy(p.name, p.params, info);
     } catch (const Error& e) {
@@ -296,7 +330,7 @@ TV parse_root(std::istream& in, const std::string& origin, const std::vector<std
   try {
     root = toml::parse(in, origin);
   } catch (const toml::syntax_error& e) {
-    throw Error(std::string("config syntax error: ") + e.what());
+    throw one_line(e, "config syntax error: ");
   }
   anchor_paths(root, base);
   for (const auto& o : overrides) apply_override(root, o);
@@ -326,7 +360,7 @@ Experiment experiment_from(std::istream& in, const std::string& origin, const st
     ex.resolved_text = resolved_config(ex);
     return ex;
   } catch (const toml::exception& e) {
-    throw Error(origin + ": " + e.what());
+    throw one_line(e);
   }
 }
 
@@ -364,7 +398,7 @@ ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std
     c.policies = parse_policies(root, path);
     return c;
   } catch (const toml::exception& e) {
-    throw Error(path + ": " + e.what());
+    throw one_line(e);
   }
 }
 
@@ -389,7 +423,7 @@ ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::
     }
     return s;
   } catch (const toml::exception& e) {
-    throw Error(path + ": " + e.what());
+    throw one_line(e);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <malloc.h>
 
 #include <iostream>
+#include <new>
 #include <thread>
 
 #include "kvsim/cli/bench.hpp"
@@ -264,6 +265,10 @@ int main(int argc, char** argv) {
     return e.code;
   } catch (const Error& e) {
     std::cerr << "kvsim: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "kvsim: error: out of memory (an allocation failed outside a replay cell: the recording, "
+                 "synthetic stream or result tables are larger than this machine holds)\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "kvsim: internal error: " << e.what() << "\n";

@@ -1,5 +1,6 @@
 #include "kvsim/core/params.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -64,7 +65,7 @@ int64_t Params::get_budget(const std::string& key, int64_t n, int64_t def) const
   used_.insert(key);
   if (auto p = std::get_if<int64_t>(&it->second)) {
     if (*p < 0) throw Error("parameter '" + key + "' must be ≥ 0 tokens" + where(key));
-    return *p;
+    return n > 0 ? std::min(*p, n) : *p;  // more than the stream holds = keep every token
   }
   if (auto p = std::get_if<double>(&it->second)) {
     if (!(*p > 0 && *p <= 1))

@@ -1,5 +1,12 @@
 #include "kvsim/io/recording.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -49,8 +56,84 @@ int positive_int_attr(const h5::File& f, const char* name) {
 }
 }  // namespace
 
+namespace {
+bool in_probe_child = false;
+
+constexpr int kProbeSeconds = 20;
+
+/// libhdf5 (1.10) trusts some on-disk sizes and links: a damaged global heap makes H5Aread of a
+/// variable-length string attribute copy past its buffer and crash the process, other damage sends
+/// it into an endless loop or a huge allocation (all found by tests/fuzz_inputs.py; kept in
+/// tests/fuzz_corpus). So a recording's metadata is first read — every attribute and dataset check
+/// of the constructor below — in a forked child with its output discarded, at most kProbeSeconds of
+/// CPU and (outside sanitizer builds) 4 GiB of address space. A child that dies or runs out of time
+/// marks the file as damaged; a child that finds a schema error passes its message back through a
+/// pipe; only a child that finds nothing wrong lets the parent read the file. Called with the HDF5
+/// mutex held, so no other thread is inside libhdf5 when the process forks.
+void probe_metadata(const std::string& path) {
+  int fds[2];
+  if (pipe(fds) != 0) return;  // cannot probe: read it directly, as before
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    const int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+      dup2(null, 1);
+      dup2(null, 2);
+    }
+    const rlimit cpu{kProbeSeconds, kProbeSeconds + 1};
+    setrlimit(RLIMIT_CPU, &cpu);
+    alarm(3 * kProbeSeconds);  // wall clock, for a child blocked in I/O
+#ifndef __SANITIZE_ADDRESS__
+    const rlimit as{rlim_t(4) << 30, rlim_t(4) << 30};
+    setrlimit(RLIMIT_AS, &as);
+#endif
+    in_probe_child = true;
+    try {
+      RecordingReader r(path);
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      if (write(fds[1], msg.data(), msg.size()) < 0) _exit(4);
+      _exit(3);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) != 0;) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) break;
+    msg.append(buf, size_t(got));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 3 && !msg.empty()) throw Error(msg);
+  const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  throw Error(path + ": damaged HDF5 metadata (libhdf5 " +
+              (sig == SIGXCPU || sig == SIGALRM ? "did not finish reading it in " + std::to_string(kProbeSeconds) + " s"
+               : sig != 0                       ? "crashed reading it, signal " + std::to_string(sig)
+                                                : "failed reading it, status " + std::to_string(WEXITSTATUS(status))) +
+              "); re-export the recording");
+}
+}  // namespace
+
 RecordingReader::RecordingReader(const std::string& path) : path_(path) {
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  // The forked probe inherits the mutex locked by its parent's thread: it must not lock it again.
+  std::unique_lock<std::mutex> lock(hdf5_mutex(), std::defer_lock);
+  if (!in_probe_child) {
+    lock.lock();
+    probe_metadata(path);
+  }
   file_ = std::make_unique<h5::File>(h5::File::open_read(path));
   auto& f = *file_;
   int64_t schema = f.attr_int("kvsim_schema");

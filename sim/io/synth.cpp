@@ -1,5 +1,7 @@
 #include "kvsim/io/synth.hpp"
 
+#include <unistd.h>
+
 #include <boost/random/normal_distribution.hpp>
 #include <boost/random/uniform_01.hpp>
 #include <boost/random/uniform_int_distribution.hpp>
@@ -20,10 +22,17 @@ void SynthParams::validate(const std::string& where) const {
   bool known = false;
   for (auto& s : synth_presets()) known |= (s == preset);
   if (!known) bad("preset", "unknown synthetic preset '" + preset + "' (gaussian, clustered, heavy_hitter)");
-  if (n <= 0) bad("n", "must be a positive number of tokens");
+  if (n <= 0 || n > (int64_t(1) << 31)) bad("n", "must be a number of tokens in [1, 2^31]");
   if (head_dim <= 0 || head_dim > 4096) bad("d", "head_dim must be in [1, 4096]");
-  if (n_layers <= 0) bad("layers", "must be positive");
-  if (n_heads <= 0) bad("heads", "must be positive");
+  if (n_layers <= 0 || n_layers > 4096) bad("layers", "must be in [1, 4096]");
+  if (n_heads <= 0 || n_heads > 4096) bad("heads", "must be in [1, 4096]");
+  // One head's q, k and v in memory at once (float32), against this machine's physical memory.
+  const double need = 3.0 * double(n) * double(head_dim) * 4.0;
+  const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  if (phys > 0 && need > phys / 2)
+    bad("n", "n = " + std::to_string(n) + " tokens × d = " + std::to_string(head_dim) + " needs " +
+                 std::to_string(need / double(1 << 30)).substr(0, 6) + " GiB per head (q, k, v), more than half of this machine's " +
+                 std::to_string(phys / double(1 << 30)).substr(0, 6) + " GiB");
   if (n_kv_heads <= 0 || n_heads % n_kv_heads) bad("kv_heads", "must be positive and divide heads");
   if (softmax_scale < 0 || !std::isfinite(softmax_scale)) bad("softmax_scale", "must be ≥ 0 (0 = 1/sqrt(d))");
   if (!(q_scale > 0 && k_scale > 0 && v_scale > 0)) bad("q_scale/k_scale/v_scale", "must be positive");

@@ -1,6 +1,7 @@
 #include "kvsim/model/llama.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <numeric>
 
@@ -65,6 +66,7 @@ LlamaModel::LlamaModel(const std::string& path) : path_(path) {
   cfg_.n_layers = h[2];
   cfg_.n_heads = h[3];
   cfg_.n_kv_heads = h[4];
+  if (h[5] == INT32_MIN) throw Error(path + ": not a llama2.c checkpoint: vocab_size out of range");
   cfg_.shared_classifier = h[5] > 0;
   cfg_.vocab_size = std::abs(h[5]);
   cfg_.seq_len = h[6];

@@ -151,14 +151,21 @@ class BuzzPolicy final : public Policy {
   static const std::vector<int64_t>& history_of(const Policy& p) { return static_cast<const BuzzPolicy&>(p).history_; }
 };
 
+/// sink and stride as integers in [lo, 2^31] (larger ones would overflow Theorem 3.1's s² and the
+/// capacity sums; they are token counts, so 2^31 is far beyond any stream).
+int64_t token_count(const Params& p, const char* key, int64_t def, int64_t lo) {
+  const int64_t v = p.get_int(key, def);
+  if (v < lo || v > (int64_t(1) << 31))
+    throw Error(std::string("parameter '") + key + "' must be in [" + std::to_string(lo) + ", 2^31]" + p.where(key));
+  return v;
+}
+
 std::unique_ptr<Policy> make_buzz(const Params& p, const StreamInfo& s) {
-  const int64_t sink = p.get_int("sink", 4);
+  const int64_t sink = token_count(p, "sink", 4, 0);
   const int64_t window = p.get_budget("window", s.n);
   const int64_t T = p.get_budget("threshold", s.n);
-  const int64_t stride = p.get_int("stride", 5);
-  if (sink < 0) throw Error("parameter 'sink' must be ≥ 0" + p.where("sink"));
+  const int64_t stride = token_count(p, "stride", 5, 2);
   if (window < 1) throw Error("parameter 'window' must be ≥ 1" + p.where("window"));
-  if (stride < 2) throw Error("parameter 'stride' must be ≥ 2" + p.where("stride"));
   if (T < stride) throw Error("parameter 'threshold' must be ≥ stride" + p.where("threshold"));
   return std::make_unique<BuzzPolicy>(sink, window, T, stride, p.get_bool("log_scale", false), s);
 }
@@ -166,8 +173,8 @@ std::unique_ptr<Policy> make_buzz(const Params& p, const StreamInfo& s) {
 /// Capacity sink + window + T = M, with T/w at Theorem 3.1's value for the stride.
 void buzz_memory(int64_t M, const Params& given, Params& out, const std::string& where) {
   Params probe = given;  // typed reads with the usual errors, without touching the caller's copy
-  const int64_t sink = probe.get_int("sink", 4);
-  const int64_t s = probe.get_int("stride", 5);
+  const int64_t sink = token_count(probe, "sink", 4, 0);
+  const int64_t s = token_count(probe, "stride", 5, 2);
   const double r = buzz_predicted_T_over_w(s);
   int64_t w = std::max<int64_t>(1, std::llround(double(M - sink) / (1 + r)));
   const int64_t T = std::max<int64_t>(s, M - sink - w);

@@ -68,6 +68,23 @@ std::unique_ptr<Policy> make_subgen(const Params& p, const StreamInfo& s) {
     if (c.s < 1) throw Error("parameter 's' (matrix-product samples) is required and must be ≥ 1" + p.where("s"));
     if (c.t < 1) throw Error("parameter 't' (samples per cluster) is required and must be ≥ 1" + p.where("t"));
   }
+  // Sample counts size the cache's storage (s and 16·t rows of d floats up front): bounded by the
+  // stream, so no config value allocates beyond it. A cluster cap above n never binds.
+  const int64_t cap = kMaxSamplesPerToken * std::max<int64_t>(s.n, 1);
+  const bool theorem = p.has("eps");
+  if (c.s > cap && !s.config_check)
+    throw Error((theorem ? "Theorem 1's s = " : "parameter 's' = ") + std::to_string(c.s) + " exceeds " +
+                std::to_string(kMaxSamplesPerToken) + "·n = " + std::to_string(cap) + " samples for this stream (n = " +
+                std::to_string(s.n) + ")" + p.where(theorem ? "eps" : "s"));
+  if (c.t > cap && !s.config_check)
+    throw Error((theorem ? "Theorem 1's t = " : "parameter 't' = ") + std::to_string(c.t) + " exceeds " +
+                std::to_string(kMaxSamplesPerToken) + "·n = " + std::to_string(cap) + " samples per cluster for this stream (n = " +
+                std::to_string(s.n) + ")" + p.where(theorem ? "eps" : "t"));
+  if (s.n > 0) c.max_clusters = std::min(c.max_clusters, s.n);
+  if (s.config_check) {  // the config-time instance is thrown away: never allocate for the stand-in n
+    c.s = std::min(c.s, cap);
+    c.t = std::min(c.t, cap);
+  }
   return std::make_unique<SubGenPolicy>(c, s);
 }
 

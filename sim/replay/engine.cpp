@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <new>
 #include <cmath>
 #include <exception>
 #include <filesystem>
@@ -101,6 +102,14 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
           spill->write_cell(i, cell_out[i]);
           std::vector<std::vector<MetricRow>>().swap(cell_out[i]);
         }
+      } catch (const std::bad_alloc&) {  // name what was being allocated, never "internal error"
+        std::lock_guard<std::mutex> lk(mu);
+        if (!err)
+          err = std::make_exception_ptr(Error("out of memory replaying layer " + std::to_string(cells[i].layer) + ", KV head " +
+                                              std::to_string(cells[i].kv_head) + " (the stream, exact reference and " +
+                                              std::to_string(ex.policies.size()) + " policy caches of one cell did not fit)"));
+        failed = true;
+        return;
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu);
         if (!err) err = std::current_exception();

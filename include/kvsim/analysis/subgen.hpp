@@ -111,5 +111,8 @@ namespace kvsim {
 ///  - c_t = 0.05: the e^{2δr} factor is a worst case; on this stream t = 0.05·ε⁻²e^{2δr}ln n already
 ///    gives Eq. (5) in ≥ 99.5% of seeds, while t/10 fails it (the negative control).
 inline constexpr double kSubGenCs = 32.0;
+/// Most samples (SubGen's s, or t per cluster) a stream of n tokens may ask for: 64·n. More would
+/// only allocate storage the stream cannot fill with distinct keys; kvsim refuses it by name.
+inline constexpr int64_t kMaxSamplesPerToken = 64;
 inline constexpr double kSubGenCt = 0.05;
 }  // namespace kvsim

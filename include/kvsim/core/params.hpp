@@ -23,7 +23,9 @@ class Params {
   bool get_bool(const std::string& key, bool def) const;
   std::string get_string(const std::string& key, const std::string& def) const;
   /// A token budget: an integer is a number of tokens, a float in (0, 1] a fraction of n (rounded,
-  /// at least 1). Throws if missing and `required`.
+  /// at least 1). A count above n (when n > 0 is known) is clamped to n: a cache cannot hold more
+  /// tokens than the stream has, so "more than n" means "keep everything" and never sizes an
+  /// allocation. Throws if missing and no default is given.
   int64_t get_budget(const std::string& key, int64_t n, int64_t def = -1) const;
   void check_all_used(const std::string& owner) const;
   std::string where(const std::string& key) const;

@@ -35,6 +35,9 @@ struct StreamInfo {
   /// `[eval] policy_precision = "float32"`: window, sink, h2o, buzz and uniform hold keys/values in float32
   /// and run their products in float32 (see sim/policies/slot_cache.hpp); false = double.
   bool policy_f32 = false;
+  /// A config-time check of the parameters (the stream is not open yet, `n` is a stand-in): checks
+  /// that depend on the real n (SubGen's sample bounds) wait for the replay.
+  bool config_check = false;
 };
 
 /// A policy's answer for one query head at an evaluated step.

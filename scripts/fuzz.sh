@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The fuzz campaign of tests/fuzz_inputs.py against an AddressSanitizer + UBSan build of kvsim
+# (build/asan, configured with -DKVSIM_SANITIZE=ON and built here when missing or stale; only the
+# kvsim binary). Usage: bash scripts/fuzz.sh [COUNT] [SEED]   (defaults 3000 inputs, seed 20261123)
+# Exit 0: no findings; 1: findings (inputs copied to build/asan/fuzz_findings); 77: no python3 with h5py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+COUNT=${1:-3000}; SEED=${2:-20261123}
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+if ! "$PY" -c "import h5py, numpy" 2>/dev/null; then
+  echo "SKIPPED: fuzz campaign needs python3 with h5py and numpy (scripts/install-deps.sh installs them)"; exit 77
+fi
+if [ ! -f build/asan/build.ninja ]; then
+  cmake -S . -B build/asan -G Ninja -DKVSIM_SANITIZE=ON -DKVSIM_CUDA=OFF -DKVSIM_NATIVE=OFF \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1" > build/asan.configure.log
+fi
+cmake --build build/asan -j "$(nproc)" --target kvsim > build/asan.build.log || { tail -20 build/asan.build.log; exit 1; }
+exec "$PY" tests/fuzz_inputs.py build/asan/kvsim --count "$COUNT" --seed "$SEED" --keep build/asan/fuzz_findings
