@@ -9,10 +9,10 @@ namespace {
 struct Quiet {
   Quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 };
-const Quiet quiet_once;
 
-/// HDF5's automatic error-stack printing is per thread in thread-safe builds: switched off in every
-/// thread that touches a file, so a failure is only ever kvsim's one-line error.
+/// HDF5's automatic error-stack printing is per thread in thread-safe builds (Debian's is): switched
+/// off in every thread before its first HDF5 call — File::hid() and the two File factories — so a
+/// failure is only ever kvsim's one-line error.
 void quiet_this_thread() { thread_local const Quiet q; (void)q; }
 
 std::string dims_text(const std::vector<hsize_t>& v) {
@@ -78,6 +78,11 @@ void Handle::reset() {
   id_ = H5I_INVALID_HID;
 }
 
+hid_t File::hid() const {
+  quiet_this_thread();
+  return h_.get();
+}
+
 void File::fail(const std::string& what) const { throw Error(path_ + ": " + what); }
 
 bool DatasetInfo::is_ieee_float(int bits) const {
@@ -88,7 +93,6 @@ bool DatasetInfo::is_ieee_float(int bits) const {
 }
 
 File File::open_read(const std::string& path) {
-  (void)quiet_once;
   quiet_this_thread();
   if (H5Fis_hdf5(path.c_str()) <= 0) throw Error(path + ": not an HDF5 file (or cannot be opened)");
   Handle h(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
@@ -97,7 +101,6 @@ File File::open_read(const std::string& path) {
 }
 
 File File::create(const std::string& path) {
-  (void)quiet_once;
   quiet_this_thread();
   Handle h(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (!h.valid()) throw Error(path + ": cannot create HDF5 file");
@@ -112,18 +115,18 @@ bool File::exists(const std::string& obj) const {
   while (std::getline(ss, part, '/')) {
     if (part.empty()) continue;
     acc += "/" + part;
-    if (H5Lexists(h_.get(), acc.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (H5Lexists(hid(), acc.c_str(), H5P_DEFAULT) <= 0) return false;
   }
   return true;
 }
 
 bool File::has_attr(const std::string& name, const std::string& obj) const {
-  return H5Aexists_by_name(h_.get(), obj.c_str(), name.c_str(), H5P_DEFAULT) > 0;
+  return H5Aexists_by_name(hid(), obj.c_str(), name.c_str(), H5P_DEFAULT) > 0;
 }
 
 int64_t File::attr_int(const std::string& name, const std::string& obj) const {
   if (!has_attr(name, obj)) fail("missing attribute '" + name + "' on '" + obj + "'");
-  Handle a(H5Aopen_by_name(h_.get(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
+  Handle a(H5Aopen_by_name(hid(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
   Handle t(H5Aget_type(a.get()));
   if (H5Tget_class(t.get()) != H5T_INTEGER) fail("attribute '" + name + "' must be an integer");
   Handle sp(H5Aget_space(a.get()));
@@ -135,7 +138,7 @@ int64_t File::attr_int(const std::string& name, const std::string& obj) const {
 
 double File::attr_double(const std::string& name, const std::string& obj) const {
   if (!has_attr(name, obj)) fail("missing attribute '" + name + "' on '" + obj + "'");
-  Handle a(H5Aopen_by_name(h_.get(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
+  Handle a(H5Aopen_by_name(hid(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
   Handle t(H5Aget_type(a.get()));
   auto cls = H5Tget_class(t.get());
   if (cls != H5T_FLOAT && cls != H5T_INTEGER) fail("attribute '" + name + "' must be numeric");
@@ -148,7 +151,7 @@ double File::attr_double(const std::string& name, const std::string& obj) const 
 
 std::string File::attr_string(const std::string& name, const std::string& obj) const {
   if (!has_attr(name, obj)) fail("missing attribute '" + name + "' on '" + obj + "'");
-  Handle a(H5Aopen_by_name(h_.get(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
+  Handle a(H5Aopen_by_name(hid(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
   Handle t(H5Aget_type(a.get()));
   if (H5Tget_class(t.get()) != H5T_STRING) fail("attribute '" + name + "' must be a string");
   if (H5Tis_variable_str(t.get()) > 0) {
@@ -187,10 +190,10 @@ void write_attr(hid_t file, const std::string& path, const std::string& obj, con
 }  // namespace
 
 void File::set_attr(const std::string& obj, const std::string& name, int64_t v) {
-  write_attr(h_.get(), path_, obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
+  write_attr(hid(), path_, obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
 }
 void File::set_attr(const std::string& obj, const std::string& name, double v) {
-  write_attr(h_.get(), path_, obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
+  write_attr(hid(), path_, obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
 }
 void File::set_attr(const std::string& obj, const std::string& name, const std::string& v) {
   // Variable-length UTF-8: h5py returns str (not bytes) for these; attr_string reads both kinds.
@@ -198,22 +201,21 @@ void File::set_attr(const std::string& obj, const std::string& name, const std::
   H5Tset_size(t.get(), H5T_VARIABLE);
   H5Tset_cset(t.get(), H5T_CSET_UTF8);
   const char* p = v.c_str();
-  write_attr(h_.get(), path_, obj, name, t.get(), t.get(), &p);
+  write_attr(hid(), path_, obj, name, t.get(), t.get(), &p);
 }
 
 void File::remove(const std::string& obj) {
-  if (H5Ldelete(h_.get(), obj.c_str(), H5P_DEFAULT) < 0) fail("cannot remove '" + obj + "'");
+  if (H5Ldelete(hid(), obj.c_str(), H5P_DEFAULT) < 0) fail("cannot remove '" + obj + "'");
 }
 
 void File::create_group(const std::string& name) {
-  Handle g(H5Gcreate2(h_.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  Handle g(H5Gcreate2(hid(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   if (!g.valid()) fail("cannot create group '" + name + "'");
 }
 
 DatasetInfo File::dataset_info(const std::string& name) const {
-  quiet_this_thread();
   if (!exists(name)) fail("missing dataset '" + name + "'");
-  Handle d(H5Dopen2(h_.get(), name.c_str(), H5P_DEFAULT));
+  Handle d(H5Dopen2(hid(), name.c_str(), H5P_DEFAULT));
   if (!d.valid()) fail("'" + name + "' is not a dataset");
   Handle sp(H5Dget_space(d.get()));
   Handle t(H5Dget_type(d.get()));
@@ -249,7 +251,7 @@ void File::check_storage(const std::string& name, const DatasetInfo& info) const
            (info.storage_bytes == 0 ? " (no data was ever written)" : " (corrupt or truncated)"));
     if (info.layout == H5D_CONTIGUOUS && n != 0) {
       hsize_t file_size = 0;
-      H5Fget_filesize(h_.get(), &file_size);
+      H5Fget_filesize(hid(), &file_size);
       if (info.offset == HADDR_UNDEF || info.offset + bytes > file_size)
         fail(ds + ": its data lies beyond the end of the file (" + std::to_string(file_size) + " bytes; truncated?)");
     }
@@ -292,14 +294,13 @@ void File::create_dataset(const std::string& name, hid_t file_type, const std::v
   }
   Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
   H5Pset_create_intermediate_group(lcpl.get(), 1);
-  Handle d(H5Dcreate2(h_.get(), name.c_str(), file_type, sp.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
+  Handle d(H5Dcreate2(hid(), name.c_str(), file_type, sp.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
   if (!d.valid()) fail("cannot create dataset '" + name + "'");
 }
 
 void File::read_slab(const std::string& name, hid_t mem_type, const std::vector<hsize_t>& offset,
                      const std::vector<hsize_t>& count, void* out) const {
-  quiet_this_thread();
-  Handle d(H5Dopen2(h_.get(), name.c_str(), H5P_DEFAULT));
+  Handle d(H5Dopen2(hid(), name.c_str(), H5P_DEFAULT));
   if (!d.valid()) fail("missing dataset '" + name + "'");
   Handle fs(H5Dget_space(d.get()));
   if (H5Sget_simple_extent_ndims(fs.get()) != static_cast<int>(offset.size()))
@@ -313,7 +314,7 @@ void File::read_slab(const std::string& name, hid_t mem_type, const std::vector<
 
 void File::write_slab(const std::string& name, hid_t mem_type, const std::vector<hsize_t>& offset,
                       const std::vector<hsize_t>& count, const void* data) {
-  Handle d(H5Dopen2(h_.get(), name.c_str(), H5P_DEFAULT));
+  Handle d(H5Dopen2(hid(), name.c_str(), H5P_DEFAULT));
   if (!d.valid()) fail("missing dataset '" + name + "'");
   Handle fs(H5Dget_space(d.get()));
   if (H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, offset.data(), nullptr, count.data(), nullptr) < 0)
@@ -369,7 +370,7 @@ std::vector<double> File::read_double_vector(const std::string& name) const {
 
 std::vector<std::string> File::list(const std::string& group) const {
   std::vector<std::string> names;
-  Handle g(H5Gopen2(h_.get(), group.c_str(), H5P_DEFAULT));
+  Handle g(H5Gopen2(hid(), group.c_str(), H5P_DEFAULT));
   if (!g.valid()) fail("missing group '" + group + "'");
   H5G_info_t info;
   H5Gget_info(g.get(), &info);
@@ -382,6 +383,6 @@ std::vector<std::string> File::list(const std::string& group) const {
   return names;
 }
 
-void File::flush() { H5Fflush(h_.get(), H5F_SCOPE_GLOBAL); }
+void File::flush() { H5Fflush(hid(), H5F_SCOPE_GLOBAL); }
 
 }  // namespace kvsim::h5

@@ -69,7 +69,7 @@ class File {
   static File create(const std::string& path);
 
   const std::string& path() const { return path_; }
-  hid_t id() const { return h_.get(); }
+  hid_t id() const { return hid(); }
 
   bool exists(const std::string& obj) const;
   /// Unlinks a dataset or group (its space is not reclaimed); throws naming it on failure.
@@ -117,6 +117,8 @@ class File {
  private:
   File(Handle h, std::string path) : h_(std::move(h)), path_(std::move(path)) {}
   [[noreturn]] void fail(const std::string& what) const;
+  /// The file's HDF5 id, after switching HDF5's error printing off in the calling thread.
+  hid_t hid() const;
   Handle h_;
   std::string path_;
 };
