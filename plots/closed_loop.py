@@ -23,7 +23,7 @@ import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplot
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim_results import bootstrap_ci, color, save
+from kvsim_results import bootstrap_ci, color, parse_params, save
 
 SIZE_KEYS = ("budget", "memory", "recent", "centers")
 OFF_SCALE = 10.0  # open-loop rel_err above this is drawn in the off-scale panel
@@ -32,8 +32,8 @@ MARKERS = ["o", "s", "^", "D"]
 
 
 def label_params(label):
-    inside = label[label.find("(") + 1:label.rfind(")")] if "(" in label else ""
-    return dict(kv.split("=", 1) for kv in inside.split(",") if "=" in kv)
+    """A label's parameters: `h2o(budget=0.1,sink=4)` → {"budget": "0.1", "sink": "4"}."""
+    return parse_params(label[label.find("(") + 1:label.rfind(")")] if "(" in label else "")
 
 
 def budget_of(label):

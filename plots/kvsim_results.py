@@ -14,9 +14,14 @@ def text(x):
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
+def parse_params(s):
+    """"k=v,k=v" (a policy's params, or the inside of its label) as a dict of strings."""
+    return dict(kv.split("=", 1) for kv in s.split(",") if "=" in kv)
+
+
 def params(group):
     """A policy group's `params` attribute ("k=v,k=v") as a dict of strings."""
-    return dict(kv.split("=", 1) for kv in text(group.attrs["params"]).split(",") if kv)
+    return parse_params(text(group.attrs["params"]))
 
 
 def column(group, metric):

@@ -136,9 +136,10 @@ std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir)
   counts << "layer,kv_head,tensor,n,clusters\n";
   // The last columns name the data set (model and recording file names, tokens, δ multiple) for titles.
   fit << "layer,tensor,delta,delta_r,gamma,clusters_at_n,model,recording,n_tokens,delta_rel\n";
-  const std::string data = "," + csv_field(fs::path(m.model).stem().string()) + "," +
-                           csv_field(fs::path(s.path).filename().string()) + "," + std::to_string(m.n_tokens) + "," +
-                           [&] { std::ostringstream d; d << s.delta_rel; return d.str(); }() + "\n";
+  std::ostringstream data_cols;
+  data_cols << ',' << csv_field(fs::path(m.model).stem().string()) << ',' << csv_field(fs::path(s.path).filename().string())
+            << ',' << m.n_tokens << ',' << s.delta_rel << '\n';
+  const std::string data = data_cols.str();
   pca << "layer,tensor,index,pc1,pc2,center\n";
   char buf[256];
   std::snprintf(buf, sizeof buf, "%5s %6s %9s %9s %7s %9s\n", "layer", "tensor", "delta", "delta*r", "gamma", "m'(n)");

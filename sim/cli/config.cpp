@@ -52,8 +52,7 @@ std::string excerpt(const toml::source_location& loc) {
 Error one_line(const toml::exception& e, const std::string& prefix = "") {
   std::string first = e.what();
   first = first.substr(0, first.find('\n'));
-  for (const char* strip : {"[error] "})
-    if (first.rfind(strip, 0) == 0) first = first.substr(std::strlen(strip));
+  if (first.rfind("[error] ", 0) == 0) first = first.substr(std::strlen("[error] "));
   if (first.rfind("toml::", 0) == 0 && first.find(": ") != std::string::npos) first = first.substr(first.find(": ") + 2);
   return Error(place(e.location()) + prefix + first + excerpt(e.location()));
 }
@@ -349,9 +348,8 @@ TV load_root(const std::string& path, const std::vector<std::string>& overrides)
   return parse_root(in, path, overrides, config_dir(path));
 }
 
-Experiment experiment_from(std::istream& in, const std::string& origin, const std::vector<std::string>& overrides,
-                           const std::string& base) {
-  TV root = parse_root(in, origin, overrides, base);
+/// The experiment a parsed config (paths anchored, overrides applied) describes.
+Experiment experiment_from(const TV& root, const std::string& origin) {
   try {
     Experiment ex = interpret(root, origin);
     std::ostringstream s;
@@ -429,13 +427,11 @@ ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::
 
 Experiment parse_experiment(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
   std::istringstream in(text);
-  return experiment_from(in, origin, overrides, "");
+  return experiment_from(parse_root(in, origin, overrides), origin);
 }
 
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open config file");
-  return experiment_from(in, path, overrides, config_dir(path));
+  return experiment_from(load_root(path, overrides), path);
 }
 
 }  // namespace kvsim

@@ -81,10 +81,8 @@ std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>
       char line[512];
       std::snprintf(line, sizeof line, ",%s,%d,%.6g,%.6g,%.6g,percentile bootstrap 95%% (4000 resamples)",
                     metrics[m].name.c_str(), ci.n, ci.mean, ci.low, ci.high);
-      o << csv_field(ex.policies[p].name) << ',' << csv_field(ex.policies[p].label) << line;
-      for (const auto& k : keys)
-        o << ',' << (ex.policies[p].params.has(k) ? csv_field(param_to_string(ex.policies[p].params.values().at(k))) : "");
-      o << '\n';
+      o << csv_field(ex.policies[p].name) << ',' << csv_field(ex.policies[p].label) << line
+        << param_cells(ex.policies[p], keys) << '\n';
       const std::string& name = metrics[m].name;
       if (name == "rel_err" || name == "eps_spectral" || name == "kept_mass") {
         std::snprintf(buf, sizeof buf, " %-12s %11.4g   [%9.4g, %9.4g]\n", name.c_str(), ci.mean, ci.low, ci.high);

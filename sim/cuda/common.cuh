@@ -47,6 +47,18 @@ struct DeviceBuffer {
   }
 };
 
+/// A one-int device flag a kernel sets non-zero on an internal failure: zeroed on creation, read
+/// back with raised() after the kernel has finished.
+struct DeviceFlag {
+  DeviceBuffer<int> buf{1};
+  DeviceFlag() { check(cudaMemsetAsync(buf.p, 0, sizeof(int), cudaStreamPerThread), "memset"); }
+  bool raised() const {
+    int e = 0;
+    buf.download(&e, 1, "copy error flag");
+    return e != 0;
+  }
+};
+
 void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads,
                    int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap);

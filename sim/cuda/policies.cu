@@ -132,16 +132,13 @@ void replay_h2o(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int
   DeviceBuffer<long long> pos(size_t(kv_heads) * cap);
   DeviceBuffer<double> score(size_t(kv_heads) * cap), pr(size_t(kv_heads) * cap);
   DeviceBuffer<float> lg(size_t(kv_heads) * group * cap);
-  DeviceBuffer<int> err(1);
-  check(cudaMemsetAsync(err.p, 0, sizeof(int), cudaStreamPerThread), "memset");
+  DeviceFlag err;
   h2o_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), cap, p.recent,
                                                    p.group_agg, dst.p, rows, dz.p, dls.p, dkept.p, pos.p, score.p,
-                                                   pr.p, lg.p, err.p);
+                                                   pr.p, lg.p, err.buf.p);
   check(cudaGetLastError(), "h2o_kernel launch");
   sync("h2o_kernel");
-  int e = 0;
-  err.download(&e, 1, "copy error flag");
-  if (e) throw Error("cuda::replay_policy: h2o found no evictable token (recent window ≥ budget)");
+  if (err.raised()) throw Error("cuda::replay_policy: h2o found no evictable token (recent window ≥ budget)");
 }
 
 void replay_subgen(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d,
@@ -162,16 +159,13 @@ void replay_subgen(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, 
   DeviceBuffer<long long> rep(size_t(kv_heads) * cap_m), cnt(size_t(kv_heads) * cap_m), keep(size_t(kv_heads) * cap_m),
       samp(size_t(kv_heads) * cap_m * p.t), midx(size_t(kv_heads) * p.s);
   DeviceBuffer<double> mvsq(size_t(kv_heads) * p.s), lgs(size_t(kv_heads) * (cap_m * p.t + p.s));
-  DeviceBuffer<int> err(1);
-  check(cudaMemsetAsync(err.p, 0, sizeof(int), cudaStreamPerThread), "memset");
+  DeviceFlag err;
   subgen_kernel<<<kv_heads, kPolicyThreads, size_t(d) * sizeof(double)>>>(
       dq.p, dk.p, dv.p, group, n, d, scale, p.delta, p.s, p.t, p.max_clusters, cap_m, seeds.p, dst.p, rows, dz.p, dls.p,
-      dkept.p, rep.p, cnt.p, keep.p, samp.p, midx.p, mvsq.p, lgs.p, err.p);
+      dkept.p, rep.p, cnt.p, keep.p, samp.p, midx.p, mvsq.p, lgs.p, err.buf.p);
   check(cudaGetLastError(), "subgen_kernel launch");
   sync("subgen_kernel");
-  int e = 0;
-  err.download(&e, 1, "copy error flag");
-  if (e) throw Error("cuda::replay_policy: subgen exceeded its cluster capacity (internal)");
+  if (err.raised()) throw Error("cuda::replay_policy: subgen exceeded its cluster capacity (internal)");
 }
 
 void replay_buzz(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d, double scale,

@@ -54,9 +54,6 @@ int positive_int_attr(const h5::File& f, const char* name) {
   if (v <= 0 || v > (1LL << 31)) throw Error(f.path() + ": attribute '" + name + "' must be a positive integer, got " + std::to_string(v));
   return static_cast<int>(v);
 }
-}  // namespace
-
-namespace {
 bool in_probe_child = false;
 
 constexpr int kProbeSeconds = 20;

@@ -22,6 +22,12 @@
 
 namespace kvsim {
 
+std::string param_cells(const PolicySpec& spec, const std::vector<std::string>& keys) {
+  std::string cells;
+  for (const auto& k : keys) cells += "," + (spec.params.has(k) ? csv_field(param_to_string(spec.params.values().at(k))) : "");
+  return cells;
+}
+
 std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs) {
   std::set<std::string> keys;
   for (const auto& s : specs)
@@ -117,8 +123,7 @@ std::string stats_header(const std::vector<std::string>& keys, const std::string
 void stat_lines(std::ostream& o, const PolicySpec& spec, const std::string& group,
                 const std::vector<MetricColumn>& metrics, const std::vector<std::string>& keys,
                 const std::function<Stat(size_t metric)>& stat_of, const std::string& flags) {
-  std::string cells = flags;
-  for (const auto& k : keys) cells += "," + (spec.params.has(k) ? csv_field(param_to_string(spec.params.values().at(k))) : "");
+  const std::string cells = flags + param_cells(spec, keys);
   for (size_t m = 0; m < metrics.size(); ++m) {
     const Stat st = stat_of(m);
     if (st.count == 0) continue;

@@ -70,6 +70,10 @@ struct Stat {
 /// cells.csv and sequences.csv, one each.
 std::vector<std::string> param_keys(const std::vector<PolicySpec>& specs);
 
+/// One policy's parameter cells for the columns `keys` (param_keys): ",v1,,v3" — each value as a
+/// CSV field, empty where the policy has no such parameter.
+std::string param_cells(const PolicySpec& spec, const std::vector<std::string>& keys);
+
 /// Statistics over the finite values of `v` (NaN entries are skipped).
 Stat summarize(std::vector<double> v);
 
