@@ -22,22 +22,6 @@ namespace kvsim {
 
 namespace {
 
-/// The text's first model.tokens × model.windows tokens (with BOS); throws naming the file.
-std::vector<int> window_tokens(const ClosedLoopConfig& c, const Tokenizer& tok) {
-  std::ifstream in(c.text, std::ios::binary);
-  if (!in) throw Error(c.text + ": cannot open text file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  const size_t need = size_t(c.tokens) * size_t(c.windows);
-  if (text.size() > need * 16 + 64) text.resize(need * 16 + 64);
-  std::vector<int> all = tok.encode(text, true, false);
-  if (all.size() < need)
-    throw Error(c.text + ": text yields " + std::to_string(all.size()) + " tokens, fewer than model.tokens × model.windows = " +
-                std::to_string(need));
-  return all;
-}
-
 /// Open loop: the window's exact recording (written to rec_path) through the config's policies.
 RunResult open_loop(const ClosedLoopConfig& c, const std::vector<int>& win, const std::string& rec_path, int threads) {
   RecordOptions ro;
@@ -125,7 +109,8 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
     throw Error("model.generate (" + std::to_string(c.generate) + ") + the 16-token prompt must fit in model.tokens (" +
                 std::to_string(c.tokens) + ")");
   Tokenizer tok(c.tokenizer, cfg.vocab_size);
-  const std::vector<int> all = window_tokens(c, tok);
+  const std::vector<int> all =
+      text_tokens(c.text, tok, int64_t(c.tokens) * c.windows, c.text_tail, "model.tokens × model.windows");
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());

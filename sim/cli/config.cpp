@@ -381,7 +381,7 @@ ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std
     c.seed = uint64_t(seed);
     if (!root.contains("model") || !root.at("model").is_table()) throw Error(path + ": missing [model] table");
     const TV& m = root.at("model");
-    check_keys(m, {"checkpoint", "tokenizer", "text", "tokens", "windows", "generate"}, "[model]");
+    check_keys(m, {"checkpoint", "tokenizer", "text", "text_tail", "tokens", "windows", "generate"}, "[model]");
     c.checkpoint = get_string(m, "checkpoint", "", "model.");
     c.tokenizer = get_string(m, "tokenizer", "", "model.");
     c.text = get_string(m, "text", "", "model.");
@@ -391,6 +391,8 @@ ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std
     c.windows = int(get_int(m, "windows", c.windows, "model."));
     c.generate = int(get_int(m, "generate", 0, "model."));
     if (c.windows < 1) fail_at(m.at("windows"), "model.windows must be ≥ 1");
+    c.text_tail = get_double(m, "text_tail", 0.0, "model.");
+    if (!(c.text_tail >= 0 && c.text_tail < 1)) fail_at(m.at("text_tail"), "model.text_tail must be in [0, 1)");
     if (c.generate < 0) fail_at(m.at("generate"), "model.generate must be ≥ 0");
     parse_eval(root, c.eval);
     c.policies = parse_policies(root, path);

@@ -99,6 +99,9 @@ void add_record(CLI::App& app) {
   record->add_option("--tokenizer", ro.tokenizer, "llama2.c tokenizer.bin")->required()->check(CLI::ExistingFile);
   auto* text_opt = record->add_option("--text", ro.text_path, "teacher-forced: text file")->check(CLI::ExistingFile);
   auto* tokens_opt = record->add_option("--tokens", ro.tokens, "teacher-forced: tokens to record (<= seq_len)")->capture_default_str();
+  record->add_option("--text-tail", ro.text_tail,
+                     "teacher-forced: use only the last FRACTION of the text's tokens (a held-out split; shakespeare-q80: 0.05)")
+      ->check(CLI::Range(0.0, 0.999999));
   static int windows = 0;
   static bool print_text = false;
   record->add_option("--windows", windows,

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <numeric>
 
 #include "kvsim/core/error.hpp"
@@ -55,37 +54,11 @@ float token_cross_entropy(const std::vector<float>& logits, int target) {
 }
 
 LlamaModel::LlamaModel(const std::string& path) : path_(path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw Error(path + ": cannot open checkpoint");
-  std::streamoff size = in.tellg();
-  in.seekg(0);
-  int32_t h[7];
-  if (size < 28 || !in.read(reinterpret_cast<char*>(h), sizeof h)) throw Error(path + ": too short for a llama2.c header");
-  cfg_.dim = h[0];
-  cfg_.hidden_dim = h[1];
-  cfg_.n_layers = h[2];
-  cfg_.n_heads = h[3];
-  cfg_.n_kv_heads = h[4];
-  if (h[5] == INT32_MIN) throw Error(path + ": not a llama2.c checkpoint: vocab_size out of range");
-  cfg_.shared_classifier = h[5] > 0;
-  cfg_.vocab_size = std::abs(h[5]);
-  cfg_.seq_len = h[6];
-  auto bad = [&](const std::string& why) { throw Error(path + ": not a llama2.c checkpoint: " + why); };
-  if (cfg_.dim <= 0 || cfg_.dim > 65536 || cfg_.hidden_dim <= 0 || cfg_.n_layers <= 0 || cfg_.n_layers > 1024 ||
-      cfg_.n_heads <= 0 || cfg_.n_kv_heads <= 0 || cfg_.vocab_size <= 0 || cfg_.seq_len <= 0)
-    bad("header values out of range");
-  if (cfg_.dim % cfg_.n_heads) bad("dim is not a multiple of n_heads");
-  if (cfg_.n_heads % cfg_.n_kv_heads) bad("n_heads is not a multiple of n_kv_heads");
-  if (cfg_.head_dim() % 2) bad("head_dim must be even for rotary embedding");
+  Checkpoint ck = load_checkpoint(path);
+  cfg_ = ck.cfg;
+  data_ = std::move(ck.weights);
   const int64_t D = cfg_.dim, Hd = cfg_.hidden_dim, L = cfg_.n_layers, V = cfg_.vocab_size, KV = cfg_.kv_dim();
   const int64_t S = cfg_.seq_len, hs = cfg_.head_dim();
-  int64_t floats = V * D + L * D + L * D * D + 2 * L * D * KV + L * D * D + L * D + 3 * L * D * Hd + D + S * hs;
-  if (!cfg_.shared_classifier) floats += V * D;
-  int64_t expect = 28 + 4 * floats;
-  if (size != expect)
-    bad("file has " + std::to_string(size) + " bytes but the header implies " + std::to_string(expect));
-  data_.resize(floats);
-  if (!in.read(reinterpret_cast<char*>(data_.data()), floats * 4)) bad("short read");
   const float* p = data_.data();
   emb_ = p; p += V * D;
   rms_att_ = p; p += L * D;
@@ -98,7 +71,6 @@ LlamaModel::LlamaModel(const std::string& path) : path_(path) {
   w2_ = p; p += L * Hd * D;
   w3_ = p; p += L * D * Hd;
   rms_final_ = p; p += D;
-  p += S * hs;  // freq_cis_real + freq_cis_imag
   wcls_ = cfg_.shared_classifier ? emb_ : p;
   x_.resize(D); xb_.resize(D); q_.resize(D); k_.resize(KV); v_.resize(KV); att_out_.resize(D);
   hb_.resize(Hd); hb2_.resize(Hd); logits_.resize(V);

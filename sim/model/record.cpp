@@ -27,29 +27,13 @@ struct Trace {
         K(L, std::vector<MatF>(KVH, MatF(n, hs))), V(L, std::vector<MatF>(KVH, MatF(n, hs))) {}
 };
 
-/// The text's first `want` tokens (with BOS) — at least opt.tokens; throws naming the file.
+/// The text's token stream for opt.tokens (× windows) tokens; throws naming the file.
 std::vector<int> encode_text(const RecordOptions& opt, const Tokenizer& tok, int64_t want = 0) {
   if (want <= 0) want = opt.tokens;
   if (opt.text_path.empty()) throw Error("kvsim record: give --text FILE (teacher-forced) or --generate N");
-  std::ifstream in(opt.text_path, std::ios::binary);
-  if (!in) throw Error(opt.text_path + ": cannot open text file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  if (text.empty()) throw Error(opt.text_path + ": text file is empty");
-  // Encoding is O(L log L); cap the text at a generous multiple of the tokens wanted (a token
-  // covers at least one byte, and llama2.c vocabularies average 3-4 bytes per token).
-  size_t cap = size_t(std::max<int64_t>(want, 1)) * 16 + 64;
-  if (text.size() > cap) {
-    size_t cut = text.find_first_of(" \n", cap);
-    text.resize(cut == std::string::npos ? text.size() : cut);
-  }
-  std::vector<int> input = tok.encode(text, true, false);
   if (opt.tokens <= 1) throw Error("kvsim record: --tokens must be at least 2");
-  if (int64_t(input.size()) < want)
-    throw Error(opt.text_path + ": text yields only " + std::to_string(input.size()) + " tokens, fewer than " +
-                (want == opt.tokens ? "--tokens " + std::to_string(want) : "--tokens × --windows = " + std::to_string(want)));
-  return input;
+  return text_tokens(opt.text_path, tok, want, opt.text_tail,
+                     want == opt.tokens ? "--tokens" : "--tokens × --windows");
 }
 
 /// Runs the model over n positions (teacher-forced on `input`, or greedy after the prompt `input`),
@@ -105,7 +89,8 @@ void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Tra
   src << "kvsim record --checkpoint " << opt.checkpoint << " --tokenizer " << opt.tokenizer;
   if (!opt.policy.empty()) src << " --policy " << opt.policy << " (" << opt.policy_params.to_string() << ")";
   if (generate) src << " --generate " << opt.generate << (opt.prompt.empty() ? "" : " --prompt '" + opt.prompt + "'");
-  else src << " --text " << opt.text_path << " --tokens " << opt.tokens;
+  else src << " --text " << opt.text_path << (opt.text_tail > 0 ? " --text-tail " + std::to_string(opt.text_tail) : "")
+            << " --tokens " << opt.tokens;
   meta.source = src.str();
   meta.rope = "applied";
   meta.n_layers = cfg.n_layers;
@@ -131,6 +116,7 @@ void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Tra
     w.set_attr("mean_cross_entropy", res.mean_cross_entropy);
   }
   w.set_attr("mode", std::string(generate ? "generate" : "teacher_forced"));
+  w.set_attr("checkpoint_format", cfg.format_name());
   w.finish();
 }
 
@@ -183,6 +169,34 @@ RecordResult record_model(const RecordOptions& opt) {
   }
   if (!opt.out.empty()) write_recording(opt, cfg, tr, n_rec, res);
   return res;
+}
+
+std::vector<int> text_tokens(const std::string& path, const Tokenizer& tok, int64_t want, double tail,
+                             const std::string& need_name) {
+  if (!(tail >= 0 && tail < 1)) throw Error("the text tail fraction must be in [0, 1), got " + std::to_string(tail));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open text file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.empty()) throw Error(path + ": text file is empty");
+  // Encoding is O(L log L); from the start, cap the text at a generous multiple of the tokens wanted
+  // (a token covers at least one byte, and llama2.c vocabularies average 3-4 bytes per token).
+  const size_t cap = size_t(std::max<int64_t>(want, 1)) * 16 + 64;
+  if (tail == 0 && text.size() > cap) {
+    size_t cut = text.find_first_of(" \n", cap);
+    text.resize(cut == std::string::npos ? text.size() : cut);
+  }
+  std::vector<int> tokens = tok.encode_document(text);
+  if (tail > 0) {  // Python's data[-int(len(data) * tail):] of a training script's split
+    const auto keep = static_cast<int64_t>(double(tokens.size()) * tail);
+    tokens.erase(tokens.begin(), tokens.end() - keep);
+  }
+  if (int64_t(tokens.size()) < want)
+    throw Error(path + ": text yields only " + std::to_string(tokens.size()) + " tokens" +
+                (tail > 0 ? " in its last " + std::to_string(tail) + " share" : "") + ", fewer than " + need_name +
+                " = " + std::to_string(want));
+  return tokens;
 }
 
 std::string window_path(const std::string& out, int w) {

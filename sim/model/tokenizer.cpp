@@ -31,11 +31,48 @@ Tokenizer::Tokenizer(const std::string& path, int vocab_size) {
     throw Error(path + ": has more than " + std::to_string(vocab_size) +
                 " tokens — this tokenizer does not match the model's vocab_size");
   for (int i = 0; i < vocab_size; ++i) lookup_.emplace(pieces_[i], i);  // first occurrence wins
+  byte_level_ = vocab_size == 259;
+  for (int b = 0; b < 256 && byte_level_; ++b) {
+    const std::string& p = pieces_[size_t(b) + 3];
+    unsigned hex = 0;
+    byte_level_ = (p.size() == 1 && static_cast<unsigned char>(p[0]) == b) ||
+                  (p.size() == 6 && std::sscanf(p.c_str(), "<0x%02X>", &hex) == 1 && hex == unsigned(b));
+  }
+}
+
+std::vector<int> Tokenizer::encode_document(const std::string& text) const {
+  if (!byte_level_) return encode(text, true, false);
+  std::vector<int> out;
+  out.reserve(text.size() + text.size() / 64 + 1);
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t end = text.find("\n\n", at);
+    if (end == std::string::npos) end = text.size();
+    if (end > at) {
+      out.push_back(kBos);
+      for (size_t i = at; i < end; ++i) out.push_back(static_cast<unsigned char>(text[i]) + 3);
+      out.push_back('\n' + 3);
+      out.push_back('\n' + 3);
+    }
+    at = end + 2;
+  }
+  return out;
 }
 
 std::vector<int> Tokenizer::encode(const std::string& text, bool bos, bool eos) const {
   std::vector<int> toks;
   if (bos) toks.push_back(kBos);
+  if (byte_level_) {
+    for (unsigned char b : text) toks.push_back(int(b) + 3);
+  } else {
+    encode_pieces(text, toks);
+  }
+  if (eos) toks.push_back(kEos);
+  return toks;
+}
+
+void Tokenizer::encode_pieces(const std::string& text, std::vector<int>& toks) const {
+  const bool bos = !toks.empty();
   if (!text.empty()) {
     auto it = lookup_.find(" ");
     if (it != lookup_.end()) toks.push_back(it->second);
@@ -103,16 +140,14 @@ std::vector<int> Tokenizer::encode(const std::string& text, bool bos, bool eos) 
     if (prev[c.left] >= long(start)) push_pair(prev[c.left]);
     push_pair(c.left);
   }
-  std::vector<int> out;
-  out.reserve(m + 1);
+  toks.clear();
   for (size_t k = 0; k < m; ++k)
-    if (alive[k]) out.push_back(id[k]);
-  if (eos) out.push_back(kEos);
-  return out;
+    if (alive[k]) toks.push_back(id[k]);
 }
 
 std::string Tokenizer::decode(int prev, int token) const {
   std::string p = pieces_.at(token);
+  if (byte_level_) return token >= 3 ? std::string(1, static_cast<char>(token - 3)) : std::string();
   if (prev == kBos && !p.empty() && p[0] == ' ') p.erase(0, 1);
   unsigned byte = 0;
   if (p.size() == 6 && std::sscanf(p.c_str(), "<0x%02X>", &byte) == 1) return std::string(1, static_cast<char>(byte));

@@ -1,12 +1,7 @@
 // kvsim: a Llama-architecture forward pass for llama2.c checkpoints, used by `kvsim record` to
 // capture real query/key/value tensors (DESIGN §8).
 //
-// Checkpoint format (llama2.c "version 0"): 7 little-endian int32 (dim, hidden_dim, n_layers,
-// n_heads, n_kv_heads, vocab_size, seq_len; vocab_size < 0 means a separate classifier), then float32
-// weights: token_embedding [vocab, dim], rms_att [L, dim], wq [L, dim, dim], wk [L, kv_dim, dim],
-// wv [L, kv_dim, dim], wo [L, dim, dim], rms_ffn [L, dim], w1 [L, hidden, dim], w2 [L, dim, hidden],
-// w3 [L, hidden, dim], rms_final [dim], freq_cis_real/imag [seq_len, head_dim/2] (unused: rotary
-// angles are recomputed with θ = 10000), then wcls [vocab, dim] when not shared.
+// Checkpoints: llama2.c legacy, version 1 (float32) and version 2 (Q8_0), see checkpoint.hpp.
 // Block: x += Wo·Attn(RoPE(Wq·n(x)), RoPE(Wk·n(x)), Wv·n(x)); x += W2(silu(W1·n(x)) ⊙ W3·n(x)),
 // n = RMSNorm (eps 1e-5); rotary on adjacent pairs (2i, 2i+1) of each head.
 #pragma once
@@ -15,15 +10,9 @@
 #include <vector>
 
 #include "kvsim/core/types.hpp"
+#include "kvsim/model/checkpoint.hpp"
 
 namespace kvsim {
-
-struct LlamaConfig {
-  int dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, vocab_size = 0, seq_len = 0;
-  bool shared_classifier = true;
-  int head_dim() const { return dim / n_heads; }
-  int kv_dim() const { return head_dim() * n_kv_heads; }
-};
 
 /// What one layer computed for one token: post-rotary q [n_heads·hd], k and v [n_kv_heads·hd], and
 /// the per-head attention output [n_heads·hd] (before Wo).
@@ -47,7 +36,7 @@ class KVAttention {
 
 class LlamaModel {
  public:
-  /// Loads and validates a checkpoint (header sanity, file size matches the header exactly).
+  /// Loads and validates a checkpoint of any llama2.c format (load_checkpoint).
   explicit LlamaModel(const std::string& path);
   const LlamaConfig& config() const { return cfg_; }
   const std::string& path() const { return path_; }

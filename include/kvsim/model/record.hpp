@@ -6,13 +6,15 @@
 #include <vector>
 
 #include "kvsim/policies/policy.hpp"
+#include "kvsim/model/tokenizer.hpp"
 
 namespace kvsim {
 
 struct RecordOptions {
   std::string checkpoint;
   std::string tokenizer;
-  std::string text_path;    ///< teacher-forced mode: encode this text (with BOS)
+  std::string text_path;    ///< teacher-forced mode: encode this text (Tokenizer::encode_document)
+  double text_tail = 0;     ///< > 0: only the last share of the text's tokens (text_tokens)
   int tokens = 256;         ///< teacher-forced: number of tokens (≤ the model's seq_len)
   int generate = 0;         ///< >0: greedy generation of up to this many positions
   std::string prompt;       ///< generation mode: optional prompt (else BOS only)
@@ -39,6 +41,14 @@ struct RecordResult {
 
 /// Runs the model; throws kvsim::Error naming the file at fault.
 RecordResult record_model(const RecordOptions& opt);
+
+/// The token stream of a text file (Tokenizer::encode_document: BOS first, and for a byte-level
+/// vocabulary BOS at every blank-line paragraph). `tail` in (0, 1): keep only the last
+/// ⌊tail · tokens⌋ tokens, as a training script's held-out split (shakespeare-q80: 0.05 of the Tiny
+/// Shakespeare stream); the tail need not start with BOS. Throws kvsim::Error naming the file when
+/// it cannot be read or yields fewer than `want` tokens (`need_name` names the option that asked).
+std::vector<int> text_tokens(const std::string& path, const Tokenizer& tok, int64_t want, double tail,
+                             const std::string& need_name);
 
 /// OUT with "_wNN" before its extension (results/x.h5 → results/x_w03.h5).
 std::string window_path(const std::string& out, int w);
