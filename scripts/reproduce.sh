@@ -17,7 +17,15 @@ $K record --checkpoint "$D/aidreams260K/aidreams260K.bin" --tokenizer "$D/aidrea
   --generate 128 --out results/recordings/aidreams_generate.h5 > /dev/null
 $K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories260K/tok512.bin" \
   --text "$D/tinystories-sample/tinystories.txt" --tokens 512 --windows 8 --out results/recordings/tinystories_512.h5
+S="$D/shakespeare-q80"
+$K record --checkpoint "$S/shakespeare_q80.bin" --tokenizer "$S/byte_tokenizer.bin" --text "$D/tinyshakespeare/input.txt" \
+  --text-tail 0.05 --tokens 256 --windows 8 --out results/recordings/shakespeare_heldout_256.h5
+$K record --checkpoint "$S/shakespeare_q80.bin" --tokenizer "$S/byte_tokenizer.bin" \
+  --generate 256 --out results/recordings/shakespeare_generate.h5 > /dev/null
 $K run experiments/budget_sweep_8seq.toml --threads "$T" > results/budget_sweep_8seq.txt
+$K run experiments/budget_sweep_shakespeare_8seq.toml --threads "$T" > results/budget_sweep_shakespeare_8seq.txt
+$K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_shakespeare_generate \
+  --set data.path=results/recordings/shakespeare_generate.h5 > results/budget_sweep_shakespeare_generate.txt
 $K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_generate \
   --set data.path=results/recordings/stories260k_generate.h5 > results/budget_sweep_generate.txt
 $K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_aidreams \
@@ -27,21 +35,31 @@ $K run experiments/budget_sweep_synthetic.toml --threads "$T" --out results/budg
 $K run experiments/budget_sweep_long.toml --threads "$T" --out results/budget_sweep_long_clustered \
   --set data.synthetic=clustered > results/budget_sweep_long_clustered.txt
 for cfg in budget_sweep_long budget_sweep_synthetic quickstart stories260k policies_stories260k budget_sweep subgen_theorem1 subgen_theorem1_stories260k \
-           h2o_submodular h2o_buzz_20pct buzz_tw_sweep; do
+           h2o_submodular h2o_buzz_20pct buzz_tw_sweep h2o_submodular_shakespeare h2o_buzz_20pct_shakespeare \
+           subgen_theorem1_shakespeare; do
   $K run "experiments/$cfg.toml" --threads "$T" > "results/$cfg.txt"
 done
 $K clusters experiments/clusterability.toml > results/clusterability.txt
 $K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop.txt
+$K clusters experiments/clusterability.toml --out results/clusterability_shakespeare \
+  --set data.path=results/recordings/shakespeare_heldout_256_w00.h5 > results/clusterability_shakespeare.txt
+$K closed-loop experiments/closed_loop_shakespeare.toml --threads "$T" > results/closed_loop_shakespeare.txt
 $PY plots/make_figures.py results/stories260k results/policies_stories260k results/subgen_theorem1 \
   results/subgen_theorem1_stories260k results/budget_sweep results/budget_sweep_generate results/budget_sweep_aidreams \
   results/budget_sweep_synthetic results/budget_sweep_clustered results/budget_sweep_long results/budget_sweep_long_clustered results/h2o_submodular results/h2o_buzz_20pct results/buzz_tw_sweep \
-  results/clusterability results/closed_loop results/budget_sweep_8seq --report results/report.md
+  results/clusterability results/closed_loop results/budget_sweep_8seq \
+  results/budget_sweep_shakespeare_8seq results/budget_sweep_shakespeare_generate results/h2o_submodular_shakespeare \
+  results/h2o_buzz_20pct_shakespeare results/subgen_theorem1_shakespeare results/clusterability_shakespeare \
+  results/closed_loop_shakespeare --report results/report.md
 # The figures the README and docs embed, refreshed from this run.
 cp results/budget_sweep/metric_vs_budget.png docs/figures/budget_sweep.png
 cp results/budget_sweep_8seq/rel_err_vs_memory_sequences.png docs/figures/budget_sweep_8seq.png
 cp results/h2o_submodular/metric_vs_budget.png docs/figures/metric_vs_budget.png
 cp results/buzz_tw_sweep/buzz_tw_sweep.png docs/figures/buzz_tw_sweep.png
 cp results/closed_loop/closed_loop.png docs/figures/closed_loop.png
+cp results/closed_loop_shakespeare/closed_loop.png docs/figures/closed_loop_shakespeare.png
+cp results/budget_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png docs/figures/budget_sweep_shakespeare_8seq.png
+cp results/clusterability_shakespeare/clusterability.png docs/figures/clusterability_shakespeare.png
 cp results/clusterability/clusterability.png docs/figures/clusterability.png
 cp results/subgen_theorem1/subgen_theorem1.png docs/figures/subgen_theorem1.png
 cp results/subgen_theorem1_stories260k/subgen_theorem1.png docs/figures/subgen_theorem1_stories260k.png

@@ -160,5 +160,25 @@ else
   echo "SKIPPED: real-model CLI checks ($DATA absent)"
 fi
 
+# The third real model: a llama2.c version-2 (Q8_0) checkpoint with a byte-level tokenizer.
+SQ="$DATA/shakespeare-q80"
+if [ -f "$SQ/shakespeare_q80.bin" ] && [ -f "$DATA/tinyshakespeare/input.txt" ]; then
+  rec=$("$KVSIM" record --checkpoint "$SQ/shakespeare_q80.bin" --tokenizer "$SQ/byte_tokenizer.bin" \
+        --text "$DATA/tinyshakespeare/input.txt" --text-tail 0.05 --tokens 128 --out "$TMP/sq.h5") || bad "q80 record failed"
+  grep -q "mean cross-entropy" <<<"$rec" && ok || bad "q80 record output: $rec"
+  h5dump -a checkpoint_format "$TMP/sq.h5" | grep -q "llama2.c version 2 (Q8_0, group 64)" && ok || bad "checkpoint_format attribute"
+  "$KVSIM" inspect --check-attn --attn-tol 1e-5 "$TMP/sq.h5" | grep -q "attention check: PASS" && ok || bad "q80 check-attn"
+  expect_fail "" "$KVSIM" inspect --check-attn --attn-tol 1e-12 --layers 0 "$TMP/sq.h5"
+  expect_fail "in its last" "$KVSIM" record --checkpoint "$SQ/shakespeare_q80.bin" --tokenizer "$SQ/byte_tokenizer.bin" \
+        --text "$DATA/tinyshakespeare/input.txt" --text-tail 0.0001 --tokens 128 --out "$TMP/sq2.h5"
+  head -c 1000000 "$SQ/shakespeare_q80.bin" > "$TMP/cut_q80.bin"
+  expect_fail "header implies" "$KVSIM" record --checkpoint "$TMP/cut_q80.bin" --tokenizer "$SQ/byte_tokenizer.bin" --generate 4
+  gen=$("$KVSIM" record --checkpoint "$SQ/shakespeare_q80.bin" --tokenizer "$SQ/byte_tokenizer.bin" --generate 40 \
+        --prompt "ROMEO:" --print-text) || bad "q80 generate failed"
+  grep -q "^text: ROMEO:" <<<"$gen" && ok || bad "q80 greedy text: $gen"
+else
+  echo "SKIPPED: shakespeare-q80 CLI checks ($SQ absent)"
+fi
+
 echo "cli: $passes passed, $fails failed"
 [ $fails -eq 0 ]

@@ -352,15 +352,39 @@ def tiny_model(work):
     return ckpt, tok, text
 
 
+def tiny_model_v2(work):
+    """The tiny model's shape as a llama2.c version-2 (Q8_0, group size 8) checkpoint: 256-byte header,
+    float32 norms, then int8 codes and float32 scales per tensor (per layer for wq..w3)."""
+    dim, hidden, layers, heads, kv, vocab, seq, gs = 8, 16, 1, 2, 1, 260, 32, 8
+    kv_dim = dim * kv // heads
+    r = random.Random(8)
+    head = struct.pack("<Ii7iBi", 0x616B3432, 2, dim, hidden, layers, heads, kv, vocab, seq, 1, gs)
+    body = struct.pack(f"<{2 * layers * dim + dim}f", *[r.uniform(0.5, 1.5) for _ in range(2 * layers * dim + dim)])
+    for n in [vocab * dim] + [dim * dim, kv_dim * dim, kv_dim * dim, dim * dim, hidden * dim, dim * hidden,
+                              hidden * dim] * layers:
+        body += bytes(r.randrange(256) for _ in range(n))
+        body += struct.pack(f"<{n // gs}f", *[r.uniform(0.001, 0.01) for _ in range(n // gs)])
+    path = os.path.join(work, "tiny_q80.bin")
+    with open(path, "wb") as f:
+        f.write(head.ljust(256, b"\0") + body)
+    return path
+
+
 def checkpoint_cases(kvsim, work, rng, count):
     ckpt, tok, text = tiny_model(work)
+    ckpt2 = tiny_model_v2(work)
     cases = []
     for i in range(count):
-        target = ckpt if rng.random() < 0.6 else tok
+        target = rng.choices([ckpt, ckpt2, tok], [0.35, 0.3, 0.35])[0]
         path = os.path.join(work, f"ckpt_{i:04d}_" + os.path.basename(target))
         data = bytearray(open(target, "rb").read())
         op = rng.randrange(5)
-        if op == 0 and target == ckpt:
+        if op == 0 and target == ckpt2:
+            o = rng.choice([4, 8, 12, 16, 20, 24, 28, 32, 36, 37, 41, 100, 255])
+            v = rng.choice([0, -1, 1, 2, 3, 5, 7, 64, 2 ** 31 - 1, -2 ** 31])
+            data[o:o + 4] = struct.pack("<i", v)
+            what = f"version-2 header int at {o} = {v}"
+        elif op == 0 and target == ckpt:
             field = rng.randrange(7)
             v = rng.choice([0, -1, 1, 3, 2 ** 31 - 1, -2 ** 31, 65536, 1 << 20])
             data[4 * field:4 * field + 4] = struct.pack("<i", v)
@@ -377,7 +401,7 @@ def checkpoint_cases(kvsim, work, rng, count):
         elif op == 2:
             data += b"\x01" * rng.randrange(1, 64)
             what = "bytes appended"
-        elif op == 3 and target == ckpt:
+        elif op == 3 and target != tok:
             o = 28 + 4 * rng.randrange((len(data) - 28) // 4)
             data[o:o + 4] = struct.pack("<f", rng.choice([float("nan"), float("inf"), 3e38, -3e38]))
             what = f"weight at {o} non-finite/huge"
@@ -388,7 +412,7 @@ def checkpoint_cases(kvsim, work, rng, count):
             what = f"bytes at {offs}"
         with open(path, "wb") as f:
             f.write(data)
-        c, t = (path, tok) if target == ckpt else (ckpt, path)
+        c, t = (ckpt, path) if target == tok else (path, tok)
         out_dir = os.path.join(work, f"ckpt_{i:04d}_out")
         os.makedirs(out_dir, exist_ok=True)
         mode = ["--text", text, "--tokens", "16"] if rng.random() < 0.7 else ["--generate", "8"]

@@ -80,6 +80,13 @@ void closed_loop_policy(const ClosedLoopConfig& c, LlamaModel& model, const Poli
   }
 }
 
+/// 0.05 → "5%".
+std::string format_share(double f) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g%%", f * 100);
+  return b;
+}
+
 /// closed_loop.csv: a row per (policy entry, window); the last three columns name the data set
 /// (checkpoint and text file names, window length) so figures can title themselves.
 void write_closed_loop_csv(const ClosedLoopConfig& c, const std::vector<ClosedLoopRow>& rows, const std::string& path) {
@@ -87,7 +94,9 @@ void write_closed_loop_csv(const ClosedLoopConfig& c, const std::vector<ClosedLo
   std::ostringstream o;
   o << "policy,label,window,ce_exact,ce_policy,ce_increase,open_rel_err,open_eps,cache_tokens,diverge_at,model,text,tokens\n";
   const std::string data = "," + csv_field(fs::path(c.checkpoint).stem().string()) + "," +
-                           csv_field(fs::path(c.text).filename().string()) + "," + std::to_string(c.tokens) + "\n";
+                           csv_field(fs::path(c.text).filename().string() +
+                                     (c.text_tail > 0 ? " (last " + format_share(c.text_tail) + ")" : "")) +
+                           "," + std::to_string(c.tokens) + "\n";
   char buf[512];
   for (const auto& r : rows) {
     std::snprintf(buf, sizeof buf, ",%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%d", r.window, r.ce_exact, r.ce_policy, r.ce_increase,

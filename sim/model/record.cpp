@@ -67,7 +67,9 @@ int run_positions(LlamaModel& model, const Tokenizer& tok, const std::vector<int
       next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     if (pos > 0 || token != Tokenizer::kBos) text += tok.decode(pos > 0 ? res.tokens[pos - 1] : -1, token);
-    if (generate && next == Tokenizer::kBos) {  // llama2.c stops on BOS (sequence boundary)
+    // llama2.c stops on BOS (a sequence boundary); a byte-level model trained with BOS at every
+    // paragraph (Tokenizer::encode_document) goes on into the next paragraph.
+    if (generate && next == Tokenizer::kBos && !tok.byte_level()) {
       ++pos;
       break;
     }

@@ -16,7 +16,8 @@ struct RecordOptions {
   std::string text_path;    ///< teacher-forced mode: encode this text (Tokenizer::encode_document)
   double text_tail = 0;     ///< > 0: only the last share of the text's tokens (text_tokens)
   int tokens = 256;         ///< teacher-forced: number of tokens (≤ the model's seq_len)
-  int generate = 0;         ///< >0: greedy generation of up to this many positions
+  int generate = 0;         ///< >0: greedy generation of up to this many positions (stops at BOS,
+                            ///< except for byte-level vocabularies, where BOS separates paragraphs)
   std::string prompt;       ///< generation mode: optional prompt (else BOS only)
   std::string out;          ///< output .h5 (written atomically); empty = do not write
   bool with_attn = true;    ///< also store /layer_*/attn (the model's attention output)
