@@ -60,6 +60,7 @@ cp results/closed_loop/closed_loop.png docs/figures/closed_loop.png
 cp results/closed_loop_shakespeare/closed_loop.png docs/figures/closed_loop_shakespeare.png
 cp results/budget_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png docs/figures/budget_sweep_shakespeare_8seq.png
 cp results/clusterability_shakespeare/clusterability.png docs/figures/clusterability_shakespeare.png
+cp results/subgen_theorem1_shakespeare/subgen_theorem1.png docs/figures/subgen_theorem1_shakespeare.png
 cp results/clusterability/clusterability.png docs/figures/clusterability.png
 cp results/subgen_theorem1/subgen_theorem1.png docs/figures/subgen_theorem1.png
 cp results/subgen_theorem1_stories260k/subgen_theorem1.png docs/figures/subgen_theorem1_stories260k.png
