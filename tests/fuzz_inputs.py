@@ -82,8 +82,8 @@ def kvsim_outcome(argv, out_dir, timeout, env):
 # ---------------------------------------------------------------- the regression corpus
 
 def corpus_cases(kvsim, corpus, work):
-    """tests/fuzz_corpus/MANIFEST: `file | kvsim arguments ({} = the file, {out} = a fresh folder) |
-    text the one-line error must contain` per line."""
+    """tests/fuzz_corpus/MANIFEST: `file | kvsim arguments ({} = the file, {out} = a fresh folder,
+    {dir} = the corpus folder) | text the one-line error must contain` per line."""
     manifest = os.path.join(corpus, "MANIFEST")
     cases = []
     if not os.path.exists(manifest):
@@ -97,7 +97,7 @@ def corpus_cases(kvsim, corpus, work):
         with open(cfg, "w") as f:
             f.write(RUN_CONFIG.format(path=os.path.join(corpus, name)))
         argv = [kvsim] + [a.replace("{}", os.path.join(corpus, name)).replace("{out}", out).replace("{cfg}", cfg)
-                          for a in args.split()]
+                          .replace("{dir}", corpus) for a in args.split()]
         cases.append(("corpus", f"{name}: must say '{needle}'", argv, out, [os.path.join(corpus, name)], needle))
     return cases
 

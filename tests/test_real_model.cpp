@@ -9,10 +9,9 @@
 #include <iostream>
 
 #include "helpers.hpp"
-#include "submodular.hpp"
+#include "real_checks.hpp"
 #include "kvsim/model/record.hpp"
 #include "kvsim/replay/reference.hpp"
-#include "kvsim/analysis/subgen.hpp"
 
 using namespace kvsim;
 
@@ -105,64 +104,13 @@ TEST_CASE("real: replaying the recorded q k v through exact attention reproduces
 TEST_CASE("real: SubGen Lemma 2 properties hold on stories260K keys of every layer", "[real]") {
   test::TempDir tmp;
   RecordingReader rec(record_tinystories(tmp.file("rec.h5")));
-  for (int l = 0; l < rec.meta().n_layers; ++l) {
-    MatF K = rec.read(l, Tensor::k, 0), V = rec.read(l, Tensor::v, 0);
-    // δ relative to the layer's key scale: 0.5 × the median key norm.
-    std::vector<float> norms(K.rows());
-    for (int64_t i = 0; i < K.rows(); ++i) norms[i] = K.row(i).norm();
-    std::nth_element(norms.begin(), norms.begin() + norms.size() / 2, norms.end());
-    SubGenConfig c;
-    c.delta = 0.5 * norms[norms.size() / 2];
-    c.s = 8;
-    c.t = 4;
-    SubGen sg(c, int(K.cols()), 1);
-    for (int64_t n = 0; n < K.rows(); ++n) {
-      sg.update(n, K.row(n).data(), V.row(n).data());
-      const auto& a = sg.assignment();
-      int64_t total = 0;
-      for (int64_t i = 0; i < sg.clusters(); ++i) {
-        REQUIRE(a[sg.representative_index(i)] == i);
-        total += sg.cluster_count(i);
-        for (int64_t j = 0; j < i; ++j)
-          REQUIRE((sg.representatives().row(i) - sg.representatives().row(j)).norm() > c.delta);
-      }
-      REQUIRE(total == n + 1);
-      REQUIRE((K.row(n).cast<double>() - sg.representatives().row(a[n])).norm() <= c.delta);
-    }
-    INFO("layer " << l << ": m' = " << sg.clusters() << " clusters for 512 keys at delta = " << c.delta);
-    CHECK(sg.clusters() < 512);
-  }
+  for (int64_t m : test::check_lemma2(rec)) CHECK(m < 512);
 }
 
 TEST_CASE("real: greedy reaches (1 - 1/e) OPT on attention objectives from stories260K", "[real]") {
   test::TempDir tmp;
   RecordingReader rec(record_tinystories(tmp.file("rec.h5")));
-  const auto& m = rec.meta();
-  const double bound = 1 - std::exp(-1.0);
-  int instances = 0;
-  for (int l = 0; l < m.n_layers; ++l) {
-    // A 20-token window of the real stream (tokens 100..119) of query head 0.
-    const int n = 20, off = 100;
-    MatF Q = rec.read(l, Tensor::q, 0).middleRows(off, n);
-    MatD K = rec.read(l, Tensor::k, 0).middleRows(off, n).cast<double>();
-    MatD V = rec.read(l, Tensor::v, 0).middleRows(off, n).cast<double>();
-    std::vector<int64_t> steps;
-    for (int t = 1; t <= n; ++t) steps.push_back(t);
-    ReferenceBlock ref;
-    exact_attention(Q, K, V, m.softmax_scale, steps, ref);
-    test::SetFn facility = test::facility_location(ref.probs, n);
-    test::SetFn logmass = test::log_partition_mass(ref.probs, n - 1);
-    for (auto* f : {&facility, &logmass}) {
-      REQUIRE(test::looks_submodular(*f, n));
-      for (int k = 1; k <= 6; ++k) {
-        double g = test::greedy(*f, n, k), opt = test::brute(*f, n, k);
-        INFO("layer " << l << " k " << k << ": greedy " << g << " opt " << opt);
-        REQUIRE(g >= bound * opt - 1e-12);
-        ++instances;
-      }
-    }
-  }
-  CHECK(instances == 60);
+  CHECK(test::check_greedy_bound(rec, 100) == 60);  // a 20-token window of the real stream, tokens 100..119
 }
 
 TEST_CASE("real: closed loop with the exact policy reproduces teacher-forced cross-entropy bit for bit", "[real]") {

@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "helpers.hpp"
+#include "real_checks.hpp"
 #include "kvsim/model/policy_attention.hpp"
 #include "kvsim/model/record.hpp"
 #include "kvsim/replay/reference.hpp"
@@ -143,4 +144,20 @@ TEST_CASE("real: shakespeare-q80 closed loop with the exact policy reproduces te
   o.policy = "window";
   o.policy_params.set("budget", int64_t(16));
   CHECK(record_model(o).mean_cross_entropy > plain.mean_cross_entropy + 0.01);
+}
+
+TEST_CASE("real: SubGen Lemma 2 and H2O's greedy bound hold on shakespeare-q80 tensors", "[real]") {
+  test::TempDir tmp;
+  RecordOptions o;
+  o.checkpoint = model();
+  o.tokenizer = tok();
+  o.text_path = text();
+  o.text_tail = kHeldOut;
+  o.tokens = 256;
+  o.out = tmp.file("rec.h5");
+  record_model(o);
+  RecordingReader rec(o.out);
+  const auto clusters = test::check_lemma2(rec);
+  REQUIRE(clusters.size() == 5);
+  CHECK(test::check_greedy_bound(rec, 100) == 60);
 }

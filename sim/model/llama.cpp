@@ -58,7 +58,7 @@ LlamaModel::LlamaModel(const std::string& path) : path_(path) {
   cfg_ = ck.cfg;
   data_ = std::move(ck.weights);
   const int64_t D = cfg_.dim, Hd = cfg_.hidden_dim, L = cfg_.n_layers, V = cfg_.vocab_size, KV = cfg_.kv_dim();
-  const int64_t S = cfg_.seq_len, hs = cfg_.head_dim();
+  const int64_t hs = cfg_.head_dim();
   const float* p = data_.data();
   emb_ = p; p += V * D;
   rms_att_ = p; p += L * D;
@@ -74,8 +74,10 @@ LlamaModel::LlamaModel(const std::string& path) : path_(path) {
   wcls_ = cfg_.shared_classifier ? emb_ : p;
   x_.resize(D); xb_.resize(D); q_.resize(D); k_.resize(KV); v_.resize(KV); att_out_.resize(D);
   hb_.resize(Hd); hb2_.resize(Hd); logits_.resize(V);
-  key_cache_.assign(L * cfg_.n_kv_heads, MatD::Zero(S, hs));
-  value_cache_.assign(L * cfg_.n_kv_heads, MatD::Zero(S, hs));
+  // The exact cache grows with the positions fed (forward), not to seq_len up front: a version 1/2
+  // header's seq_len is not tied to the file size, and a damaged one must not allocate terabytes.
+  key_cache_.assign(L * cfg_.n_kv_heads, MatD(0, hs));
+  value_cache_.assign(L * cfg_.n_kv_heads, MatD(0, hs));
 }
 
 const std::vector<float>& LlamaModel::forward(int token, int pos,
@@ -99,6 +101,11 @@ const std::vector<float>& LlamaModel::forward(int token, int pos,
     } else {
       for (int h = 0; h < cfg_.n_kv_heads; ++h) {
         const size_t c = size_t(l) * cfg_.n_kv_heads + h;
+        if (pos >= key_cache_[c].rows()) {
+          const Eigen::Index rows = std::min<Eigen::Index>(S, std::max<Eigen::Index>({64, 2 * key_cache_[c].rows(), pos + 1}));
+          key_cache_[c].conservativeResize(rows, hs);
+          value_cache_[c].conservativeResize(rows, hs);
+        }
         key_cache_[c].row(pos) = Eigen::Map<const VecF>(k_.data() + h * hs, hs).cast<double>().transpose();
         value_cache_[c].row(pos) = Eigen::Map<const VecF>(v_.data() + h * hs, hs).cast<double>().transpose();
       }
