@@ -70,10 +70,11 @@ def save(fig, results_dir, out, default_name):
     return out
 
 
-# One colour per policy, the same in every figure (matplotlib's tab10 order).
+# One colour per policy, the same in every figure (matplotlib's tab10 order, then tab20b).
 POLICY_COLORS = {
     "exact": "#7f7f7f", "window": "#9467bd", "sink": "#ff7f0e", "h2o": "#1f77b4", "buzz": "#8c564b",
     "subgen": "#e377c2", "subgen_kcenter": "#2ca02c", "uniform": "#d62728", "oracle_topk": "#17becf",
+    "tova": "#bcbd22", "scissorhands": "#393b79", "knorm": "#8c6d31",
 }
 
 
@@ -91,4 +92,4 @@ def bootstrap_ci(values, seed=1, resamples=4000):
 def color(policy_name):
     """The figure colour of a policy (by registry name; variants share it)."""
     base = policy_name.split(" ")[0].split("(")[0]
-    return POLICY_COLORS.get(base, "#bcbd22")
+    return POLICY_COLORS.get(base, "#c7c7c7")

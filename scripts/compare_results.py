@@ -3,7 +3,10 @@
 bit for bit, timings aside. A metric dataset that was all NaN before (a metric that does not apply)
 may be left out after.
 
-Usage: python3 scripts/compare_results.py BEFORE_DIR AFTER_DIR
+Usage: python3 scripts/compare_results.py [--allow-new-rows] BEFORE_DIR AFTER_DIR
+
+--allow-new-rows: AFTER's CSVs may hold rows BEFORE's do not (policies added to a config); every row
+of BEFORE must still appear, in order. CSV columns are matched by name (added columns are ignored).
 
 For every results.h5 under BEFORE_DIR: every dataset of every /policy_* group (metric datasets and
 layer/head/step) must exist in AFTER_DIR's file with identical bytes (NaN = NaN), except `policy_ns`
@@ -65,14 +68,17 @@ def compare_h5(a_path, b_path, diffs, omitted):
                     diffs.append(f"{b_path}: /{g}/{ds} differs ({n} entries)")
 
 
-def compare_csv(a_path, b_path, diffs):
+def compare_csv(a_path, b_path, diffs, allow_new_rows=False):
     with open(a_path, newline="") as fa, open(b_path, newline="") as fb:
         ra, rb = list(csv.reader(fa)), list(csv.reader(fb))
-    if not ra or not rb or rb[0][:len(ra[0])] != ra[0]:
+    if not ra or not rb or not set(ra[0]) <= set(rb[0]):
         diffs.append(f"{b_path}: header differs")
         return
     head = ra[0]
-    rb = [r[:len(head)] for r in rb]  # columns added after the old ones (e.g. parameter columns) are new information
+    # Columns are matched by name: columns added after (e.g. parameter columns of new policies) are new
+    # information.
+    where = [rb[0].index(h) for h in head]
+    rb = [rb[0]] + [[r[i] if i < len(r) else "" for i in where] for r in rb[1:]]
     if "layer" in head and "all_layers" not in head:  # the all-layer aggregate used to be written as layer "all"
         li = head.index("layer")
         rb = [r[:li] + ["all" if r[li] == "-1" else r[li]] + r[li + 1:] for r in rb]
@@ -84,6 +90,13 @@ def compare_csv(a_path, b_path, diffs):
 
     ra = [[c for i, c in enumerate(r) if i not in timing_cols] for r in ra[1:] if keep(r)]
     rb = [[c for i, c in enumerate(r) if i not in timing_cols] for r in rb[1:] if keep(r)]
+    if allow_new_rows:  # every earlier row, in order, among the new ones (added policies add rows)
+        it = iter(rb)
+        for i, x in enumerate(ra):
+            if not any(x == y for y in it):
+                diffs.append(f"{b_path}: row {i + 2} of the earlier file is missing or changed: {','.join(x)}")
+                return
+        return
     if len(ra) != len(rb):
         diffs.append(f"{b_path}: {len(rb)} rows vs {len(ra)}")
         return
@@ -93,9 +106,12 @@ def compare_csv(a_path, b_path, diffs):
 
 
 def main():
-    if len(sys.argv) != 3:
-        die("usage: compare_results.py BEFORE_DIR AFTER_DIR")
-    a_root, b_root = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    allow_new_rows = "--allow-new-rows" in args
+    args = [a for a in args if a != "--allow-new-rows"]
+    if len(args) != 2:
+        die("usage: compare_results.py [--allow-new-rows] BEFORE_DIR AFTER_DIR")
+    a_root, b_root = args
     for r in (a_root, b_root):
         if not os.path.isdir(r):
             die(f"{r}: not a directory")
@@ -112,7 +128,7 @@ def main():
         if not os.path.exists(b):
             diffs.append(f"{b}: missing")
             continue
-        compare_csv(os.path.join(a_root, rel), b, diffs)
+        compare_csv(os.path.join(a_root, rel), b, diffs, allow_new_rows)
         n += 1
     for d in diffs:
         print(d)

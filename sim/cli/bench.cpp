@@ -200,13 +200,18 @@ double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
       {"uniform", "uniform", P({{"budget", 0.25}})},
       {"subgen", "subgen", P({{"delta", 8.0}, {"s", int64_t(256)}, {"t", int64_t(4)}})},
       {"subgen_kcenter", "subgen_kcenter", P({{"recent", 0.125}, {"centers", 0.125}, {"mode", std::string("streaming")}})},
+      {"tova", "tova", P({{"budget", 0.25}})},
+      {"scissorhands", "scissorhands", P({{"budget", 0.25}})},
+      {"knorm", "knorm", P({{"budget", 0.25}})},
   };
   SynthSource src(ex.data.synth);
   RunResult r = run_experiment(ex, src, 1);
   // The same subset policies with `[eval] policy_precision = "float32"` (float32 products).
   Experiment ex32 = ex;
   ex32.eval.policy_precision = "float32";
-  ex32.policies.assign(ex.policies.begin(), ex.policies.begin() + 5);  // window, sink, h2o, buzz, uniform
+  ex32.policies.clear();  // the subset policies: all but subgen and subgen_kcenter
+  for (const auto& ps : ex.policies)
+    if (ps.name.rfind("subgen", 0) != 0) ex32.policies.push_back(ps);
   for (auto& ps : ex32.policies) ps.label = ps.name + " f32";
   RunResult r32 = run_experiment(ex32, src, 1);
   std::snprintf(buf, sizeof buf, "\npolicy steps (n = %lld, head_dim 128, GQA group of 2, kv_head mode, answer every step, 1 thread):\n",

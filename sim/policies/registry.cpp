@@ -20,6 +20,9 @@ const std::vector<const PolicyInfo*>& policy_registry() {
       &policies::subgen_kcenter_info(),
       &policies::h2o_info(),
       &policies::buzz_info(),
+      &policies::tova_info(),
+      &policies::scissorhands_info(),
+      &policies::knorm_info(),
   };
   return r;
 }

@@ -8,7 +8,8 @@
 // holds at most B tokens and changes by at most one token per step (H2O Definition 2.1).
 // attend(Q̃_t): the group's attention over the cache answers the queries; update_scores() then sees
 // it ([m, G]: column g = softmax of query g over the m cached slots) and the per-slot scores.
-// A subclass supplies the scoring rule (H2O: accumulated attention, sim/policies/h2o.cpp).
+// A subclass supplies the scoring rule (H2O: accumulated attention, sim/policies/h2o.cpp; TOVA: the
+// last query's attention; KNorm: −‖k‖; Scissorhands: how rarely a token was unimportant lately).
 #pragma once
 #include <string>
 #include <vector>
@@ -29,7 +30,7 @@ class ScorerPolicy : public Policy {
   bool needs_every_query() const override { return true; }
 
   void observe(int64_t t, const float* k, const float* v) final {
-    const double init = initial_score(t);
+    const double init = initial_score(t, k);
     if (cache_.size() < budget_) {
       score_[cache_.size()] = init;
       cache_.append(t, k, v);
@@ -45,6 +46,7 @@ class ScorerPolicy : public Policy {
     if (victim < 0) throw Error(name_ + ": no evictable token (sink + recent ≥ budget)");
     cache_.put(victim, t, k, v);
     score_[victim] = init;
+    slot_replaced(victim);
   }
 
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) final {
@@ -55,8 +57,11 @@ class ScorerPolicy : public Policy {
   int64_t cache_tokens() const override { return cache_.size(); }
 
  protected:
-  /// Score of token t when it joins (H2O: 0; an oracle: its whole-stream score).
-  virtual double initial_score(int64_t /*t*/) { return 0.0; }
+  /// Score of token t (key k [head_dim]) when it joins (H2O: 0; an oracle: its whole-stream score;
+  /// KNorm: −‖k‖).
+  virtual double initial_score(int64_t /*t*/, const float* /*k*/) { return 0.0; }
+  /// Called when slot `s` is reused for a new token (per-slot state beyond the score resets).
+  virtual void slot_replaced(int64_t /*s*/) {}
   /// Updates `score` (one entry per cache slot; slots [0, P.rows()) are filled) after step t's
   /// queries attended with probabilities P [m, G].
   virtual void update_scores(int64_t t, const MatD& P, std::vector<double>& score) = 0;

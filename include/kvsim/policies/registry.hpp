@@ -75,6 +75,9 @@ const PolicyInfo& oracle_topk_info();
 const PolicyInfo& uniform_info();
 const PolicyInfo& h2o_info();
 const PolicyInfo& buzz_info();
+const PolicyInfo& tova_info();
+const PolicyInfo& scissorhands_info();
+const PolicyInfo& knorm_info();
 const PolicyInfo& subgen_info();
 const PolicyInfo& subgen_kcenter_info();
 }  // namespace policies
