@@ -7,7 +7,8 @@
 //
 // kvsim's form: one eviction per step (Algorithm 2 drops a batch when the buffer fills; one at a time
 // keeps the cache at exactly B like every other fixed-size policy here). Score = −(unimportant
-// count over the last `history` steps while cached); ties evict the oldest. In kv_head mode the
+// count over the last `history` steps while cached, one 64-bit shift register per slot, so
+// history ≤ 64); ties evict the oldest. In kv_head mode the
 // group's weights combine by group_agg before the threshold. Defaults (history 32 queries, recent
 // 10% of B) are kvsim's: the paper sets the windows per model.
 #include <algorithm>
@@ -22,38 +23,30 @@ namespace {
 
 class ScissorhandsPolicy final : public ScorerPolicy {
  public:
-  ScissorhandsPolicy(int64_t budget, int64_t recent, int64_t history, const StreamInfo& s)
-      : ScorerPolicy("scissorhands", budget, /*sink=*/0, recent, s), history_(history),
-        low_(size_t(history * budget), 0), count_(size_t(budget), 0) {}
+  ScissorhandsPolicy(int64_t budget, int64_t recent, int history, const StreamInfo& s)
+      : ScorerPolicy("scissorhands", budget, /*sink=*/0, recent, s),
+        window_(history == 64 ? ~uint64_t(0) : (uint64_t(1) << history) - 1), low_(size_t(budget), 0) {}
 
  private:
-  /// Records this step's unimportant flags in the ring row `step_ % history` (forgetting the flags
-  /// of `history` steps ago) and sets score = −count.
+  /// Shifts this step's unimportant flag into each slot's history bits (the last `history` queries
+  /// while cached) and sets score = −(number of flags set).
   void update_scores(int64_t, const MatD& P, std::vector<double>& score) override {
     const int64_t m = P.rows();
     GroupAggregate agg(agg_, m);
     for (Eigen::Index i = 0; i < P.cols(); ++i) agg.add(P.col(i));
     const VecD w = agg.result();
-    uint8_t* row = &low_[size_t((step_ % history_) * budget_)];
     const double threshold = 1.0 / double(m);
     for (int64_t s = 0; s < m; ++s) {
-      const uint8_t flag = w[s] < threshold;
-      count_[size_t(s)] += int64_t(flag) - int64_t(row[s]);
-      row[s] = flag;
-      score[size_t(s)] = -double(count_[size_t(s)]);
+      uint64_t& bits = low_[size_t(s)];
+      bits = ((bits << 1) | uint64_t(w[s] < threshold)) & window_;
+      score[size_t(s)] = -double(__builtin_popcountll(bits));
     }
-    ++step_;
   }
   /// A new token in slot s starts with no history.
-  void slot_replaced(int64_t s) override {
-    for (int64_t h = 0; h < history_; ++h) low_[size_t(h * budget_ + s)] = 0;
-    count_[size_t(s)] = 0;
-  }
+  void slot_replaced(int64_t s) override { low_[size_t(s)] = 0; }
 
-  const int64_t history_;
-  std::vector<uint8_t> low_;    ///< [history][budget] ring of unimportant flags
-  std::vector<int64_t> count_;  ///< per slot: flags set in the ring
-  int64_t step_ = 0;
+  const uint64_t window_;     ///< mask of the last `history` flags
+  std::vector<uint64_t> low_;  ///< per slot: unimportant flags, newest in bit 0
 };
 
 std::unique_ptr<Policy> make_scissorhands(const Params& p, const StreamInfo& s) {
@@ -61,8 +54,8 @@ std::unique_ptr<Policy> make_scissorhands(const Params& p, const StreamInfo& s) 
   const double r = p.get_double("recent_ratio", 0.1);
   if (!(r >= 0 && r < 1)) throw Error("parameter 'recent_ratio' must be in [0, 1)" + p.where("recent_ratio"));
   const int64_t history = p.get_int("history", 32);
-  if (history < 1 || history > 4096) throw Error("parameter 'history' must be in [1, 4096] queries" + p.where("history"));
-  return std::make_unique<ScissorhandsPolicy>(b, std::min<int64_t>(std::llround(r * double(b)), b - 1), history, s);
+  if (history < 1 || history > 64) throw Error("parameter 'history' must be in [1, 64] queries" + p.where("history"));
+  return std::make_unique<ScissorhandsPolicy>(b, std::min<int64_t>(std::llround(r * double(b)), b - 1), int(history), s);
 }
 
 }  // namespace
@@ -74,7 +67,7 @@ const PolicyInfo& scissorhands_info() {
       "often over the last `history` queries, outside the `recent_ratio · B` newest",
       "Scissorhands (Liu et al., 2023) §4, Alg. 2",
       {{"budget", "tokens", "required", "cache size B (≥ 1)"},
-       {"history", "int", "32", "history window: how many recent queries count, in [1, 4096]"},
+       {"history", "int", "32", "history window: how many recent queries count, in [1, 64]"},
        {"recent_ratio", "float", "0.1", "fraction of B kept as a window of the newest tokens, in [0, 1)"}},
       make_scissorhands,
       budget_memory_rule(),
