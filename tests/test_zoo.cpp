@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <random>
 #include <set>
 
 #include "helpers.hpp"
@@ -155,4 +156,131 @@ TEST_CASE("scissorhands: evicts the token most often below average attention in 
     CHECK(first_violation(r, 24, 6, scissorhands_ref(history == 8 ? 32 : 8)) >= 0);
     CHECK(first_violation(run_policy("h2o", budget(24), "heavy_hitter"), 24, 6, scissorhands_ref(history)) >= 0);
   }
+}
+
+namespace {
+
+/// KIVI's dequantization re-implemented from the paper (§3.2): groups of G tokens of rows
+/// [0, quantized) of X, asymmetric b-bit min/max quantization per column (keys: `per_channel`) or per
+/// G-column group of each row (values; also the broken per-token key variant).
+MatD kivi_dequant(MatD X, int64_t quantized, int G, int bits, bool per_channel) {
+  const double levels = (1 << bits) - 1;
+  auto q = [&](std::vector<double*> xs) {
+    double mn = INFINITY, mx = -INFINITY;
+    for (double* x : xs) mn = std::min(mn, *x), mx = std::max(mx, *x);
+    const double s = (mx - mn) / levels;
+    for (double* x : xs) *x = s > 0 ? mn + std::clamp(std::nearbyint((*x - mn) / s), 0.0, levels) * s : mn;
+  };
+  const int d = int(X.cols()), vg = std::min(G, d);
+  for (int64_t g0 = 0; g0 < quantized; g0 += G) {
+    if (per_channel) {
+      for (int c = 0; c < d; ++c) {
+        std::vector<double*> xs;
+        for (int i = 0; i < G; ++i) xs.push_back(&X(g0 + i, c));
+        q(xs);
+      }
+    } else {
+      for (int i = 0; i < G; ++i)
+        for (int c0 = 0; c0 < d; c0 += vg) {
+          std::vector<double*> xs;
+          for (int c = c0; c < std::min(d, c0 + vg); ++c) xs.push_back(&X(g0 + i, c));
+          q(xs);
+        }
+    }
+  }
+  return X.cast<float>().cast<double>();  // the cache stores float32
+}
+
+VecD softmax_attend(const MatD& K, const MatD& V, const VecD& q) {
+  VecD l = K * q;
+  l = (l.array() - l.maxCoeff()).exp();
+  return V.transpose() * l / l.sum();
+}
+
+}  // namespace
+
+TEST_CASE("kivi: answers equal attention over per-channel-quantized keys and per-token-quantized values", "[zoo]") {
+  const int d = 16, G = 8, n = 100;
+  const int64_t R = 20;
+  std::mt19937 rng(5);
+  std::normal_distribution<double> N(0, 1);
+  MatD K(n, d), V(n, d);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < d; ++c) K(i, c) = N(rng) * (c == 3 ? 40.0 : 1.0), V(i, c) = N(rng);  // an outlier key channel
+  K = K.cast<float>().cast<double>();
+  V = V.cast<float>().cast<double>();
+  StreamInfo info;
+  info.n = n;
+  info.head_dim = d;
+  info.n_queries = 1;
+  double err2 = 0, err4 = 0, err_token = 0, key_chan = 0;
+  for (int bits : {2, 4}) {
+    Params p;
+    p.set("bits", int64_t(bits));
+    p.set("group", int64_t(G));
+    p.set("residual", R);
+    auto pol = make_policy("kivi", p, info);
+    std::vector<Answer> ans(1);
+    for (int64_t t = 0; t < n; ++t) {
+      const MatF k = K.row(t).cast<float>(), v = V.row(t).cast<float>();
+      pol->observe(t, k.data(), v.data());
+      MatD q(1, d);
+      for (int c = 0; c < d; ++c) q(0, c) = N(rng) * 0.3;
+      ans[0] = Answer{};
+      pol->attend(t + 1, q, &ans, nullptr);
+      const int64_t quantized = std::max<int64_t>(0, (t + 1 - R) / G * G);
+      const MatD Kt = K.topRows(t + 1), Vt = V.topRows(t + 1);
+      const VecD want = softmax_attend(kivi_dequant(Kt, quantized, G, bits, true), kivi_dequant(Vt, quantized, G, bits, false),
+                                       q.row(0).transpose());
+      REQUIRE((ans[0].z - want).norm() <= 1e-6 * want.norm() + 1e-9);
+      REQUIRE_FALSE(ans[0].has_kept);
+      // Bytes: float32 full tokens + codes, key scales/zeros per channel per group, value ones per token.
+      const double bytes = double(t + 1 - quantized) * 2 * d * 4 + double(quantized) * (2.0 * d * bits / 8 + 8.0 * d / G + 8.0 * ((d + G - 1) / G));
+      REQUIRE(pol->cache_bytes(d) == Approx(bytes));
+      const VecD exact = softmax_attend(Kt, Vt, q.row(0).transpose());
+      (bits == 2 ? err2 : err4) += (ans[0].z - exact).norm() / exact.norm();
+      if (bits == 2) {  // the broken variant: keys quantized per token, as values are
+        const VecD tok = softmax_attend(kivi_dequant(Kt, quantized, G, bits, false), kivi_dequant(Vt, quantized, G, bits, false),
+                                        q.row(0).transpose());
+        if (quantized > 0) REQUIRE((tok - ans[0].z).norm() > 0);  // the check above would reject it
+        // Key error alone (exact values): per-channel vs per-token key quantization.
+        const VecD chan = softmax_attend(kivi_dequant(Kt, quantized, G, bits, true), Vt, q.row(0).transpose());
+        const VecD per_tok = softmax_attend(kivi_dequant(Kt, quantized, G, bits, false), Vt, q.row(0).transpose());
+        key_chan += (chan - exact).norm() / exact.norm();
+        err_token += (per_tok - exact).norm() / exact.norm();
+      }
+    }
+  }
+  INFO("mean rel_err: 2-bit " << err2 / n << ", 4-bit " << err4 / n << "; key error alone (2-bit): per channel "
+                               << key_chan / n << ", per token " << err_token / n);
+  CHECK(err4 < err2);
+  CHECK(key_chan < err_token);  // per-channel keys (KIVI §3.1) beat per-token keys on an outlier channel
+}
+
+TEST_CASE("kivi: memory = M sizes the full-precision residual so the cache never exceeds M tokens of float32", "[zoo]") {
+  StreamInfo info;
+  info.n = 2000;
+  info.head_dim = 32;
+  info.n_queries = 1;
+  for (double frac : {0.25, 0.5}) {
+    Params p;
+    p.set("memory", frac);
+    p.set("bits", int64_t(4));
+    auto pol = make_policy("kivi", p, info);
+    const double budget = frac * 2000 * 2 * 32 * 4;
+    std::vector<float> k(32), v(32);
+    double peak = 0;
+    for (int64_t t = 0; t < 2000; ++t) {
+      for (int c = 0; c < 32; ++c) k[size_t(c)] = float(std::sin(0.1 * double(t * 32 + c))), v[size_t(c)] = float(c);
+      pol->observe(t, k.data(), v.data());
+      peak = std::max(peak, pol->cache_bytes(32));
+      REQUIRE(pol->cache_bytes(32) <= budget);
+    }
+    INFO("memory " << frac << ": peak " << peak << " of " << budget << " bytes");
+    CHECK(peak >= 0.9 * budget);  // the residual fills what the codes leave
+  }
+  Params tiny;
+  tiny.set("memory", 0.05);
+  tiny.set("bits", int64_t(4));
+  CHECK_THROWS_WITH(make_policy("kivi", tiny, info), Catch::Contains("cannot fit memory"));
 }

@@ -23,6 +23,7 @@ const std::vector<const PolicyInfo*>& policy_registry() {
       &policies::tova_info(),
       &policies::scissorhands_info(),
       &policies::knorm_info(),
+      &policies::kivi_info(),
   };
   return r;
 }

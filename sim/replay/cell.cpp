@@ -170,7 +170,7 @@ class CellReplay {
       run.t = t;
       if (!is_eval) continue;
       double bytes = 0;
-      for (auto& inst : run.inst) bytes += double(inst->cache_vectors()) * d_ * sizeof(float);
+      for (auto& inst : run.inst) bytes += inst->cache_bytes(d_);
       check_memory(p, t, bytes);
       record(p, t, r, bytes, out);
       run.ns_since_eval = 0;

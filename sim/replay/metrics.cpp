@@ -110,7 +110,8 @@ const std::vector<Metric> kMetrics = {
      "DESIGN §4",
      [](MetricContext& c) { return c.has_kept() ? double(c.answer->kept.size()) : double(c.policy->cache_tokens()); }},
     {"cache_bytes", "bytes",
-     "bytes the KV head's cache(s) store: stored vectors × head_dim × 4 (float32); query_head mode adds the group's copies",
+     "bytes the KV head's cache(s) store: stored vectors × head_dim × 4 (float32), or for a quantized cache (kivi) its "
+     "codes, scales, zero points and float32 tokens; query_head mode adds the group's copies",
      "DESIGN §4", [](MetricContext& c) { return c.cache_bytes; }},
     {"clusters", "clusters", "key clusters the policy maintains (SubGen's m', k-center's centers); NaN otherwise",
      "SubGen Def. 1, Lemma 2", [](MetricContext& c) { return c.policy->clusters(); }},

@@ -68,6 +68,9 @@ class Policy {
   virtual int64_t cache_tokens() const = 0;
   /// Stored vectors of dimension head_dim now (keys + values + representatives...).
   virtual int64_t cache_vectors() const { return 2 * cache_tokens(); }
+  /// Bytes held now (cache_bytes, DESIGN §4): stored vectors × head_dim × 4 (float32, kvsim's full
+  /// precision); quantized caches (kivi) count their codes, scales and zero points instead.
+  virtual double cache_bytes(int head_dim) const { return double(cache_vectors()) * head_dim * sizeof(float); }
   /// Number of key clusters the policy maintains (SubGen's m', k-center's centers); NaN if none.
   virtual double clusters() const { return std::numeric_limits<double>::quiet_NaN(); }
   /// Equal-memory matching rule under `memory = M`: false (default) — the cache holds exactly

@@ -78,6 +78,7 @@ const PolicyInfo& buzz_info();
 const PolicyInfo& tova_info();
 const PolicyInfo& scissorhands_info();
 const PolicyInfo& knorm_info();
+const PolicyInfo& kivi_info();
 const PolicyInfo& subgen_info();
 const PolicyInfo& subgen_kcenter_info();
 }  // namespace policies
