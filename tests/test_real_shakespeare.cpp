@@ -24,6 +24,18 @@ std::string tok() { return kData + "/shakespeare-q80/byte_tokenizer.bin"; }
 std::string text() { return kData + "/tinyshakespeare/input.txt"; }
 constexpr double kHeldOut = 0.05;  // the training script's validation share (shared/data/SOURCES.md)
 
+/// Teacher-forced recording options for the first 256 held-out tokens (not written unless `out`).
+RecordOptions heldout(const std::string& out = "") {
+  RecordOptions o;
+  o.checkpoint = model();
+  o.tokenizer = tok();
+  o.text_path = text();
+  o.text_tail = kHeldOut;
+  o.tokens = 256;
+  o.out = out;
+  return o;
+}
+
 /// Mean teacher-forced cross-entropy (nats/byte) over `windows` consecutive 256-token windows of
 /// `tokens`, each from an empty cache; `shift` adds to every byte token (a broken tokenizer).
 double mean_nll(LlamaModel& m, const std::vector<int>& tokens, int windows, int shift = 0) {
@@ -76,13 +88,7 @@ TEST_CASE("real: shakespeare-q80 held-out cross-entropy is near the independentl
 TEST_CASE("real: replaying shakespeare-q80's recorded q k v through exact attention reproduces the model attention",
           "[real]") {
   test::TempDir tmp;
-  RecordOptions o;
-  o.checkpoint = model();
-  o.tokenizer = tok();
-  o.text_path = text();
-  o.text_tail = kHeldOut;
-  o.tokens = 256;
-  o.out = tmp.file("rec.h5");
+  RecordOptions o = heldout(tmp.file("rec.h5"));
   record_model(o);
   RecordingReader rec(o.out);
   const auto& meta = rec.meta();
@@ -127,12 +133,7 @@ TEST_CASE("real: shakespeare-q80 greedy generation is deterministic and Shakespe
 
 TEST_CASE("real: shakespeare-q80 closed loop with the exact policy reproduces teacher-forced cross-entropy bit for bit",
           "[real]") {
-  RecordOptions o;
-  o.checkpoint = model();
-  o.tokenizer = tok();
-  o.text_path = text();
-  o.text_tail = kHeldOut;
-  o.tokens = 256;
+  RecordOptions o = heldout();
   const RecordResult plain = record_model(o);
   o.policy = "exact";
   const RecordResult closed = record_model(o);
@@ -148,13 +149,7 @@ TEST_CASE("real: shakespeare-q80 closed loop with the exact policy reproduces te
 
 TEST_CASE("real: SubGen Lemma 2 and H2O's greedy bound hold on shakespeare-q80 tensors", "[real]") {
   test::TempDir tmp;
-  RecordOptions o;
-  o.checkpoint = model();
-  o.tokenizer = tok();
-  o.text_path = text();
-  o.text_tail = kHeldOut;
-  o.tokens = 256;
-  o.out = tmp.file("rec.h5");
+  RecordOptions o = heldout(tmp.file("rec.h5"));
   record_model(o);
   RecordingReader rec(o.out);
   const auto clusters = test::check_lemma2(rec);

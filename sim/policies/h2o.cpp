@@ -50,11 +50,9 @@ class H2OPolicy final : public ScorerPolicy {
   /// Alg. 1's F_score accumulation (h(z) = z): the group's attention, combined by group_agg, added
   /// to every cached token's score; oracle scores are fixed.
   void update_scores(int64_t, const MatD& P, std::vector<double>& score) override {
-    const int64_t m = P.rows();
-    GroupAggregate agg(agg_, m);
-    for (Eigen::Index i = 0; i < P.cols(); ++i) agg.add(P.col(i));
     if (global_) return;
-    const VecD step = agg.result();
+    const int64_t m = P.rows();
+    const VecD step = group_weights(P);
     for (int64_t s = 0; s < m; ++s) score[s] += step[s];
   }
 

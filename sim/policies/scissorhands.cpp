@@ -32,9 +32,7 @@ class ScissorhandsPolicy final : public ScorerPolicy {
   /// while cached) and sets score = −(number of flags set).
   void update_scores(int64_t, const MatD& P, std::vector<double>& score) override {
     const int64_t m = P.rows();
-    GroupAggregate agg(agg_, m);
-    for (Eigen::Index i = 0; i < P.cols(); ++i) agg.add(P.col(i));
-    const VecD w = agg.result();
+    const VecD w = group_weights(P);
     const double threshold = 1.0 / double(m);
     for (int64_t s = 0; s < m; ++s) {
       uint64_t& bits = low_[size_t(s)];

@@ -60,6 +60,12 @@ class ScorerPolicy : public Policy {
   /// Score of token t (key k [head_dim]) when it joins (H2O: 0; an oracle: its whole-stream score;
   /// KNorm: −‖k‖).
   virtual double initial_score(int64_t /*t*/, const float* /*k*/) { return 0.0; }
+  /// The group's attention weight on each of the m cached slots: P's columns combined by group_agg.
+  VecD group_weights(const MatD& P) const {
+    GroupAggregate agg(agg_, P.rows());
+    for (Eigen::Index i = 0; i < P.cols(); ++i) agg.add(P.col(i));
+    return agg.result();
+  }
   /// Called when slot `s` is reused for a new token (per-slot state beyond the score resets).
   virtual void slot_replaced(int64_t /*s*/) {}
   /// Updates `score` (one entry per cache slot; slots [0, P.rows()) are filled) after step t's

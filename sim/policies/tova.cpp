@@ -25,9 +25,7 @@ class TovaPolicy final : public ScorerPolicy {
  private:
   /// The scores are the latest attention weights (replaced, not accumulated).
   void update_scores(int64_t, const MatD& P, std::vector<double>& score) override {
-    GroupAggregate agg(agg_, P.rows());
-    for (Eigen::Index i = 0; i < P.cols(); ++i) agg.add(P.col(i));
-    const VecD step = agg.result();
+    const VecD step = group_weights(P);
     for (int64_t s = 0; s < P.rows(); ++s) score[size_t(s)] = step[s];
   }
 };
