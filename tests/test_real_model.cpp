@@ -10,7 +10,9 @@
 
 #include "helpers.hpp"
 #include "real_checks.hpp"
+#include "kvsim/model/policy_attention.hpp"
 #include "kvsim/model/record.hpp"
+#include "kvsim/model/tokenizer.hpp"
 #include "kvsim/replay/reference.hpp"
 
 using namespace kvsim;
@@ -150,4 +152,36 @@ TEST_CASE("real: closed loop with the exact policy reproduces teacher-forced cro
   // Non-causal oracles are refused by name.
   g.policy = "oracle_topk";
   CHECK_THROWS_WITH(record_model(g), Catch::Contains("non-causal oracle"));
+}
+
+TEST_CASE("real: closed loop with a prompt: prompt positions are exact, then the policy's prefill takes over", "[real]") {
+  LlamaModel m(model());
+  const Tokenizer tk(tok(), m.config().vocab_size);
+  std::vector<int> win = text_tokens(text(), tk, 256, 0, "test");
+  win.resize(256);
+  const int P = 128;
+  auto policy = [](const std::string& name, std::initializer_list<std::pair<std::string, ParamValue>> kv) {
+    PolicySpec s{name, name, {}};
+    for (const auto& [k, v] : kv) s.params.set(k, v, "test");
+    return s;
+  };
+  // The exact policy through a prefill is the exact model on the decoded positions, bit for bit.
+  PolicyKVAttention exact(m.config(), policy("exact", {}), 256, 1, "kv_head", "mean", P);
+  const double ce_exact = teacher_forced_ce(m, win, nullptr, P);
+  CHECK(teacher_forced_ce(m, win, &exact, P) == ce_exact);
+  // snapkv at 32 tokens: logits at every prompt position equal the exact model's (a prefill attends
+  // exactly); decoded positions differ (the loop is closed through the compressed cache).
+  PolicyKVAttention snap(m.config(), policy("snapkv", {{"memory", int64_t(32)}}), 256, 1, "kv_head", "mean", P);
+  std::vector<std::vector<float>> ref;
+  for (int pos = 0; pos < 256; ++pos) ref.push_back(m.forward(win[size_t(pos)], pos));
+  m.set_attention(&snap);
+  int differ_after = 0;
+  for (int pos = 0; pos < 256; ++pos) {
+    const std::vector<float> l = m.forward(win[size_t(pos)], pos);
+    if (pos < P) REQUIRE(l == ref[size_t(pos)]);
+    else differ_after += l != ref[size_t(pos)];
+  }
+  m.set_attention(nullptr);
+  CHECK(differ_after > 64);
+  CHECK(snap.mean_cache_tokens() == 32);
 }

@@ -15,6 +15,7 @@ StreamInfo small_stream() {
   s.n = 64;
   s.head_dim = 8;
   s.n_queries = 2;
+  s.prefill = 32;  // a prompt, for the prefill policies (snapkv, pyramidkv)
   return s;
 }
 

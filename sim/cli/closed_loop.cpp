@@ -37,6 +37,7 @@ RunResult open_loop(const ClosedLoopConfig& c, const std::vector<int>& win, cons
   ex.name = c.name;
   ex.seed = c.seed;
   ex.data.path = rec_path;
+  ex.data.prefill = c.prefill;
   ex.eval = c.eval;
   ex.policies = c.policies;
   RecordingReader rec(rec_path);
@@ -50,13 +51,13 @@ void closed_loop_policy(const ClosedLoopConfig& c, LlamaModel& model, const Poli
                         const std::vector<int>& prompt, const std::vector<int>& gen_exact, ClosedLoopRow& r) {
   const auto& cfg = model.config();
   try {
-    PolicyKVAttention attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg);
-    r.ce_policy = teacher_forced_ce(model, win, &attn);
+    PolicyKVAttention attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg, c.prefill);
+    r.ce_policy = teacher_forced_ce(model, win, &attn, c.prefill);
     r.ce_increase = r.ce_policy - r.ce_exact;
     r.cache_tokens = attn.mean_cache_tokens();
     if (c.generate > 0) {
       // Same stream length (and so the same token budgets) as the teacher-forced run.
-      PolicyKVAttention gen_attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg);
+      PolicyKVAttention gen_attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg, c.prefill);
       auto gen = greedy_tokens(model, prompt, int(gen_exact.size()), &gen_attn);
       for (size_t i = 0; i < gen.size(); ++i)
         if (gen[i] != gen_exact[i]) {
@@ -114,8 +115,10 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
   const auto& cfg = model.config();
   if (c.tokens < 2 || c.tokens > cfg.seq_len)
     throw Error("model.tokens must be in [2, " + std::to_string(cfg.seq_len) + "] (the model's seq_len)");
-  if (c.generate > 0 && std::min(16, c.tokens) + c.generate > c.tokens)
-    throw Error("model.generate (" + std::to_string(c.generate) + ") + the 16-token prompt must fit in model.tokens (" +
+  const int prompt_len = c.prefill > 0 ? c.prefill : std::min(16, c.tokens);
+  if (c.generate > 0 && prompt_len + c.generate > c.tokens)
+    throw Error("model.generate (" + std::to_string(c.generate) + ") + the " + std::to_string(prompt_len) +
+                "-token prompt must fit in model.tokens (" +
                 std::to_string(c.tokens) + ")");
   Tokenizer tok(c.tokenizer, cfg.vocab_size);
   const std::vector<int> all =
@@ -128,9 +131,8 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
   std::vector<ClosedLoopRow> rows;
   for (int w = 0; w < c.windows; ++w) {
     std::vector<int> win(all.begin() + size_t(w) * c.tokens, all.begin() + size_t(w + 1) * c.tokens);
-    const double ce_exact = teacher_forced_ce(model, win, nullptr);
+    const double ce_exact = teacher_forced_ce(model, win, nullptr, c.prefill);
     std::vector<int> gen_exact;
-    const int prompt_len = std::min(16, c.tokens);
     const std::vector<int> prompt(win.begin(), win.begin() + prompt_len);
     if (c.generate > 0) gen_exact = greedy_tokens(model, prompt, prompt_len + c.generate, nullptr);
     const std::string rec_path = (fs::path(out_dir) / ("window_" + std::to_string(w) + ".h5")).string();

@@ -21,6 +21,7 @@ using TV = toml::value;
 namespace fs = std::filesystem;
 using config_detail::parse_override_value;
 using config_detail::apply_override;
+using config_detail::anchor_paths;
 
 /// "FILE:LINE: " for a place in a config (or "--set KEY=VALUE: " for a value given on the command line).
 std::string place(const toml::source_location& loc) {
@@ -128,6 +129,16 @@ std::string where_of(const TV& v) {
   return loc.file_name() + ":" + std::to_string(loc.line());
 }
 
+
+/// With a prompt of P tokens the prompt's steps are not decoded: eval.from defaults to P + 1 and a
+/// given one must be > P.
+void eval_after_prompt(const TV& root, int64_t P, const std::string& key, EvalSpec& e) {
+  if (P <= 0) return;
+  if (!(root.contains("eval") && root.at("eval").contains("from"))) e.from = P + 1;
+  else if (e.from <= P)
+    fail_at(root.at("eval").at("from"), "eval.from (" + std::to_string(e.from) + ") must be > " + key + " (" +
+                                            std::to_string(P) + "): the prompt's steps are not decoded");
+}
 
 void parse_eval(const TV& root, EvalSpec& e) {
   if (root.contains("eval")) {
@@ -246,7 +257,7 @@ Experiment interpret(const TV& root, const std::string& origin) {
   if (!root.contains("data") || !root.at("data").is_table()) throw Error(origin + ": missing [data] table");
   const TV& data = root.at("data");
   check_keys(data, {"path", "synthetic", "n", "d", "n_layers", "n_heads", "n_kv_heads", "layers", "heads", "tokens",
-                    "softmax_scale", "q_scale", "k_scale", "v_scale", "cluster_c", "cluster_gamma", "cluster_diameter",
+                    "prefill", "softmax_scale", "q_scale", "k_scale", "v_scale", "cluster_c", "cluster_gamma", "cluster_diameter",
                     "center_scale", "query_norm", "n_heavy", "heavy_strength", "sequences", "recipe"},
              "[data]");
   const bool has_path = data.contains("path"), has_syn = data.contains("synthetic");
@@ -255,6 +266,10 @@ Experiment interpret(const TV& root, const std::string& origin) {
   ex.data.heads = get_int_list(data, "heads", "data.");
   ex.data.tokens = get_int(data, "tokens", 0, "data.");
   if (ex.data.tokens < 0) fail_at(data.at("tokens"), "data.tokens must be ≥ 0");
+  ex.data.prefill = get_int(data, "prefill", 0, "data.");
+  if (ex.data.prefill < 0) fail_at(data.at("prefill"), "data.prefill must be ≥ 0 (0 = no prompt)");
+  if (ex.data.tokens > 0 && ex.data.prefill >= ex.data.tokens)
+    fail_at(data.at("prefill"), "data.prefill must be < data.tokens (at least one decoded step)");
   if (has_path) {
     const std::vector<std::string> paths = get_string_list(data, "path", "data.");
     ex.data.path = paths.front();
@@ -290,35 +305,9 @@ Experiment interpret(const TV& root, const std::string& origin) {
   }
 
   parse_eval(root, ex.eval);
+  eval_after_prompt(root, ex.data.prefill, "data.prefill", ex.eval);
   ex.policies = parse_policies(root, origin);
   return ex;
-}
-
-/// `p` relative to the folder `base` holding the config file (absolute paths and an empty base
-/// leave it as written), lexically normalised: `experiments/../results/x.h5` → `results/x.h5`.
-std::string anchor(const std::string& p, const std::string& base) {
-  if (p.empty() || base.empty() || fs::path(p).is_absolute()) return p;
-  return (fs::path(base) / p).lexically_normal().string();
-}
-
-/// Rewrite the file paths a config names — `[data] path` (string or list) and `[model]` checkpoint,
-/// tokenizer and text — relative to the config file's folder. Runs before `--set` overrides, so a
-/// path given on the command line keeps meaning "relative to the working directory".
-void anchor_paths(TV& root, const std::string& base) {
-  if (base.empty() || !root.is_table()) return;
-  auto fix = [&](TV& v) {
-    if (v.is_string()) v = TV(anchor(v.as_string(), base));
-  };
-  if (root.contains("data") && root.at("data").is_table() && root.at("data").contains("path")) {
-    TV& p = root.as_table().at("data").as_table().at("path");
-    if (p.is_array())
-      for (auto& e : p.as_array()) fix(e);
-    else
-      fix(p);
-  }
-  if (root.contains("model") && root.at("model").is_table())
-    for (const char* k : {"checkpoint", "tokenizer", "text"})
-      if (root.at("model").contains(k)) fix(root.as_table().at("model").as_table().at(k));
 }
 
 /// Parse TOML from `in` (named `origin` in errors), anchor its paths at `base` (the config file's
@@ -381,7 +370,7 @@ ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std
     c.seed = uint64_t(seed);
     if (!root.contains("model") || !root.at("model").is_table()) throw Error(path + ": missing [model] table");
     const TV& m = root.at("model");
-    check_keys(m, {"checkpoint", "tokenizer", "text", "text_tail", "tokens", "windows", "generate"}, "[model]");
+    check_keys(m, {"checkpoint", "tokenizer", "text", "text_tail", "tokens", "windows", "generate", "prefill"}, "[model]");
     c.checkpoint = get_string(m, "checkpoint", "", "model.");
     c.tokenizer = get_string(m, "tokenizer", "", "model.");
     c.text = get_string(m, "text", "", "model.");
@@ -394,7 +383,11 @@ ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std
     c.text_tail = get_double(m, "text_tail", 0.0, "model.");
     if (!(c.text_tail >= 0 && c.text_tail < 1)) fail_at(m.at("text_tail"), "model.text_tail must be in [0, 1)");
     if (c.generate < 0) fail_at(m.at("generate"), "model.generate must be ≥ 0");
+    c.prefill = int(get_int(m, "prefill", 0, "model."));
+    if (c.prefill < 0 || c.prefill >= c.tokens)
+      fail_at(m.at("prefill"), "model.prefill must be in [0, model.tokens) (0 = no prompt)");
     parse_eval(root, c.eval);
+    eval_after_prompt(root, c.prefill, "model.prefill", c.eval);
     c.policies = parse_policies(root, path);
     return c;
   } catch (const toml::exception& e) {

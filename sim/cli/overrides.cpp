@@ -1,6 +1,7 @@
 #include "overrides.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <sstream>
@@ -112,6 +113,33 @@ void apply_override(TV& root, const std::string& spec) {
     go(tab[key], i + 1);
   };
   go(root, 0);
+}
+
+/// `p` relative to the folder `base` holding the config file (absolute paths and an empty base
+/// leave it as written), lexically normalised: `experiments/../results/x.h5` → `results/x.h5`.
+std::string anchor(const std::string& p, const std::string& base) {
+  if (p.empty() || base.empty() || std::filesystem::path(p).is_absolute()) return p;
+  return (std::filesystem::path(base) / p).lexically_normal().string();
+}
+
+/// Rewrite the file paths a config names — `[data] path` (string or list) and `[model]` checkpoint,
+/// tokenizer and text — relative to the config file's folder. Runs before `--set` overrides, so a
+/// path given on the command line keeps meaning "relative to the working directory".
+void anchor_paths(toml::value& root, const std::string& base) {
+  if (base.empty() || !root.is_table()) return;
+  auto fix = [&](toml::value& v) {
+    if (v.is_string()) v = toml::value(anchor(v.as_string(), base));
+  };
+  if (root.contains("data") && root.at("data").is_table() && root.at("data").contains("path")) {
+    toml::value& p = root.as_table().at("data").as_table().at("path");
+    if (p.is_array())
+      for (auto& e : p.as_array()) fix(e);
+    else
+      fix(p);
+  }
+  if (root.contains("model") && root.at("model").is_table())
+    for (const char* k : {"checkpoint", "tokenizer", "text"})
+      if (root.at("model").contains(k)) fix(root.as_table().at("model").as_table().at(k));
 }
 
 }  // namespace kvsim::config_detail

@@ -65,7 +65,7 @@ void write_data(std::ostream& o, const DataSpec& d) {
     o << "]\n";
   }
   o << "layers = " << int_list(d.layers) << "   # [] = all\nheads = " << int_list(d.heads) << "   # [] = all\ntokens = "
-    << d.tokens << "   # 0 = all\n";
+    << d.tokens << "   # 0 = all\nprefill = " << d.prefill << "   # 0 = no prompt\n";
 }
 
 void write_eval(std::ostream& o, const EvalSpec& e) {

@@ -9,8 +9,10 @@
 namespace kvsim {
 
 PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
-                                     const std::string& gqa, const std::string& group_agg)
-    : cfg_(cfg), per_query_(gqa == "query_head") {
+                                     const std::string& gqa, const std::string& group_agg, int64_t prefill)
+    : cfg_(cfg), per_query_(gqa == "query_head"), prefill_(prefill) {
+  if (prefill < 0 || prefill >= n_tokens)
+    throw Error("model.prefill (" + std::to_string(prefill) + ") must be in [0, model.tokens = " + std::to_string(n_tokens) + ")");
   const int G = cfg.n_heads / cfg.n_kv_heads;
   const int caches = per_query_ ? cfg.n_heads : cfg.n_kv_heads;
   StreamInfo info;
@@ -18,8 +20,16 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
   info.head_dim = cfg.head_dim();
   info.n_queries = per_query_ ? 1 : G;
   info.group_agg = group_agg;
+  info.prefill = prefill;
+  info.n_layers = cfg.n_layers;
+  if (prefill > 0) {
+    pk_.assign(size_t(cfg.n_layers) * cfg.n_kv_heads, MatF::Zero(prefill, cfg.head_dim()));
+    pv_ = pk_;
+    pq_.assign(size_t(cfg.n_layers) * cfg.n_heads, MatD::Zero(prefill, cfg.head_dim()));
+  }
   for (int l = 0; l < cfg.n_layers; ++l)
     for (int h = 0; h < caches; ++h) {
+      info.layer = l;
       const uint64_t head_id = per_query_ ? uint64_t(h) : uint64_t(h) + (1ULL << 32);
       info.seed = derive_seed({seed, uint64_t(l), head_id, 0, 0});
       auto p = make_policy(spec.name, spec.params, info);
@@ -30,7 +40,38 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
   answers_.resize(per_query_ ? 1 : G);
 }
 
+void PolicyKVAttention::attend_prompt(int layer, int pos, const float* q, const float* k, const float* v, float* out) {
+  const int hs = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  for (int kvh = 0; kvh < cfg_.n_kv_heads; ++kvh) {
+    MatF& K = pk_[size_t(layer) * cfg_.n_kv_heads + kvh];
+    MatF& V = pv_[size_t(layer) * cfg_.n_kv_heads + kvh];
+    K.row(pos) = Eigen::Map<const VecF>(k + kvh * hs, hs).transpose();
+    V.row(pos) = Eigen::Map<const VecF>(v + kvh * hs, hs).transpose();
+    const MatD Kd = K.topRows(pos + 1).cast<double>(), Vd = V.topRows(pos + 1).cast<double>();
+    for (int g = 0; g < G; ++g) {  // exact causal attention of each query head of the group
+      const int h = kvh * G + g;
+      MatD& Q = pq_[size_t(layer) * cfg_.n_heads + h];
+      Q.row(pos) = Eigen::Map<const VecF>(q + h * hs, hs).cast<double>().transpose() * scale;
+      VecD z;
+      double ls;
+      attend_cached(Kd, Vd, pos + 1, Q.row(pos).transpose(), z, ls);
+      Eigen::Map<VecF>(out + h * hs, hs) = z.cast<float>();
+    }
+  }
+  if (pos + 1 < prefill_) return;
+  const int caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;
+  for (int c = 0; c < caches; ++c) {  // the prompt's end: every cache compresses it at once
+    const int kvh = per_query_ ? c / G : c, first = per_query_ ? c : c * G, count = per_query_ ? 1 : G;
+    std::vector<const MatD*> qs;
+    for (int g = 0; g < count; ++g) qs.push_back(&pq_[size_t(layer) * cfg_.n_heads + first + g]);
+    pol_[size_t(layer) * caches + c]->prefill(prefill_, pk_[size_t(layer) * cfg_.n_kv_heads + kvh],
+                                              pv_[size_t(layer) * cfg_.n_kv_heads + kvh], qs);
+  }
+}
+
 void PolicyKVAttention::attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) {
+  if (pos < prefill_) return attend_prompt(layer, pos, q, k, v, out);
   const int hs = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads;
   const double scale = 1.0 / std::sqrt(double(hs));
   const int caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;
@@ -54,11 +95,13 @@ double PolicyKVAttention::mean_cache_tokens() const {
   return s / double(pol_.size());
 }
 
-double teacher_forced_ce(LlamaModel& model, const std::vector<int>& tokens, KVAttention* attn) {
+double teacher_forced_ce(LlamaModel& model, const std::vector<int>& tokens, KVAttention* attn, int from) {
   model.set_attention(attn);
   std::vector<float> ce;
-  for (size_t pos = 0; pos + 1 < tokens.size(); ++pos)
-    ce.push_back(token_cross_entropy(model.forward(tokens[pos], int(pos)), tokens[pos + 1]));
+  for (size_t pos = 0; pos + 1 < tokens.size(); ++pos) {
+    const auto& logits = model.forward(tokens[pos], int(pos));
+    if (int(pos) >= from) ce.push_back(token_cross_entropy(logits, tokens[pos + 1]));
+  }
   model.set_attention(nullptr);
   return mean_of(ce);
 }

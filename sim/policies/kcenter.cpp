@@ -242,10 +242,15 @@ std::unique_ptr<Policy> make_subgen_kcenter(const Params& p, const StreamInfo& s
   const std::string mode = p.get_string("mode", "prefill");
   if (mode != "prefill" && mode != "streaming")
     throw Error("parameter 'mode' must be \"prefill\" or \"streaming\"" + p.where("mode"));
-  // Prefill point: default when the stream first holds recent + 4·centers tokens (so the clustering
-  // has old tokens to choose from); a fraction of n or a token count otherwise.
-  const int64_t prefill = p.get_budget("prefill", s.n, std::min<int64_t>(s.n, recent + 4 * centers));
+  // Prefill point: the stream's prompt ([data] prefill = P: the centers are chosen from the prompt,
+  // at the end of Policy::prefill), else when the stream first holds recent + 4·centers tokens (so the
+  // clustering has old tokens to choose from); a fraction of n or a token count otherwise.
+  const int64_t def = s.prefill > 0 ? s.prefill : std::min<int64_t>(s.n, recent + 4 * centers);
+  const int64_t prefill = p.get_budget("prefill", s.n, def);
   if (mode == "streaming" && p.has("prefill")) throw Error("'prefill' applies only to mode = \"prefill\"" + p.where("prefill"));
+  if (mode == "prefill" && s.prefill > 0 && prefill != s.prefill && !s.config_check)
+    throw Error("parameter 'prefill' (" + std::to_string(prefill) + ") differs from [data] prefill (" +
+                std::to_string(s.prefill) + "); leave it out to cluster the prompt" + p.where("prefill"));
   return std::make_unique<KCenterPolicy>(s.head_dim, recent, centers, prefill, mode == "streaming",
                                          p.get_bool("weighted", false));
 }
@@ -271,7 +276,7 @@ const PolicyInfo& subgen_kcenter_info() {
       {{"recent", "tokens", "required", "most recent tokens kept exactly (≥ 1)"},
        {"centers", "tokens", "required", "k-center centers of the older keys"},
        {"mode", "string", "prefill", "\"prefill\" (cluster once) or \"streaming\" (doubling algorithm)"},
-       {"prefill", "tokens", "recent + 4·centers", "prefill mode: the step at which the centers are chosen"},
+       {"prefill", "tokens", "[data] prefill, else recent + 4·centers", "prefill mode: the step at which the centers are chosen"},
        {"weighted", "bool", "false", "add log(cluster size) to each center's logit"}},
       make_subgen_kcenter,
       MemoryRule{"capacity: centers = ⌊M/2⌋, recent = M − centers, mode = \"streaming\" unless given",

@@ -54,6 +54,16 @@ void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const 
   }
 }
 
+void Policy::prefill(int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled) {
+  MatD q(Eigen::Index(q_scaled.size()), K.cols());
+  for (int64_t t = 1; t <= P; ++t) {
+    observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+    if (!needs_every_query()) continue;
+    for (size_t g = 0; g < q_scaled.size(); ++g) q.row(Eigen::Index(g)) = q_scaled[g]->row(t - 1);
+    attend(t, q, nullptr, nullptr);
+  }
+}
+
 int64_t memory_target_tokens(const Params& params, int64_t n) {
   if (!params.has("memory")) return -1;
   Params copy = params;  // reading marks keys used; keep the caller's bookkeeping untouched

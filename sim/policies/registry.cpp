@@ -24,6 +24,9 @@ const std::vector<const PolicyInfo*>& policy_registry() {
       &policies::scissorhands_info(),
       &policies::knorm_info(),
       &policies::kivi_info(),
+      &policies::snapkv_info(),
+      &policies::pyramidkv_info(),
+      &policies::quest_info(),
   };
   return r;
 }

@@ -36,7 +36,8 @@ class CellReplay {
  public:
   CellReplay(const Experiment& ex, const StreamSource& src, const Cell& cell, int64_t n)
       : ex_(ex), cell_(cell), n_(n), d_(src.meta().head_dim), G_(int(cell.heads.size())),
-        scale_(src.meta().softmax_scale), per_query_(ex.eval.gqa == "query_head"), opn_(d_) {
+        scale_(src.meta().softmax_scale), per_query_(ex.eval.gqa == "query_head"), n_layers_(src.meta().n_layers),
+        opn_(d_) {
     load(src);
   }
 
@@ -89,6 +90,9 @@ class CellReplay {
       info.group_agg = ex_.eval.group_agg;
       info.policy_f32 = ex_.eval.policy_precision == "float32";
       info.n_queries = per_query_ ? 1 : G_;
+      info.prefill = ex_.data.prefill;
+      info.layer = cell_.layer;
+      info.n_layers = n_layers_;
       const int n_inst = per_query_ ? G_ : 1;
       for (int i = 0; i < n_inst; ++i) {
         const uint64_t head_id = per_query_ ? uint64_t(cell_.heads[i]) : uint64_t(cell_.kv_head) + (1ULL << 32);
@@ -159,6 +163,7 @@ class CellReplay {
   void step_policy(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out) {
     PolicyRun& run = runs_[p];
     size_t r = 0;
+    if (run.t == 0 && ex_.data.prefill > 0) prefill(run);
     while (run.t < block.back()) {
       const int64_t t = run.t + 1;  // step t: token index t-1 joins, then query q_t
       const bool is_eval = (t == block[r]);
@@ -169,14 +174,32 @@ class CellReplay {
       ++run.steps_since_eval;
       run.t = t;
       if (!is_eval) continue;
-      double bytes = 0;
-      for (auto& inst : run.inst) bytes += inst->cache_bytes(d_);
-      check_memory(p, t, bytes);
-      record(p, t, r, bytes, out);
+      double bytes = 0, loaded = 0;
+      for (auto& inst : run.inst) {
+        bytes += inst->cache_bytes(d_);
+        loaded += inst->loaded_bytes(d_);
+      }
+      check_memory(p, t, run.inst[0]->matched_on_loaded() ? loaded : bytes);
+      record(p, t, r, bytes, loaded, out);
       run.ns_since_eval = 0;
       run.steps_since_eval = 0;
       ++r;
     }
+  }
+
+  /// `[data] prefill = P`: the prompt's P tokens to every instance at once (Policy::prefill; its
+  /// time counts as P steps of policy_ns).
+  void prefill(PolicyRun& run) {
+    const int64_t P = ex_.data.prefill;
+    const auto t0 = Clock::now();
+    for (size_t i = 0; i < run.inst.size(); ++i) {
+      std::vector<const MatD*> qs;
+      for (int g : heads_of(i)) qs.push_back(&Qs_[g]);
+      run.inst[i]->prefill(P, Kf_, Vf_, qs);
+    }
+    run.ns_since_eval += std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+    run.steps_since_eval += P;
+    run.t = P;
   }
 
   /// The policy's attend() at step t with the group's (or each head's) scaled query; at evaluated
@@ -203,13 +226,16 @@ class CellReplay {
   }
 
   /// The equal-memory rule (DESIGN §4): `memory = M` holds min(M, t) tokens' worth at every step
-  /// (±2%), or never more than M tokens' worth (+2%) for capacity-matched policies.
+  /// (±2%), or never more than M tokens' worth (+2%) for capacity-matched policies; `bytes` is what
+  /// the policy is matched on (cache_bytes, or loaded_bytes for quest) and M is scaled by the cache's
+  /// memory_share (PyramidKV's layer budgets).
   void check_memory(size_t p, int64_t t, double bytes) const {
     const PolicyRun& run = runs_[p];
     if (run.memory_tokens <= 0) return;
     const bool capacity = run.inst[0]->capacity_matched();
     const double per_token = 2.0 * d_ * sizeof(float) * double(run.inst.size());
-    const double target = double(capacity ? run.memory_tokens : std::min(run.memory_tokens, t)) * per_token;
+    const int64_t M = int64_t(std::llround(double(run.memory_tokens) * run.inst[0]->memory_share()));
+    const double target = double(capacity ? M : std::min(M, t)) * per_token;
     if (capacity ? bytes > 1.02 * target : std::abs(bytes - target) > 0.02 * target)
       throw Error("policy '" + ex_.policies[p].label + "' cannot be matched on memory" +
                   (capacity ? std::string(" (capacity rule: never above the target)") : std::string(" at every step")) +
@@ -220,7 +246,7 @@ class CellReplay {
   }
 
   /// One row per query head at evaluated step t (block row r): the metric registry over its context.
-  void record(size_t p, int64_t t, size_t r, double bytes, std::vector<MetricRow>& out) {
+  void record(size_t p, int64_t t, size_t r, double bytes, double loaded, std::vector<MetricRow>& out) {
     const PolicyRun& run = runs_[p];
     for (int g = 0; g < G_; ++g) {
       const Answer& a = answers_[g];
@@ -237,6 +263,7 @@ class CellReplay {
       c.log_tau = ref_[g].log_tau[r];
       c.v_opnorm = opnorm_[r];
       c.cache_bytes = bytes;
+      c.loaded_bytes = loaded;
       c.policy_ns = run.ns_since_eval / double(run.steps_since_eval);
       c.objectives = ex_.eval.objectives;
       c.objectives_due = t <= t_obj_ && (t % ex_.eval.objectives_every == 0 || t == n_);
@@ -261,6 +288,7 @@ class CellReplay {
   const int d_, G_;
   const double scale_;
   const bool per_query_;
+  const int n_layers_;
   MatF Kf_, Vf_;
   MatD K_, V_;
   std::vector<MatF> Q_;

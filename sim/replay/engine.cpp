@@ -140,6 +140,12 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
   res.source = src.describe();
   res.n_tokens = ex.data.tokens > 0 ? std::min(ex.data.tokens, meta.n_tokens) : meta.n_tokens;
   res.threads = std::max(1, threads);
+  if (ex.data.prefill < 0 || ex.data.prefill >= res.n_tokens)
+    throw Error("data.prefill (" + std::to_string(ex.data.prefill) + ") must be in [0, " + std::to_string(res.n_tokens) +
+                "): the stream has " + std::to_string(res.n_tokens) + " tokens and at least one must be decoded");
+  if (ex.data.prefill > 0 && ex.eval.from <= ex.data.prefill)
+    throw Error("eval.from (" + std::to_string(ex.eval.from) + ") must be > data.prefill (" +
+                std::to_string(ex.data.prefill) + "): the prompt's steps are not decoded");
   res.metrics = metric_columns(ex.eval);
   const std::vector<Cell> cells = plan_cells(ex.data, meta, res.layers);
   // Validate policy parameters once, up front, so a typo fails before any work.
@@ -147,6 +153,8 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
     StreamInfo info;
     info.n = res.n_tokens;
     info.head_dim = meta.head_dim;
+    info.prefill = ex.data.prefill;
+    info.n_layers = meta.n_layers;
     for (const auto& p : ex.policies) make_policy(p.name, p.params, info);
   }
   if (spill) {

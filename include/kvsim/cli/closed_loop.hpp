@@ -18,12 +18,16 @@ struct ClosedLoopConfig {
   int tokens = 512;       ///< tokens per window (≤ the model's seq_len)
   int windows = 1;        ///< consecutive windows of the tokenized text
   double text_tail = 0;   ///< > 0: windows from the text's last share of tokens (held-out split)
-  int generate = 0;       ///< > 0: also greedy-generate this many tokens from each window's first 16
+  int generate = 0;       ///< > 0: also greedy-generate this many tokens from each window's prompt
+  /// > 0: each window's first `prefill` tokens are the prompt (exact attention, then Policy::prefill);
+  /// cross-entropy is scored on the decoded positions only and generation starts from this prompt
+  /// (0: no prompt; generation starts from the first 16 tokens).
+  int prefill = 0;
   EvalSpec eval;          ///< gqa, group_agg (and open-loop evaluation cadence)
   std::vector<PolicySpec> policies;
 };
 
-/// TOML: name, seed, [model] checkpoint, tokenizer, text, text_tail, tokens, windows, generate; [eval]; [[policy]].
+/// TOML: name, seed, [model] checkpoint, tokenizer, text, text_tail, tokens, windows, generate, prefill; [eval]; [[policy]].
 ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std::string>& overrides = {});
 
 struct ClosedLoopRow {

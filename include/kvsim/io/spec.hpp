@@ -24,6 +24,10 @@ struct DataSpec {
   std::vector<int> layers;       ///< empty = all
   std::vector<int> heads;        ///< query heads; empty = all
   int64_t tokens = 0;            ///< replay only the first `tokens` (0 = all)
+  /// Prefill then decode (`[data] prefill = P`, DESIGN §3): tokens 1..P are the prompt, which every
+  /// policy receives at once (Policy::prefill); decoding streams t = P+1..n and `eval.from` defaults
+  /// to P+1. 0 = no prompt.
+  int64_t prefill = 0;
 };
 
 struct EvalSpec {

@@ -15,24 +15,35 @@ namespace kvsim {
 /// A KVAttention that routes each layer's attention through one policy per KV head (gqa = kv_head)
 /// or per query head (query_head). Non-causal oracles (oracle_topk, h2o score = "oracle") are
 /// refused: they need the future. Seeds derive from (seed, layer, head, 0) like the replay engine.
+/// With `prefill` = P ≥ 1 (`[model] prefill`), positions 0..P−1 are the prompt: they attend exactly
+/// over the prompt so far (a real prefill computes full attention), and at position P−1 every cache
+/// receives the prompt's keys, values and scaled queries at once (Policy::prefill); decoding from
+/// position P goes through the policies.
 class PolicyKVAttention final : public KVAttention {
  public:
   PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
-                    const std::string& gqa = "kv_head", const std::string& group_agg = "mean");
+                    const std::string& gqa = "kv_head", const std::string& group_agg = "mean", int64_t prefill = 0);
   void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override;
   /// Mean cached tokens per (layer, cache) now.
   double mean_cache_tokens() const;
 
  private:
+  /// A prompt position: exact attention over the buffered prompt, then Policy::prefill at its end.
+  void attend_prompt(int layer, int pos, const float* q, const float* k, const float* v, float* out);
+
   LlamaConfig cfg_;
   bool per_query_;
+  int64_t prefill_ = 0;
+  std::vector<MatF> pk_, pv_;  // prompt keys / values [layer · n_kv_heads + kvh], [P, head_dim]
+  std::vector<MatD> pq_;       // prompt scaled queries [layer · n_heads + head], [P, head_dim]
   std::vector<std::unique_ptr<Policy>> pol_;  // [layer][kv head or query head]
   std::vector<Answer> answers_;
 };
 
-/// Teacher-forced mean cross-entropy of `tokens` (predicting tokens[i+1] at position i) with an
-/// optional attention override.
-double teacher_forced_ce(LlamaModel& model, const std::vector<int>& tokens, KVAttention* attn);
+/// Teacher-forced mean cross-entropy of `tokens` (predicting tokens[i+1] at position i, for positions
+/// i ≥ from: with a prompt of P tokens, from = P scores only the decoded positions) with an optional
+/// attention override.
+double teacher_forced_ce(LlamaModel& model, const std::vector<int>& tokens, KVAttention* attn, int from = 0);
 
 /// Greedy continuation: feed `prompt`, then generate until `total` tokens; returns all tokens.
 std::vector<int> greedy_tokens(LlamaModel& model, const std::vector<int>& prompt, int total, KVAttention* attn);

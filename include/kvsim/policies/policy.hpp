@@ -38,6 +38,11 @@ struct StreamInfo {
   /// A config-time check of the parameters (the stream is not open yet, `n` is a stand-in): checks
   /// that depend on the real n (SubGen's sample bounds) wait for the replay.
   bool config_check = false;
+  /// `[data] prefill = P` (DESIGN §3, prefill then decode): tokens 1..P are the prompt, handed to
+  /// Policy::prefill at once; decoding streams t = P+1..n. 0 = no prompt (every token streams).
+  int64_t prefill = 0;
+  int layer = 0;     ///< this cache's layer (0-based) ...
+  int n_layers = 1;  ///< ... of the model's n_layers (PyramidKV's layer budgets)
 };
 
 /// A policy's answer for one query head at an evaluated step.
@@ -57,6 +62,12 @@ class Policy {
   /// points at the exact a_t (length t) of query i.
   virtual void attend(int64_t t, const MatD& q_scaled, std::vector<Answer>* answers,
                       const std::vector<const double*>* exact_probs) = 0;
+  /// Prefill (`[data] prefill = P`): the prompt's P tokens at once, before decoding step P+1.
+  /// K, V are [≥ P, head_dim] (rows 0..P−1 are the prompt); q_scaled[i] is [≥ P, head_dim], the
+  /// scaled queries of the i-th query head this instance answers (rows 0..P−1). The default streams
+  /// the prompt through observe() (and attend() without answers when needs_every_query()), exactly as
+  /// without a prefill; prompt-compressing policies (snapkv, pyramidkv, subgen_kcenter) override it.
+  virtual void prefill(int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled);
   virtual bool needs_every_query() const { return false; }
   virtual bool needs_exact_probs() const { return false; }
   /// Non-causal oracles that rank tokens by the attention of *all* queries (H2O's "global" heavy
@@ -71,6 +82,15 @@ class Policy {
   /// Bytes held now (cache_bytes, DESIGN §4): stored vectors × head_dim × 4 (float32, kvsim's full
   /// precision); quantized caches (kivi) count their codes, scales and zero points instead.
   virtual double cache_bytes(int head_dim) const { return double(cache_vectors()) * head_dim * sizeof(float); }
+  /// Bytes read to answer one query (loaded_bytes, DESIGN §4): the whole cache for every policy but
+  /// those that load part of what they store (quest: the page metadata and the selected pages).
+  virtual double loaded_bytes(int head_dim) const { return cache_bytes(head_dim); }
+  /// True when `memory = M` is matched on loaded_bytes instead of cache_bytes (quest stores the
+  /// whole stream and loads M tokens' worth).
+  virtual bool matched_on_loaded() const { return false; }
+  /// This cache's share of the equal-memory target M (PyramidKV's layer budgets: the layers' shares
+  /// average to 1 over the model's layers); 1 for every uniform policy.
+  virtual double memory_share() const { return 1.0; }
   /// Number of key clusters the policy maintains (SubGen's m', k-center's centers); NaN if none.
   virtual double clusters() const { return std::numeric_limits<double>::quiet_NaN(); }
   /// Equal-memory matching rule under `memory = M`: false (default) — the cache holds exactly

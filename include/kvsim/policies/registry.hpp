@@ -79,6 +79,12 @@ const PolicyInfo& tova_info();
 const PolicyInfo& scissorhands_info();
 const PolicyInfo& knorm_info();
 const PolicyInfo& kivi_info();
+const PolicyInfo& snapkv_info();
+const PolicyInfo& pyramidkv_info();
+const PolicyInfo& quest_info();
+/// PyramidKV's budget per layer (sim/policies/pyramidkv.cpp): window + the selected part, which falls
+/// arithmetically with depth and sums to n_layers·(budget − window).
+std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, double beta, int n_layers);
 const PolicyInfo& subgen_info();
 const PolicyInfo& subgen_kcenter_info();
 }  // namespace policies

@@ -1,0 +1,75 @@
+// `pyramidkv`: PyramidKV (Cai et al., 2024, "PyramidKV: Dynamic KV Cache Compression based on
+// Pyramidal Information Funneling", §3.2-3.3). SnapKV's prompt selection (sim/policies/snapkv.hpp)
+// with a budget that shrinks arithmetically with depth: lower layers, whose attention is spread
+// wide, keep more; upper layers, whose attention has funnelled onto few tokens, keep fewer.
+//
+// Layer budgets (§3.3 and the authors' KVCache-Factory code, pyramidkv_utils.py): with a mean
+// budget B, window w and β (default 20), the selected part of layer l of L is arithmetic from
+// b_max = 2(B − w) − b_min at layer 0 down to b_min = (B − w)/β at layer L − 1, plus the window.
+// kvsim makes the total exact: b_l are rounded so that Σ_l b_l = L·(B − w), i.e. the layers hold on
+// average exactly a uniform budget B (the reference's integer steps leave the total a little above).
+// With `memory = M` each layer is checked against its own B_l (Policy::memory_share = B_l / M) and
+// the summary's per-layer cache_tokens report the budgets.
+#include <cmath>
+
+#include "snapkv.hpp"
+
+namespace kvsim::policies {
+
+std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, double beta, int n_layers) {
+  const double mean = double(budget - window), lo = mean / beta, hi = 2 * mean - lo;
+  std::vector<int64_t> out(size_t(std::max(n_layers, 1)));
+  double cum = 0;
+  int64_t prev = 0;
+  for (int l = 0; l < int(out.size()); ++l) {
+    cum += n_layers > 1 ? hi - (hi - lo) * double(l) / double(n_layers - 1) : mean;
+    const int64_t now = std::llround(cum);
+    out[size_t(l)] = window + (now - prev);
+    prev = now;
+  }
+  return out;
+}
+
+namespace {
+
+std::unique_ptr<Policy> make_pyramidkv(const Params& p, const StreamInfo& s) {
+  const int64_t budget = p.get_budget("budget", s.n);
+  const double beta = p.get_double("beta", 20.0);
+  if (!(beta >= 1)) throw Error("parameter 'beta' must be ≥ 1 (top layer keeps (budget − window)/beta)" + p.where("beta"));
+  const int64_t window = snapkv_window(p, budget);  // the mean budget's window, shared by every layer
+  if (budget < 2 || window < 1 || window > budget)
+    return make_snapkv_like("pyramidkv", p, s, budget, 1.0, window);  // reports the bad parameter
+  if (s.layer < 0 || s.layer >= std::max(s.n_layers, 1))
+    throw Error("layer " + std::to_string(s.layer) + " outside the model's " + std::to_string(s.n_layers) + " layers");
+  const int64_t b = pyramidkv_layer_budgets(budget, window, beta, s.n_layers)[size_t(s.layer)];
+  return make_snapkv_like("pyramidkv", p, s, b, double(b) / double(budget), window);
+}
+
+std::vector<ParamInfo> params() {
+  std::vector<ParamInfo> v{{"budget", "tokens", "required", "mean tokens per layer B (≥ 2); layer l keeps B_l"},
+                           {"beta", "float", "20", "β: the top layer selects (B − window)/β prompt tokens"}};
+  for (auto& q : snapkv_params()) v.push_back(q);
+  return v;
+}
+
+}  // namespace
+
+const PolicyInfo& pyramidkv_info() {
+  static const PolicyInfo info{
+      "pyramidkv",
+      "snapkv with layer budgets B_l falling arithmetically with depth from 2(B − w) − (B − w)/β + w to (B − w)/β + w, "
+      "averaging exactly B over the model's layers. Needs [data] prefill",
+      "PyramidKV (Cai et al., 2024) §3.2-3.3",
+      params(),
+      make_pyramidkv,
+      MemoryRule{"budget = M as the layers' mean (layer l: B_l, checked per layer), decode_window = ⌊M/2⌋ unless given",
+                 {"budget"},
+                 snapkv_memory_rule().apply},
+      "no",
+      {example_params({{"budget", 0.25}}),
+       example_params({{"budget", 0.25}, {"beta", 4.0}, {"window", int64_t(4)}, {"kernel", int64_t(3)},
+                       {"pooling", std::string("avg")}, {"decode_window", int64_t(4)}})}};
+  return info;
+}
+
+}  // namespace kvsim::policies
