@@ -75,6 +75,7 @@ POLICY_COLORS = {
     "exact": "#7f7f7f", "window": "#9467bd", "sink": "#ff7f0e", "h2o": "#1f77b4", "buzz": "#8c564b",
     "subgen": "#e377c2", "subgen_kcenter": "#2ca02c", "uniform": "#d62728", "oracle_topk": "#17becf",
     "tova": "#bcbd22", "scissorhands": "#393b79", "knorm": "#8c6d31", "kivi": "#637939",
+    "snapkv": "#e7298a", "pyramidkv": "#fb9a99", "quest": "#000000",
 }
 
 

@@ -24,6 +24,8 @@ $K record --checkpoint "$S/shakespeare_q80.bin" --tokenizer "$S/byte_tokenizer.b
   --generate 256 --out results/recordings/shakespeare_generate.h5 > /dev/null
 $K run experiments/budget_sweep_8seq.toml --threads "$T" > results/budget_sweep_8seq.txt
 $K run experiments/budget_sweep_shakespeare_8seq.toml --threads "$T" > results/budget_sweep_shakespeare_8seq.txt
+$K run experiments/prefill_sweep_8seq.toml --threads "$T" > results/prefill_sweep_8seq.txt
+$K run experiments/prefill_sweep_shakespeare_8seq.toml --threads "$T" > results/prefill_sweep_shakespeare_8seq.txt
 $K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_shakespeare_generate \
   --set data.path=results/recordings/shakespeare_generate.h5 > results/budget_sweep_shakespeare_generate.txt
 $K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_generate \
@@ -44,13 +46,16 @@ $K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop
 $K clusters experiments/clusterability.toml --out results/clusterability_shakespeare \
   --set data.path=results/recordings/shakespeare_heldout_256_w00.h5 > results/clusterability_shakespeare.txt
 $K closed-loop experiments/closed_loop_shakespeare.toml --threads "$T" > results/closed_loop_shakespeare.txt
+$K closed-loop experiments/closed_loop_prefill.toml --threads "$T" > results/closed_loop_prefill.txt
+$K closed-loop experiments/closed_loop_prefill_shakespeare.toml --threads "$T" > results/closed_loop_prefill_shakespeare.txt
 $PY plots/make_figures.py results/stories260k results/policies_stories260k results/subgen_theorem1 \
   results/subgen_theorem1_stories260k results/budget_sweep results/budget_sweep_generate results/budget_sweep_aidreams \
   results/budget_sweep_synthetic results/budget_sweep_clustered results/budget_sweep_long results/budget_sweep_long_clustered results/h2o_submodular results/h2o_buzz_20pct results/buzz_tw_sweep \
   results/clusterability results/closed_loop results/budget_sweep_8seq \
   results/budget_sweep_shakespeare_8seq results/budget_sweep_shakespeare_generate results/h2o_submodular_shakespeare \
   results/h2o_buzz_20pct_shakespeare results/subgen_theorem1_shakespeare results/clusterability_shakespeare \
-  results/closed_loop_shakespeare --report results/report.md
+  results/closed_loop_shakespeare results/prefill_sweep_8seq results/prefill_sweep_shakespeare_8seq \
+  results/closed_loop_prefill results/closed_loop_prefill_shakespeare --report results/report.md
 # The figures the README and docs embed, refreshed from this run.
 cp results/budget_sweep/metric_vs_budget.png docs/figures/budget_sweep.png
 cp results/budget_sweep_8seq/rel_err_vs_memory_sequences.png docs/figures/budget_sweep_8seq.png
@@ -58,6 +63,9 @@ cp results/h2o_submodular/metric_vs_budget.png docs/figures/metric_vs_budget.png
 cp results/buzz_tw_sweep/buzz_tw_sweep.png docs/figures/buzz_tw_sweep.png
 cp results/closed_loop/closed_loop.png docs/figures/closed_loop.png
 cp results/closed_loop_shakespeare/closed_loop.png docs/figures/closed_loop_shakespeare.png
+cp results/closed_loop_prefill/closed_loop.png docs/figures/closed_loop_prefill.png
+cp results/prefill_sweep_8seq/rel_err_vs_memory_sequences.png docs/figures/prefill_sweep_8seq.png
+cp results/prefill_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png docs/figures/prefill_sweep_shakespeare_8seq.png
 cp results/budget_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png docs/figures/budget_sweep_shakespeare_8seq.png
 cp results/clusterability_shakespeare/clusterability.png docs/figures/clusterability_shakespeare.png
 cp results/subgen_theorem1_shakespeare/subgen_theorem1.png docs/figures/subgen_theorem1_shakespeare.png

@@ -203,15 +203,23 @@ double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
       {"tova", "tova", P({{"budget", 0.25}})},
       {"scissorhands", "scissorhands", P({{"budget", 0.25}})},
       {"knorm", "knorm", P({{"budget", 0.25}})},
+      {"quest", "quest", P({{"budget", 0.25}})},
+      {"kivi", "kivi", P({{"memory", 0.5}, {"bits", int64_t(4)}})},
   };
   SynthSource src(ex.data.synth);
   RunResult r = run_experiment(ex, src, 1);
+  // The prompt-compressing policies decode after a prefill of n/2 tokens (its cost spread over them).
+  Experiment expf = ex;
+  expf.data.prefill = n / 2;
+  expf.eval.from = n / 2 + 1;
+  expf.policies = {{"snapkv", "snapkv", P({{"memory", 0.25}})}, {"pyramidkv", "pyramidkv", P({{"memory", 0.25}})}};
+  RunResult rpf = run_experiment(expf, src, 1);
   // The same subset policies with `[eval] policy_precision = "float32"` (float32 products).
   Experiment ex32 = ex;
   ex32.eval.policy_precision = "float32";
   ex32.policies.clear();  // the subset policies: all but subgen and subgen_kcenter
   for (const auto& ps : ex.policies)
-    if (ps.name.rfind("subgen", 0) != 0) ex32.policies.push_back(ps);
+    if (ps.name.rfind("subgen", 0) != 0 && ps.name != "quest" && ps.name != "kivi") ex32.policies.push_back(ps);
   for (auto& ps : ex32.policies) ps.label = ps.name + " f32";
   RunResult r32 = run_experiment(ex32, src, 1);
   std::snprintf(buf, sizeof buf, "\npolicy steps (n = %lld, head_dim 128, GQA group of 2, kv_head mode, answer every step, 1 thread):\n",
@@ -219,7 +227,7 @@ double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
   out << buf << "policy            ns/step  head-steps/s  cached tok  ns/step/token  vs FMA bound\n";
   const double fma_per_ns = gemm / 2.0;  // multiply-adds per ns at the SGEMM rate (GFLOP/s / 2)
   const size_t kNs = metric_index("policy_ns"), kTokens = metric_index("cache_tokens");
-  for (const RunResult* run : {&r, &r32})
+  for (const RunResult* run : {&r, &rpf, &r32})
     for (const auto& pr : run->policies) {
       double mean_ns = 0, mean_tok = 0;
       for (const auto& row : pr.rows) {

@@ -113,10 +113,6 @@ const std::vector<Metric> kMetrics = {
      "bytes the KV head's cache(s) store: stored vectors × head_dim × 4 (float32), or for a quantized cache (kivi) its "
      "codes, scales, zero points and float32 tokens; query_head mode adds the group's copies",
      "DESIGN §4", [](MetricContext& c) { return c.cache_bytes; }},
-    {"loaded_bytes", "bytes",
-     "bytes read to answer the query: the whole cache (= cache_bytes) for every policy but quest, which reads its "
-     "pages' min/max keys and the selected pages; query_head mode adds the group's copies",
-     "Quest §3 (Tang et al., 2024); DESIGN §4", [](MetricContext& c) { return c.loaded_bytes; }},
     {"clusters", "clusters", "key clusters the policy maintains (SubGen's m', k-center's centers); NaN otherwise",
      "SubGen Def. 1, Lemma 2", [](MetricContext& c) { return c.policy->clusters(); }},
     {"policy_ns", "ns/step", "wall time of the policy's observe + attend per step since the last evaluated step",
@@ -144,6 +140,12 @@ const std::vector<Metric> kMetrics = {
        if (!fl_applies(c)) return double(NAN);
        return theorem44_verdict(c.fl_value(), c.fl_greedy(), c.fl_opt(), c.theorem44_alpha, c.theorem44_beta);
      }, objectives_on},
+    // Appended last: a metric's position seeds its bootstrap interval in sequences.csv (sim/cli/run.cpp),
+    // so new metrics go at the end and every earlier interval keeps its value.
+    {"loaded_bytes", "bytes",
+     "bytes read to answer the query: the whole cache (= cache_bytes) for every policy but quest, which reads its "
+     "pages' min/max keys and the selected pages; query_head mode adds the group's copies",
+     "Quest §3 (Tang et al., 2024); DESIGN §4", [](MetricContext& c) { return c.loaded_bytes; }},
 };
 
 }  // namespace
