@@ -198,6 +198,18 @@ TEST_CASE("h2o objectives: lazy greedy equals plain greedy and respects the brut
     }
   }
   CHECK(std::isnan(facility_brute(MatD::Zero(200, 200), 200, 10)));  // C(200, 10) is beyond the limit
+  // C(t, t) = 1 and C(t, t − 1) = t are feasible at any t: OPT is the whole set's (every column kept)
+  // value, and the best (t − 1)-subset's by enumeration (control: C(40, 20) ≈ 1.4e11 is refused).
+  {
+    MatD A = MatD::Zero(40, 40);
+    for (int i = 0; i < 40; ++i)
+      for (int j = 0; j <= i; ++j) A(i, j) = 1.0 / (i + 1);
+    std::vector<int64_t> all(40);
+    for (int64_t j = 0; j < 40; ++j) all[size_t(j)] = j;
+    CHECK(facility_brute(A, 40, 40) == facility_value(A, 40, all));
+    CHECK_FALSE(std::isnan(facility_brute(A, 40, 39)));
+    CHECK(std::isnan(facility_brute(A, 40, 20)));
+  }
 }
 
 TEST_CASE("h2o objectives: Theorem 4.4 verdicts", "[h2o]") {

@@ -1,5 +1,6 @@
 #include "kvsim/analysis/objectives.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <queue>
@@ -47,8 +48,8 @@ double facility_greedy(const MatD& A, int64_t t, int64_t m) {
 
 double facility_brute(const MatD& A, int64_t t, int64_t m, double limit) {
   m = std::min(m, t);
-  double combos = 1;
-  for (int64_t k = 0; k < m; ++k) {
+  double combos = 1;  // C(t, m) = C(t, t − m): the shorter product never overshoots (C(t, t) = 1)
+  for (int64_t k = 0; k < std::min(m, t - m); ++k) {
     combos = combos * double(t - k) / double(k + 1);
     if (combos > limit) return NAN;
   }
@@ -59,7 +60,7 @@ double facility_brute(const MatD& A, int64_t t, int64_t m, double limit) {
       best = std::max(best, facility_value(A, t, S));
       return;
     }
-    for (int64_t j = from; j < t; ++j) {
+    for (int64_t j = from; j <= t - (m - int64_t(S.size())); ++j) {  // only prefixes that can still reach m
       S.push_back(j);
       rec(j + 1);
       S.pop_back();
@@ -76,6 +77,43 @@ double theorem44_verdict(double f, double greedy, double opt, double alpha, doub
   if (f >= c * opt_hi - beta) return 1.0;  // holds for every OPT in range
   if (f < c * opt_lo - beta) return 0.0;   // fails for every OPT in range
   return NAN;
+}
+
+double attention_sparsity(const double* p, int64_t t, double rel) {
+  if (t <= 0) return 0;
+  double mx = 0;
+  for (int64_t j = 0; j < t; ++j) mx = std::max(mx, p[j]);
+  int64_t small = 0;
+  for (int64_t j = 0; j < t; ++j) small += p[j] < rel * mx;
+  return double(small) / double(t);
+}
+
+PowerLawFit powerlaw_fit(std::vector<double> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !(x > 0) || !std::isfinite(x); }), v.end());
+  PowerLawFit f;
+  const size_t k = v.size();
+  if (k < 3) return f;
+  std::sort(v.begin(), v.end(), std::greater<double>());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, syy = 0, total = 0, top = 0;
+  const size_t k10 = (k + 9) / 10;
+  for (size_t r = 0; r < k; ++r) {
+    const double x = std::log(double(r + 1)), y = std::log(v[r]);
+    sx += x, sy += y, sxx += x * x, sxy += x * y, syy += y * y;
+    total += v[r];
+    if (r < k10) top += v[r];
+  }
+  const double n = double(k), cxx = sxx - sx * sx / n, cxy = sxy - sx * sy / n, cyy = syy - sy * sy / n;
+  f.slope = cxy / cxx;
+  f.r2 = cyy > 0 ? cxy * cxy / (cxx * cyy) : 1.0;
+  f.top10_share = top / total;
+  return f;
+}
+
+PowerLawFit accumulated_powerlaw(const MatD& A, int64_t t) {
+  std::vector<double> acc(static_cast<size_t>(t), 0.0);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j <= i; ++j) acc[size_t(j)] += A(i, j);
+  return powerlaw_fit(std::move(acc));
 }
 
 }  // namespace kvsim

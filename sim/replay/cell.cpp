@@ -272,6 +272,7 @@ class CellReplay {
       c.attn_all = &attn_all_[g];
       c.group_index = g;
       c.greedy_cache = &greedy_cache_;
+      c.powerlaw_cache = &powerlaw_cache_;
       c.scratch = &scratch_;
       MetricRow m;
       m.layer = cell_.layer;
@@ -297,6 +298,7 @@ class CellReplay {
   int64_t t_obj_ = 0;
   std::vector<MatD> attn_all_;
   std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>> greedy_cache_;  // (g, t, m) -> greedy, opt
+  std::map<std::pair<int, int64_t>, PowerLawFit> powerlaw_cache_;                        // (g, t) -> H2O Fig. 2 fit
   OperatorNormTracker opn_;
   int64_t opn_t_ = 0;
   std::vector<ReferenceBlock> ref_;

@@ -71,6 +71,13 @@ const std::pair<double, double>& MetricContext::greedy_opt() {
 double MetricContext::fl_greedy() { return greedy_opt().first; }
 double MetricContext::fl_opt() { return greedy_opt().second; }
 
+const PowerLawFit& MetricContext::accumulated() {
+  const auto key = std::make_pair(group_index, t);
+  auto it = powerlaw_cache->find(key);
+  if (it == powerlaw_cache->end()) it = powerlaw_cache->emplace(key, accumulated_powerlaw(*attn_all, t)).first;
+  return it->second;
+}
+
 namespace {
 
 /// x / y with 0/0 = 0 and x/0 = ∞ (an error against a zero reference).
@@ -95,7 +102,7 @@ const std::vector<Metric> kMetrics = {
        return std::isnan(c.answer->log_tau) ? NAN : std::abs(std::expm1(c.answer->log_tau - c.log_tau));
      }},
     {"kept_mass", "1", "Σ_{j∈S} a_t(j): exact attention mass on the kept tokens (subset policies)",
-     "H2O §4.1 (F_score)", [](MetricContext& c) { return c.has_kept() ? c.kept_mass() : NAN; }},
+     "H2O §4.1, Def. 4.3 (F_score: the set's sum in the attention matrix)", [](MetricContext& c) { return c.has_kept() ? c.kept_mass() : NAN; }},
     {"oracle_mass", "1", "the largest Σ_{j∈S'} a_t(j) over |S'| = |S| (or the cache's token count)",
      "H2O Fig. 2 (oracle)", [](MetricContext& c) { return c.oracle_mass(); }},
     {"mass_ratio", "1", "kept_mass / oracle_mass", "H2O Fig. 2",
@@ -122,7 +129,8 @@ const std::vector<Metric> kMetrics = {
      [](MetricContext& c) { return c.objectives && c.has_kept() ? std::log1p(c.kept_mass()) : NAN; }, objectives_on},
     {"log_opt", "nats", "max of g_t over sets of the kept set's size (the top tokens)", "H2O §4.1",
      [](MetricContext& c) { return c.objectives ? std::log1p(c.oracle_mass()) : NAN; }, objectives_on},
-    {"fl_value", "1", "facility location f_t(S) = Σ_{i≤t} max_{j∈S} a_i(j) of the kept set", "H2O §4.1",
+    {"fl_value", "1", "facility location f_t(S) = Σ_{i≤t} max_{j∈S} a_i(j) of the kept set: kvsim's monotone submodular "
+     "attention objective (H2O defines F_score, the attention mass, not this)", "kvsim; H2O Theorem 4.4's greedy bound applied to it",
      [](MetricContext& c) { return fl_applies(c) ? c.fl_value() : NAN; }, objectives_on},
     {"fl_greedy", "1", "lazy-greedy f_t for sets of the kept set's size (≥ (1 − 1/e)·OPT)", "H2O Theorem 4.4",
      [](MetricContext& c) { return fl_applies(c) ? c.fl_greedy() : NAN; }, objectives_on},
@@ -142,6 +150,18 @@ const std::vector<Metric> kMetrics = {
      }, objectives_on},
     // Appended last: a metric's position seeds its bootstrap interval in sequences.csv (sim/cli/run.cpp),
     // so new metrics go at the end and every earlier interval keeps its value.
+    {"attn_sparsity", "1",
+     "fraction of the exact row a_t's t entries below 1% of its maximum (a property of the data, the same for every "
+     "policy)", "H2O §3 (\"> 95% sparse\")",
+     [](MetricContext& c) { return attention_sparsity(c.probs, c.t); }},
+    {"accum_slope", "1",
+     "power-law exponent of the accumulated attention Σ_{i≤t} a_i(j) ranked by size: least-squares slope of log "
+     "score vs log rank over the t tokens (objective steps; data property)", "H2O §3, Fig. 2",
+     [](MetricContext& c) { return c.objectives_due ? c.accumulated().slope : NAN; }, objectives_on},
+    {"accum_r2", "1", "R² of that log-log fit (1 = an exact power law)", "H2O §3, Fig. 2",
+     [](MetricContext& c) { return c.objectives_due ? c.accumulated().r2 : NAN; }, objectives_on},
+    {"accum_top10", "1", "share of the accumulated attention held by the top 10% of tokens", "H2O §3, Fig. 2",
+     [](MetricContext& c) { return c.objectives_due ? c.accumulated().top10_share : NAN; }, objectives_on},
     {"loaded_bytes", "bytes",
      "bytes read to answer the query: the whole cache (= cache_bytes) for every policy but quest, which reads its "
      "pages' min/max keys and the selected pages; query_head mode adds the group's copies",

@@ -1,4 +1,7 @@
-// kvsim: H2O's submodular attention objectives (seeds/004 §4.1, Appendix D; DESIGN §5–6).
+// kvsim: submodular attention objectives for H2O's guarantee (seeds/004 §4.1, Appendix D; DESIGN §5–6).
+// H2O's own objective is F_score, the attention mass of the kept set (§4.1, Def. 4.3: the kept_mass
+// metric); the facility location below is kvsim's choice of a monotone submodular function over the
+// whole attention matrix to which Theorem 4.4's (1 − 1/e) greedy bound applies — H2O does not define it.
 //
 // With A(i, j) = a_i(j), the attention of query i on token j (zero for j > i):
 //   facility location  f_t(S) = Σ_{i ≤ t} max_{j ∈ S} A(i, j)   — monotone submodular in S;
@@ -6,6 +9,7 @@
 //                      maximized over |S| = m by the top-m tokens (so greedy = OPT for g).
 // H2O Theorem 4.4: the eviction policy's set S̃_t satisfies f(S̃_t) ≥ (1 − α)(1 − 1/e)·max_{|S|=k} f(S) − β.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -27,5 +31,24 @@ double facility_brute(const MatD& A, int64_t t, int64_t m, double limit = 2e4);
 /// Theorem 4.4 verdict for value f against (1 − α)(1 − 1/e)·OPT − β, when OPT is only known to lie in
 /// [greedy, greedy/(1 − 1/e)] (or exactly, when `opt` is not NaN): 1 = holds, 0 = fails, NaN = cannot tell.
 double theorem44_verdict(double f, double greedy, double opt, double alpha, double beta);
+
+// H2O's observations (seeds/004 §3 "Sparsity" and "Heavy hitters", Fig. 2), measured rather than assumed.
+
+/// Fraction of the t entries of an attention row p below `rel` times its maximum (H2O §3: "> 95%
+/// sparse", entries below 1% of the row maximum). 0 for t = 0.
+double attention_sparsity(const double* p, int64_t t, double rel = 0.01);
+
+/// A least-squares power-law fit of a rank-size curve: log v_(r) = c + slope·log r over the ranks
+/// r = 1..k of the positive values sorted descending; r2 its coefficient of determination, and
+/// top10_share the share of the total held by the top ⌈k/10⌉ values.
+struct PowerLawFit {
+  double slope = NAN, r2 = NAN, top10_share = NAN;
+};
+PowerLawFit powerlaw_fit(std::vector<double> values);
+
+/// H2O's accumulated attention after t queries, acc(j) = Σ_{i < t} A(i, j) for tokens j < t (A as
+/// above, rows = queries), and its power-law fit (H2O Fig. 2: "accumulated attention scores follow a
+/// power law").
+PowerLawFit accumulated_powerlaw(const MatD& A, int64_t t);
 
 }  // namespace kvsim

@@ -35,7 +35,8 @@ struct SubGenConfig {
   /// into it (the doubling step of Charikar et al., SubGen ref. [3]), repeated until m' ≤ cap.
   /// Merging keeps Lemma 2's per-slot uniformity: slot j of the merged cluster is A's slot j w.p.
   /// n_A/(n_A+n_B), else B's — uniform over A ∪ B because each input slot is uniform over its own
-  /// cluster. Members then lie within 1.5·δ of their representative (δ/2 + δ), not δ.
+  /// cluster. Members then lie within δ_0 + δ_1 + … + δ_k < 2·δ of their representative after k
+  /// doubling rounds (δ = δ_k; one round gives 1.5·δ, repeated rounds approach 2·δ), not δ.
   int64_t max_clusters = 0;
 };
 

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kvsim/analysis/objectives.hpp"
 #include "kvsim/core/types.hpp"
 #include "kvsim/io/results.hpp"
 #include "kvsim/io/spec.hpp"
@@ -44,6 +45,8 @@ class MetricContext {
   const MatD* attn_all = nullptr;
   int group_index = 0;
   std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>>* greedy_cache = nullptr;
+  /// Memoizes the accumulated-attention power-law fit per (query head, t) across policies of a cell.
+  std::map<std::pair<int, int64_t>, PowerLawFit>* powerlaw_cache = nullptr;
   std::vector<double>* scratch = nullptr;
 
   bool has_kept() const { return answer->has_kept; }
@@ -53,6 +56,7 @@ class MetricContext {
   double fl_value();      ///< f_t(kept)
   double fl_greedy();     ///< lazy-greedy f_t at |kept|
   double fl_opt();        ///< brute-force OPT (NaN when too many subsets)
+  const PowerLawFit& accumulated();  ///< H2O Fig. 2's fit over the first t queries (objective steps)
 
  private:
   double diff_ = -1, kept_ = -1, oracle_ = -1, flv_ = -1;
