@@ -38,9 +38,15 @@ $K run experiments/budget_sweep_long.toml --threads "$T" --out results/budget_sw
   --set data.synthetic=clustered > results/budget_sweep_long_clustered.txt
 for cfg in budget_sweep_long budget_sweep_synthetic quickstart stories260k policies_stories260k budget_sweep subgen_theorem1 subgen_theorem1_stories260k \
            h2o_submodular h2o_buzz_20pct buzz_tw_sweep h2o_submodular_shakespeare h2o_buzz_20pct_shakespeare \
-           subgen_theorem1_shakespeare; do
+           subgen_theorem1_shakespeare h2o_observations h2o_observations_synthetic; do
   $K run "experiments/$cfg.toml" --threads "$T" > "results/$cfg.txt"
 done
+$K run experiments/h2o_observations.toml --out results/h2o_observations_aidreams \
+  --set data.path=results/recordings/aidreams_generate.h5 > results/h2o_observations_aidreams.txt
+$K run experiments/h2o_observations.toml --out results/h2o_observations_shakespeare \
+  --set data.path=results/recordings/shakespeare_heldout_256_w00.h5 > results/h2o_observations_shakespeare.txt
+$K run experiments/h2o_observations_synthetic.toml --out results/h2o_observations_clustered \
+  --set data.synthetic=clustered > results/h2o_observations_clustered.txt
 $K clusters experiments/clusterability.toml > results/clusterability.txt
 $K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop.txt
 $K clusters experiments/clusterability.toml --out results/clusterability_shakespeare \
@@ -56,6 +62,8 @@ $PY plots/make_figures.py results/stories260k results/policies_stories260k resul
   results/h2o_buzz_20pct_shakespeare results/subgen_theorem1_shakespeare results/clusterability_shakespeare \
   results/closed_loop_shakespeare results/prefill_sweep_8seq results/prefill_sweep_shakespeare_8seq \
   results/closed_loop_prefill results/closed_loop_prefill_shakespeare --report results/report.md
+$PY plots/h2o_observations.py results/h2o_observations results/h2o_observations_aidreams \
+  results/h2o_observations_shakespeare results/h2o_observations_synthetic results/h2o_observations_clustered > results/h2o_observations_check.txt
 # The figures the README and docs embed, refreshed from this run.
 cp results/budget_sweep/metric_vs_budget.png docs/figures/budget_sweep.png
 cp results/budget_sweep_8seq/rel_err_vs_memory_sequences.png docs/figures/budget_sweep_8seq.png
@@ -70,5 +78,6 @@ cp results/budget_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png docs/fi
 cp results/clusterability_shakespeare/clusterability.png docs/figures/clusterability_shakespeare.png
 cp results/subgen_theorem1_shakespeare/subgen_theorem1.png docs/figures/subgen_theorem1_shakespeare.png
 cp results/clusterability/clusterability.png docs/figures/clusterability.png
+cp results/h2o_observations/h2o_observations.png docs/figures/h2o_observations.png
 cp results/subgen_theorem1/subgen_theorem1.png docs/figures/subgen_theorem1.png
 cp results/subgen_theorem1_stories260k/subgen_theorem1.png docs/figures/subgen_theorem1_stories260k.png

@@ -32,6 +32,11 @@ run "$SRC/experiments/h2o_submodular.toml" --out "$TMP/h" --set "data.path=$TMP/
 "$PY" "$SRC/plots/metric_vs_budget.py" "$TMP/h" >/dev/null && check "$TMP/h/metric_vs_budget"
 run "$SRC/experiments/budget_sweep.toml" --out "$TMP/m" --set "data.path=$TMP/rec.h5" --set 'policy.memory=[0.2,0.6]' --set eval.every=8
 "$PY" "$SRC/plots/metric_vs_budget.py" "$TMP/m" >/dev/null && check "$TMP/m/metric_vs_budget"
+# H2O's observations: the script recomputes accumulated attention from the recording with numpy and
+# exits 1 when its power-law slopes differ from kvsim's accum_slope.
+run "$SRC/experiments/h2o_observations.toml" --out "$TMP/o" --set "data.path=$TMP/rec.h5"
+"$PY" "$SRC/plots/h2o_observations.py" "$TMP/o" >/dev/null && check "$TMP/o/h2o_observations" \
+  || { echo "FAIL: h2o_observations.py (numpy vs kvsim slopes)"; fails=$((fails+1)); }
 run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b" --set "data.path=$TMP/rec.h5"
 "$PY" "$SRC/plots/buzz_tw_sweep.py" "$TMP/b" >/dev/null && check "$TMP/b/buzz_tw_sweep"
 "$KVSIM" clusters "$SRC/experiments/clusterability.toml" --out "$TMP/c" --set "data.path=$TMP/rec.h5" >/dev/null \
