@@ -29,68 +29,106 @@ Params h2o(int64_t budget, double heavy = 0.5) {
 
 }  // namespace
 
+namespace {
+
+/// Replays `pol` over a 300-token stream (query heads 0 and 1 of KV head 0) and returns the first step
+/// that breaks H2O Definition 2.1 (|S_t| ≤ B, |S_t \ S_{t−1}| ≤ 1), the recent window, or H2O's eviction
+/// rule (the evicted token has the lowest accumulated group-mean attention among the non-recent ones of
+/// S_{t−1}, ties: oldest — scores re-implemented here); −1 when none does.
+int64_t def21_violation(Policy& pol, const SynthSource& src, int64_t B, int64_t recent) {
+  MatF K = src.read(0, Tensor::k, 0), V = src.read(0, Tensor::v, 0);
+  MatD Q(2, 8);
+  MatF Q0 = src.read(0, Tensor::q, 0), Q1 = src.read(0, Tensor::q, 1);
+  const double scale = src.meta().softmax_scale;
+  std::vector<Answer> ans(2);
+  std::set<int64_t> prev;
+  std::map<int64_t, double> score;
+  for (int64_t t = 0; t < 300; ++t) {
+    pol.observe(t, K.row(t).data(), V.row(t).data());
+    Q.row(0) = Q0.row(t).cast<double>() * scale;
+    Q.row(1) = Q1.row(t).cast<double>() * scale;
+    ans[0] = ans[1] = Answer{};
+    pol.attend(t + 1, Q, &ans, nullptr);
+    std::set<int64_t> cur(ans[0].kept.begin(), ans[0].kept.end());
+    if (cur != std::set<int64_t>(ans[1].kept.begin(), ans[1].kept.end())) return t;  // one cache per KV head
+    if (int64_t(cur.size()) > B) return t;                                              // |S_t| ≤ B
+    int64_t added = 0;
+    for (int64_t j : cur) added += !prev.count(j);
+    if (added > 1) return t;                                                            // |S_t \ S_{t−1}| ≤ 1
+    for (int64_t j = std::max<int64_t>(0, t - recent + 1); j <= t; ++j)
+      if (!cur.count(j)) return t;                                                      // recent kept
+    if (int64_t(prev.size()) == B) {
+      int64_t evicted = -1;
+      for (int64_t j : prev)
+        if (!cur.count(j)) evicted = j;
+      if (evicted < 0) return t;
+      for (int64_t j : prev)
+        if (j <= t - recent && j != evicted && !(score[evicted] < score[j] + 1e-12)) return t;
+      score.erase(evicted);
+    }
+    std::vector<int64_t> ids(cur.begin(), cur.end());
+    for (int g = 0; g < 2; ++g) {  // this step's attention over S_t, accumulated (group mean)
+      std::vector<double> l;
+      double mx = -INFINITY;
+      for (int64_t j : ids) {
+        l.push_back(K.row(j).cast<double>().dot(Q.row(g)));
+        mx = std::max(mx, l.back());
+      }
+      double sum = 0;
+      for (double& x : l) sum += (x = std::exp(x - mx));
+      for (size_t r = 0; r < ids.size(); ++r) score[ids[r]] += l[r] / sum / 2.0;
+    }
+    prev = cur;
+  }
+  return -1;
+}
+
+}  // namespace
+
 TEST_CASE("h2o: Definition 2.1 invariants and the recent window at every step", "[h2o]") {
+  StreamInfo info;
+  info.n = 300;
+  info.head_dim = 8;
+  info.n_queries = 2;
   for (std::string preset : {"heavy_hitter", "gaussian"}) {
     SynthSource src(test::small_synth(preset, 300, 8, 1, 2, 1));
-    MatF K = src.read(0, Tensor::k, 0), V = src.read(0, Tensor::v, 0);
-    MatD Q(2, 8);
-    MatF Q0 = src.read(0, Tensor::q, 0), Q1 = src.read(0, Tensor::q, 1);
-    const double scale = src.meta().softmax_scale;
     for (int64_t B : {10, 33}) {
       for (double heavy : {0.5, 0.7}) {
-        StreamInfo info;
-        info.n = 300;
-        info.head_dim = 8;
-        info.n_queries = 2;
         auto pol = make_policy("h2o", h2o(B, heavy), info);
         const int64_t recent = B - std::llround(heavy * B);
-        std::vector<Answer> ans(2);
-        std::set<int64_t> prev;
-        // Independent re-implementation of the scores: accumulated mean attention of the group.
-        std::map<int64_t, double> score;
-        for (int64_t t = 0; t < 300; ++t) {
-          pol->observe(t, K.row(t).data(), V.row(t).data());
-          Q.row(0) = Q0.row(t).cast<double>() * scale;
-          Q.row(1) = Q1.row(t).cast<double>() * scale;
-          ans[0] = ans[1] = Answer{};
-          pol->attend(t + 1, Q, &ans, nullptr);
-          std::set<int64_t> cur(ans[0].kept.begin(), ans[0].kept.end());
-          REQUIRE(cur == std::set<int64_t>(ans[1].kept.begin(), ans[1].kept.end()));  // one cache per KV head
-          REQUIRE(int64_t(cur.size()) <= B);                                          // |S_t| ≤ B
-          int64_t added = 0;
-          for (int64_t j : cur) added += !prev.count(j);
-          REQUIRE(added <= 1);                                                        // |S_t \ S_{t−1}| ≤ 1
-          for (int64_t j = std::max<int64_t>(0, t - recent + 1); j <= t; ++j) REQUIRE(cur.count(j));  // recent kept
-          if (int64_t(prev.size()) == B) {
-            // The evicted token is the lowest-score non-recent one of S_{t−1} (ties: oldest).
-            int64_t evicted = -1;
-            for (int64_t j : prev)
-              if (!cur.count(j)) evicted = j;
-            REQUIRE(evicted >= 0);
-            for (int64_t j : prev) {
-              if (j > t - recent || j == evicted) continue;
-              REQUIRE((score[evicted] < score[j] + 1e-12));
-            }
-            score.erase(evicted);
-          }
-          // Accumulate this step's attention over S_t.
-          std::vector<int64_t> ids(cur.begin(), cur.end());
-          for (int g = 0; g < 2; ++g) {
-            std::vector<double> l;
-            double mx = -INFINITY;
-            for (int64_t j : ids) {
-              l.push_back(K.row(j).cast<double>().dot(Q.row(g)));
-              mx = std::max(mx, l.back());
-            }
-            double sum = 0;
-            for (double& x : l) sum += (x = std::exp(x - mx));
-            for (size_t r = 0; r < ids.size(); ++r) score[ids[r]] += l[r] / sum / 2.0;
-          }
-          prev = cur;
-        }
+        REQUIRE(def21_violation(*pol, src, B, recent) == -1);
+        // Negative controls, rejected by the same check: a window of B (Def. 2.1 holds, but it evicts
+        // the oldest, not the lowest score) and uniform sampling at B (it redraws its set).
+        Params w;
+        w.set("budget", B);
+        auto win = make_policy("window", w, info);
+        CHECK(def21_violation(*win, src, B, recent) >= 0);
+        auto uni = make_policy("uniform", w, info);
+        CHECK(def21_violation(*uni, src, B, recent) >= 0);
       }
     }
   }
+}
+
+TEST_CASE("h2o objectives: the greedy check has power: top-k by column sum fails it where greedy passes", "[h2o][submodular]") {
+  // Causal attention of 16 queries: 4 near-duplicate tokens D (columns 0-3: every query that sees
+  // them gives each 0.06, so their columns have the largest sums, 0.78-0.96) and 4 block tokens E_b
+  // (columns 4-7: 0.3 from queries 8 + 2b and 9 + 2b; column sum 0.6). Facility location: f(D) = 16·0.06
+  // = 0.96, OPT = 2.4; greedy takes one D and three E's (2.4); top-k by column sum the four D's
+  // (ratio 0.4 < 1 − 1/e).
+  MatD A = MatD::Zero(16, 16);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j <= std::min(i, 3); ++j) A(i, j) = 0.06;
+  for (int b = 0; b < 4; ++b) A(8 + 2 * b, 4 + b) = A(9 + 2 * b, 4 + b) = 0.3;
+  const double c = 1 - std::exp(-1.0), opt = facility_brute(A, 16, 4), greedy = facility_greedy(A, 16, 4);
+  CHECK(opt == Approx(2.4));
+  CHECK(greedy >= c * opt);
+  const double topk = facility_value(A, 16, {0, 1, 2, 3});  // the 4 largest column sums
+  CHECK(topk == Approx(0.96));
+  CHECK(topk < c * opt);
+  CHECK(theorem44_verdict(topk, greedy, opt, 0, 0) == 0.0);
+  CHECK(theorem44_verdict(greedy, greedy, opt, 0, 0) == 1.0);
+  CHECK(theorem44_alpha(topk, greedy, opt).first == Approx(1 - 0.4 / c));  // the α top-k would need
 }
 
 TEST_CASE("h2o objectives: greedy reaches (1 - 1/e) OPT on attention-built submodular functions", "[h2o][submodular]") {
@@ -220,6 +258,17 @@ TEST_CASE("h2o objectives: Theorem 4.4 verdicts", "[h2o]") {
   CHECK(theorem44_verdict(0.8, 1.0, 1.2, 0, 0) == 1.0);          // OPT known: 0.8 ≥ 0.632·1.2
   CHECK(theorem44_verdict(0.7, 1.0, 1.2, 0.2, 0) == 1.0);        // α loosens the bound
   CHECK(theorem44_verdict(0.1, 1.0, 1.2, 0, 0.05) == 0.0);
+  // Rounding: f equal to the bound up to a few ulps holds, in either summation order.
+  const double opt = 0.1 + 0.2 + 0.3, f = c * (0.3 + 0.2 + 0.1);
+  CHECK(theorem44_verdict(f, f / c, opt, 0, 0) == 1.0);
+  CHECK(theorem44_alpha(f, f / c, opt).first == 0.0);
+  // α read backwards: exact with OPT, a bracket without; zero exactly when the verdict at α = 0 holds.
+  CHECK(theorem44_alpha(0.5 * c, 1.0, 1.0).first == Approx(0.5));
+  const auto br = theorem44_alpha(0.55, 1.0, NAN);
+  CHECK(br.first == Approx(1 - 0.55 / c));
+  CHECK(br.second == Approx(1 - 0.55));
+  CHECK(br.first < br.second);
+  CHECK(theorem44_alpha(1.0, 1.0, NAN).second == 0.0);
 }
 
 TEST_CASE("h2o objectives: engine reports them per evaluated step", "[h2o][engine]") {
@@ -257,6 +306,11 @@ TEST_CASE("h2o objectives: engine reports them per evaluated step", "[h2o][engin
         REQUIRE(metric_of(row, "fl_greedy") >= (1 - std::exp(-1.0)) * metric_of(row, "fl_opt") - 1e-12);
       }
       REQUIRE(metric_of(row, "fl_ratio") == Approx(metric_of(row, "fl_value") / metric_of(row, "fl_greedy")));
+      const double lo = metric_of(row, "thm44_alpha_lo"), hi = metric_of(row, "thm44_alpha_hi");
+      REQUIRE(lo <= hi);
+      if (!std::isnan(metric_of(row, "fl_opt"))) REQUIRE(lo == hi);
+      if (metric_of(row, "thm44") == 1.0) REQUIRE(hi == 0.0);  // the α = 0 verdict and α agree
+      if (metric_of(row, "thm44") == 0.0) REQUIRE(lo > 0.0);
     }
   }
   CHECK(due == 3 * 2 * 12);  // 3 policies × 2 heads × steps {8, 16, ..., 96}

@@ -162,6 +162,18 @@ const std::vector<Metric> kMetrics = {
      [](MetricContext& c) { return c.objectives_due ? c.accumulated().r2 : NAN; }, objectives_on},
     {"accum_top10", "1", "share of the accumulated attention held by the top 10% of tokens", "H2O §3, Fig. 2",
      [](MetricContext& c) { return c.objectives_due ? c.accumulated().top10_share : NAN; }, objectives_on},
+    {"thm44_alpha_lo", "1",
+     "smallest α (β = 0) with f(S) ≥ (1 − α)(1 − 1/e)·OPT for the kept set: exact when OPT is brute-forced, "
+     "else the low end of the bracket OPT ∈ [greedy, greedy/(1 − 1/e)]; 0 = Theorem 4.4's bound holds with α = 0",
+     "H2O Theorem 4.4 (Appendix D, Thm. D.32)",
+     [](MetricContext& c) {
+       return fl_applies(c) ? theorem44_alpha(c.fl_value(), c.fl_greedy(), c.fl_opt()).first : double(NAN);
+     }, objectives_on},
+    {"thm44_alpha_hi", "1", "the high end of that bracket (= thm44_alpha_lo when OPT is exact)",
+     "H2O Theorem 4.4 (Appendix D, Thm. D.32)",
+     [](MetricContext& c) {
+       return fl_applies(c) ? theorem44_alpha(c.fl_value(), c.fl_greedy(), c.fl_opt()).second : double(NAN);
+     }, objectives_on},
     {"loaded_bytes", "bytes",
      "bytes read to answer the query: the whole cache (= cache_bytes) for every policy but quest, which reads its "
      "pages' min/max keys and the selected pages; query_head mode adds the group's copies",

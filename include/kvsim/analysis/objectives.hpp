@@ -11,6 +11,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kvsim/core/types.hpp"
@@ -30,7 +31,13 @@ double facility_brute(const MatD& A, int64_t t, int64_t m, double limit = 2e4);
 
 /// Theorem 4.4 verdict for value f against (1 − α)(1 − 1/e)·OPT − β, when OPT is only known to lie in
 /// [greedy, greedy/(1 − 1/e)] (or exactly, when `opt` is not NaN): 1 = holds, 0 = fails, NaN = cannot tell.
+/// Comparisons allow 1e-12 relative rounding, so equal values computed in different orders agree.
 double theorem44_verdict(double f, double greedy, double opt, double alpha, double beta);
+
+/// H2O Theorem 4.4 (β = 0) read backwards: the smallest α ≥ 0 with f ≥ (1 − α)(1 − 1/e)·OPT, i.e.
+/// max(0, 1 − f/((1 − 1/e)·OPT)), as {low, high}: equal when OPT is known (brute force), else the
+/// bracket over OPT ∈ [greedy, greedy/(1 − 1/e)] (low from OPT = greedy). Within 1e-12 of 0 → 0.
+std::pair<double, double> theorem44_alpha(double f, double greedy, double opt);
 
 // H2O's observations (seeds/004 §3 "Sparsity" and "Heavy hitters", Fig. 2), measured rather than assumed.
 
