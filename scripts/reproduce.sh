@@ -52,6 +52,8 @@ $K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop
 $K clusters experiments/clusterability.toml --out results/clusterability_shakespeare \
   --set data.path=results/recordings/shakespeare_heldout_256_w00.h5 > results/clusterability_shakespeare.txt
 $K closed-loop experiments/closed_loop_shakespeare.toml --threads "$T" > results/closed_loop_shakespeare.txt
+$K clusters experiments/clusterability.toml --out results/clusterability_aidreams \
+  --set data.path=results/recordings/aidreams_generate.h5 > results/clusterability_aidreams.txt
 $K closed-loop experiments/closed_loop_prefill.toml --threads "$T" > results/closed_loop_prefill.txt
 $K closed-loop experiments/closed_loop_prefill_shakespeare.toml --threads "$T" > results/closed_loop_prefill_shakespeare.txt
 $PY plots/make_figures.py results/stories260k results/policies_stories260k results/subgen_theorem1 \

@@ -9,6 +9,10 @@
 #include <limits>
 
 #include "helpers.hpp"
+#include "kvsim/analysis/clustering.hpp"
+#include <fstream>
+#include <map>
+#include <sstream>
 #include "kvsim/replay/reference.hpp"
 #include "kvsim/core/rng.hpp"
 #include "kvsim/analysis/subgen.hpp"
@@ -388,4 +392,43 @@ TEST_CASE("subgen Corollary 1: stored vectors grow as n^gamma on a stream with m
   SubGen tiny(c, 8, 11);
   for (int64_t i = 0; i < 4096; ++i) tiny.update(i, K.row(i).data(), V.row(i).data());
   CHECK(tiny.clusters() > 4 * p.clusters_after(4096));
+}
+
+TEST_CASE("subgen premises per KV head: r, t and the verdict from kvsim clusters' premises.csv", "[subgen][premises]") {
+  // Two clustered streams that differ only in the query norm bound: r = 2 (δ·r ≤ ln n at small δ) and
+  // r = 40 (control: δ·r ≫ ln n at every δ).
+  test::TempDir dir;
+  std::map<double, std::vector<std::vector<std::string>>> rows;
+  for (double qn : {2.0, 40.0}) {
+    auto p = test::small_synth("clustered", 8192, 4, 1, 1, 1);
+    p.query_norm = qn;
+    p.seed = 1;
+    SynthSource src(p);
+    const std::string rec = dir.file("q" + std::to_string(int(qn)) + ".h5");
+    write_synthetic(src, rec);
+    ClusterStudy s;
+    s.path = rec;
+    run_cluster_study(s, dir.file("out" + std::to_string(int(qn))));
+    std::ifstream in(dir.file("out" + std::to_string(int(qn))) + "/premises.csv");
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::vector<std::string> f;
+      std::stringstream ss(line);
+      for (std::string c; std::getline(ss, c, ',');) f.push_back(c);
+      rows[qn].push_back(f);
+    }
+    // Independent: r = the largest scaled query norm, t = c_t·e^{2δr}·ln n/ε² (kvsim's constants).
+    RecordingReader rr(rec);
+    const double r = double(rr.read(0, Tensor::q, 0).rowwise().norm().maxCoeff()) * rr.meta().softmax_scale;
+    REQUIRE(rows[qn].size() == s.premise_deltas.size());
+    for (const auto& f : rows[qn]) {
+      CHECK(std::stod(f[4]) == Approx(r).epsilon(1e-5));
+      const double dr = std::stod(f[5]);
+      CHECK(dr == Approx(std::stod(f[3]) * r).epsilon(1e-5));
+      CHECK(std::stod(f[9]) == Approx(0.05 / 0.25 * std::exp(2 * dr) * std::log(8192.0)).epsilon(1e-5));
+    }
+  }
+  CHECK(rows[2.0][0][13] == "sublinear");  // δ = 0.125 × median norm: every premise holds
+  for (const auto& f : rows[40.0]) CHECK(f[13].find("delta*r > ln n") != std::string::npos);  // control
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -120,6 +121,50 @@ void write_files(const std::string& out_dir, const std::vector<std::pair<std::st
   for (const auto& [name, body] : files) write_file_atomically((fs::path(out_dir) / name).string(), body);
 }
 
+/// premises.csv rows for one layer: per KV head and per δ multiple, SubGen Theorem 1's premises —
+/// r = max ‖q̃‖ over the head's query group, δ·r against ln n, the per-head cluster growth exponent γ,
+/// and the sizes Theorem 1 asks for at ε (s = c_s·d/ε², t = c_t·e^{2δr}·ln n/ε²: kvsim's constants) —
+/// with a verdict: "sublinear" when δ·r ≤ ln n (a finite-n stand-in for δ·r = o(log n)), γ < 1 and
+/// the stored vectors m'(1 + t) + 2s are fewer than the full cache's 2n; else the failing premises.
+void premise_rows(RecordingReader& rec, int l, const ClusterStudy& s, std::ostream& out, std::ostream& summary,
+                  const std::string& data) {
+  const auto& m = rec.meta();
+  const int G = m.n_heads / m.n_kv_heads;
+  const double ln_n = std::log(double(std::max<int64_t>(m.n_tokens, 2))), eps = s.premise_eps;
+  out << std::setprecision(12);
+  for (int h = 0; h < m.n_kv_heads; ++h) {
+    double r = 0;
+    for (int g = 0; g < G; ++g)
+      r = std::max(r, double(rec.read(l, Tensor::q, h * G + g).rowwise().norm().maxCoeff()) * m.softmax_scale);
+    const MatF K = rec.read(l, Tensor::k, h);
+    const double med = median_norm(K);
+    for (double rel : s.premise_deltas) {
+      const double delta = rel * med, dr = delta * r;
+      std::vector<double> xs, ys;
+      int64_t last = 0;
+      for (auto [n, c] : cluster_counts(K, delta)) {
+        last = c;
+        if (n >= 16) xs.push_back(double(n)), ys.push_back(double(c));
+      }
+      const double gamma = loglog_slope(xs, ys);
+      const double t = 0.05 / (eps * eps) * std::exp(2 * dr) * ln_n, sv = std::ceil(32.0 * m.head_dim / (eps * eps));
+      const double vectors = double(last) * (1 + std::ceil(t)) + 2 * sv, full = 2.0 * double(m.n_tokens);
+      std::string verdict;
+      if (!(dr <= ln_n)) verdict += "delta*r > ln n;";
+      if (!(gamma < 1)) verdict += "keys do not cluster (gamma >= 1);";
+      if (!(vectors < full)) verdict += "m'(1+t)+2s >= 2n;";
+      if (verdict.empty()) verdict = "sublinear";
+      else verdict.pop_back();
+      out << l << ',' << h << ',' << rel << ',' << delta << ',' << r << ',' << dr << ',' << ln_n << ',' << gamma << ','
+          << last << ',' << t << ',' << sv << ',' << vectors << ',' << full << ',' << csv_field(verdict) << data;
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%5d %7d %6.2f %8.3g %7.3g %6.3f %6lld %10.3g %s\n", l, h, rel, dr, r, gamma,
+                    (long long)last, t, verdict.c_str());
+      summary << buf;
+    }
+  }
+}
+
 }  // namespace
 
 std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir) {
@@ -179,8 +224,19 @@ std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir)
       summary << buf;
     }
   }
-  write_files(out_dir, {{"clusters.csv", counts.str()}, {"clusters_fit.csv", fit.str()}, {"pca.csv", pca.str()}});
-  summary << "wrote " << out_dir << "/clusters.csv, clusters_fit.csv, pca.csv\n";
+  std::ostringstream prem;
+  prem << "layer,kv_head,delta_rel,delta,r,delta_r,ln_n,gamma,clusters_at_n,t_thm1,s_thm1,subgen_vectors,full_vectors,"
+          "verdict,model,recording,n_tokens,eps\n";
+  std::snprintf(buf, sizeof buf, "%5s %7s %6s %8s %7s %6s %6s %10s %s\n", "layer", "kv_head", "delta", "delta*r", "r", "gamma",
+                "m'(n)", "t (Thm 1)", "verdict");
+  summary << "\nSubGen Theorem 1's premises per KV head (eps = " << s.premise_eps << ", delta = multiple x median key norm):\n" << buf;
+  std::ostringstream pdata;
+  pdata << ',' << csv_field(fs::path(m.model).stem().string()) << ',' << csv_field(fs::path(s.path).filename().string())
+        << ',' << m.n_tokens << ',' << s.premise_eps << '\n';
+  for (int l : layers) premise_rows(rec, l, s, prem, summary, pdata.str());
+  write_files(out_dir, {{"clusters.csv", counts.str()}, {"clusters_fit.csv", fit.str()}, {"pca.csv", pca.str()},
+                        {"premises.csv", prem.str()}});
+  summary << "wrote " << out_dir << "/clusters.csv, clusters_fit.csv, pca.csv, premises.csv\n";
   return summary.str();
 }
 

@@ -23,6 +23,9 @@ struct ClusterStudy {
   double delta_rel = 0.5;           ///< δ = delta_rel × median norm of the layer's keys (resp. values)
   int64_t centers = 16;             ///< greedy k-center centers marked in the PCA scatter
   std::vector<int> layers;          ///< empty = all
+  /// premises.csv: δ multiples of the median key norm swept per KV head, and Theorem 1's ε.
+  std::vector<double> premise_deltas = {0.125, 0.25, 0.5, 1.0};
+  double premise_eps = 0.5;
 };
 
 /// Parse a clusters config (TOML: name, [data] path, [clusters] delta_rel, centers, layers);
@@ -33,8 +36,9 @@ ClusterStudy load_cluster_study(const std::string& path, const std::vector<std::
 /// clusters — m' of SubGen's online δ-clustering after n tokens, n = 2^j and the last n),
 /// clusters_fit.csv (layer, tensor, delta, delta_r, gamma: log-log slope of the KV-head-mean m' over
 /// n ≥ 16; delta_r = δ × max scaled query norm for keys), pca.csv (layer, tensor, index, pc1, pc2,
-/// center: KV head 0 projected on its top-2 principal components, greedy k-center centers flagged).
-/// Returns a printable summary.
+/// center: KV head 0 projected on its top-2 principal components, greedy k-center centers flagged) and
+/// premises.csv (SubGen Theorem 1's premises per layer, KV head and δ multiple: r, δ·r vs ln n, γ,
+/// Theorem 1's t and s, stored vs full vectors, and a verdict). Returns a printable summary.
 std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir);
 
 }  // namespace kvsim
