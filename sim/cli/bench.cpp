@@ -17,6 +17,7 @@
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/replay/reference.hpp"
 #include "kvsim/io/synth.hpp"
+#include "kvsim/analysis/subgen.hpp"
 
 namespace kvsim {
 namespace {
@@ -288,6 +289,45 @@ void bench_eps(const BenchOptions& o, BenchOut& b, double cheapest) {
 
 }
 
+/// SubGen Algorithm 1 in Theorem 1's regime (clustered stream, d = 4, δ = 0.5, r = 1, m(n) = ⌈n^0.5⌉,
+/// ε = 0.5): time per update + query against the work the algorithm's memory implies, m'·t + s
+/// (the query touches m' representatives, m'·t samples and s matrix-product rows).
+void bench_subgen_regime(const BenchOptions& o, BenchOut& b) {
+  b.out << "\nsubgen in Theorem 1's regime (d = 4, eps = 0.5, clustered, m = ceil(n^0.5); 1 thread):\n"
+        << "      n   m'    t     s   m't+s   update ns  query ns  query ns/(m't+s)\n";
+  for (int64_t n : {int64_t(1) << (o.quick ? 11 : 13), int64_t(1) << (o.quick ? 12 : 15)}) {
+    SynthParams p;
+    p.preset = "clustered";
+    p.n = n;
+    p.head_dim = 4;
+    p.n_layers = p.n_heads = p.n_kv_heads = 1;
+    p.cluster_diameter = 0.5;
+    p.query_norm = 1.0;
+    p.center_scale = 8.0;
+    SynthSource src(p);
+    const MatF K = src.read(0, Tensor::k, 0), V = src.read(0, Tensor::v, 0), Q = src.read(0, Tensor::q, 0);
+    SubGenConfig c;
+    c.delta = 0.5;
+    c.s = theorem1_s(0.5, 4, kSubGenCs);
+    c.t = theorem1_t(0.5, 0.5, 1.0, n, kSubGenCt);
+    SubGen sg(c, 4, 1);
+    auto t0 = Clock::now();
+    for (int64_t i = 0; i < n; ++i) sg.update(i, K.row(i).data(), V.row(i).data());
+    const double upd = seconds_since(t0) * 1e9 / double(n);
+    VecD z;
+    double sink = 0;
+    const int64_t queries = 256;
+    t0 = Clock::now();
+    for (int64_t i = 0; i < queries; ++i) sink += sg.query(Q.row(n - 1 - i).cast<double>().transpose() * src.meta().softmax_scale, z);
+    const double qns = seconds_since(t0) * 1e9 / double(queries);
+    const double work = double(sg.clusters() * c.t + c.s);
+    std::snprintf(b.buf, sizeof b.buf, "%7lld %4lld %4lld %5lld %7.0f %11.0f %9.0f %17.2f%s\n", (long long)n,
+                  (long long)sg.clusters(), (long long)c.t, (long long)c.s, work, upd, qns, qns / work, sink == 0 ? " " : "");
+    b.out << b.buf;
+    b.js.add("subgen_regime_query_ns_per_work_n" + std::to_string(n), qns / work);
+  }
+}
+
 void bench_threads(const BenchOptions& o, BenchOut& b, const Experiment& ex, int N) {
   auto& out = b.out;
   auto& js = b.js;
@@ -357,6 +397,7 @@ std::string run_bench(const BenchOptions& o) {
   Experiment ex;
   const double cheapest = bench_policies(o, b, ex);
   bench_eps(o, b, cheapest);
+  bench_subgen_regime(o, b);
   bench_threads(o, b, ex, N);
   write_bench_json(o, b);
   return b.out.str();
