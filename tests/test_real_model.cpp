@@ -154,7 +154,7 @@ TEST_CASE("real: closed loop with the exact policy reproduces teacher-forced cro
   CHECK_THROWS_WITH(record_model(g), Catch::Contains("non-causal oracle"));
 }
 
-TEST_CASE("real: closed loop with a prompt: prompt positions are exact, then the policy's prefill takes over", "[real]") {
+TEST_CASE("real: closed loop with a prompt: prompt positions are exact and the policy's prefill takes over", "[real]") {
   LlamaModel m(model());
   const Tokenizer tk(tok(), m.config().vocab_size);
   std::vector<int> win = text_tokens(text(), tk, 256, 0, "test");
