@@ -5,7 +5,7 @@
   2. no function over 80 lines (C++/CUDA: brace matching of namespace- and class-level bodies;
      Python: the ast);
   3. layers: sim/<layer>/ and include/kvsim/<layer>/ include only their own layer and lower ones:
-     core < io, cuda < analysis < policies < replay, model < cli (io and cuda, replay and model do
+     core < io, cuda < analysis < policies < replay, model < cli < python (io and cuda, replay and model do
      not include each other).
 
 Usage: layout_test.py REPO_ROOT  (exit 1 listing every violation)
@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 MAX_FILE, MAX_README, MAX_FUNC = 450, 250, 80
-RANK = {"core": 0, "io": 1, "cuda": 1, "analysis": 2, "policies": 3, "replay": 4, "model": 4, "cli": 5}
+RANK = {"core": 0, "io": 1, "cuda": 1, "analysis": 2, "policies": 3, "replay": 4, "model": 4, "cli": 5, "python": 6}
 SOURCE_DIRS = ("sim", "include", "tests", "plots", "scripts", "datasets")
 EXTS = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".py", ".sh")
 

@@ -58,9 +58,10 @@ SequenceRun run_one(const Experiment& ex, const std::string& out, int threads, b
   return s;
 }
 
-/// sequences.csv rows and the printed table of a multi-sequence run.
-std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>& runs, const std::string& out) {
-  const auto& metrics = runs.front().result.metrics;
+}  // namespace
+
+std::string sequences_csv(const Experiment& ex, const std::vector<MetricColumn>& metrics,
+                          const std::vector<std::vector<std::vector<Stat>>>& overall, std::string* table_out) {
   const std::vector<std::string> keys = param_keys(ex.policies);  // parameter columns, as in summary.csv
   std::ostringstream o;
   o << "policy,label,metric,sequences,mean,ci_low,ci_high,interval";
@@ -75,7 +76,7 @@ std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>
   for (size_t p = 0; p < ex.policies.size(); ++p)
     for (size_t m = 0; m < metrics.size(); ++m) {
       std::vector<double> per_seq;
-      for (const auto& r : runs) per_seq.push_back(r.overall[p][m].mean);
+      for (const auto& r : overall) per_seq.push_back(r[p][m].mean);
       const Interval ci = bootstrap_mean_ci(per_seq, derive_seed({ex.seed, 0xc1, p, m}));
       if (ci.n == 0) continue;  // the metric does not apply to this policy
       char line[512];
@@ -89,11 +90,9 @@ std::string write_sequences(const Experiment& ex, const std::vector<SequenceRun>
         table << ex.policies[p].label << std::string(w - ex.policies[p].label.size(), ' ') << buf;
       }
     }
-  write_file_atomically((std::filesystem::path(out) / "sequences.csv").string(), o.str());
-  return table.str();
+  if (table_out) *table_out = table.str();
+  return o.str();
 }
-
-}  // namespace
 
 int cmd_run(const RunOptions& opt) {
   std::vector<std::string> sets = opt.sets;
@@ -129,7 +128,11 @@ int cmd_run(const RunOptions& opt) {
     runs.push_back(run_one(one, (std::filesystem::path(out) / dir).string(), threads, opt.quiet, prefix));
     wall += runs.back().result.wall_seconds;
   }
-  const std::string table = write_sequences(ex, runs, out);
+  std::vector<std::vector<std::vector<Stat>>> overall;
+  for (const auto& r : runs) overall.push_back(r.overall);
+  std::string table;
+  const std::string csv = sequences_csv(ex, runs.front().result.metrics, overall, &table);
+  write_file_atomically((std::filesystem::path(out) / "sequences.csv").string(), csv);
   if (!opt.quiet)
     std::cout << "experiment " << ex.name << ": " << S << " sequences, " << wall << " s\n"
               << "per sequence: the mean over its evaluated (layer, head, step); below: the mean over sequences\n\n"

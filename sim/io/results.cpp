@@ -173,10 +173,8 @@ void write_h5(const RunResult& r, const Experiment& ex, const std::string& path)
 /// Aggregates (count, mean, median, p95, max) of every metric per group of rows. `key` maps a row to
 /// its group's CSV cells (e.g. "3" or "3,5"); groups are written in key order of first appearance
 /// (rows are ordered by layer, KV head, step), then an "all" group when `with_all`.
-void write_stats(const RunResult& r, const std::string& path, const std::string& key_header,
+void write_stats(const RunResult& r, std::ostream& o, const std::string& key_header,
                  const std::function<std::string(const MetricRow&)>& key, bool with_all) {
-  std::ofstream o(path);
-  if (!o) throw Error(path + ": cannot write");
   std::vector<PolicySpec> specs;
   for (const auto& pr : r.policies) specs.push_back(pr.spec);
   const std::vector<std::string> keys = param_keys(specs);
@@ -204,6 +202,13 @@ void write_stats(const RunResult& r, const std::string& path, const std::string&
         return summarize(std::move(v));
       }, !with_all ? "" : g == kAllLayers ? ",1" : ",0");
   }
+}
+
+void write_stats_file(const RunResult& r, const std::string& path, bool per_head) {
+  std::ofstream o(path);
+  if (!o) throw Error(path + ": cannot write");
+  if (per_head) write_cells_csv(r, o);
+  else write_summary_csv(r, o);
   o.flush();
   if (!o) throw Error(path + ": write failed (disk full?)");
 }
@@ -211,6 +216,27 @@ void write_stats(const RunResult& r, const std::string& path, const std::string&
 }  // namespace results_detail
 
 using namespace results_detail;
+
+void write_summary_csv(const RunResult& r, std::ostream& o) {
+  write_stats(r, o, "layer", [](const MetricRow& m) { return std::to_string(m.layer); }, true);
+}
+
+void write_cells_csv(const RunResult& r, std::ostream& o) {
+  write_stats(r, o, "layer,head", [](const MetricRow& m) { return std::to_string(m.layer) + "," + std::to_string(m.head); },
+              false);
+}
+
+std::vector<std::vector<Stat>> overall_stats(const RunResult& r) {
+  std::vector<std::vector<Stat>> all(r.policies.size(), std::vector<Stat>(r.metrics.size()));
+  for (size_t p = 0; p < r.policies.size(); ++p)
+    for (size_t m = 0; m < r.metrics.size(); ++m) {
+      std::vector<double> v;
+      v.reserve(r.policies[p].rows.size());
+      for (const auto& row : r.policies[p].rows) v.push_back(row[r.metrics[m].index]);
+      all[p][m] = summarize(std::move(v));
+    }
+  return all;
+}
 
 void write_results(const RunResult& r, const Experiment& ex, const std::string& out_dir) {
   namespace fs = std::filesystem;
@@ -225,9 +251,8 @@ void write_results(const RunResult& r, const Experiment& ex, const std::string& 
   for (const auto& f : finals) tmps.push_back(f + ".tmp");
   try {
     write_h5(r, ex, tmps[0]);
-    write_stats(r, tmps[1], "layer", [](const MetricRow& m) { return std::to_string(m.layer); }, true);
-    write_stats(r, tmps[2], "layer,head",
-                [](const MetricRow& m) { return std::to_string(m.layer) + "," + std::to_string(m.head); }, false);
+    write_stats_file(r, tmps[1], false);
+    write_stats_file(r, tmps[2], true);
   } catch (...) {
     for (const auto& t : tmps) fs::remove(t, ec);
     throw;

@@ -3,14 +3,22 @@
 // in registry.hpp, and add it here.
 #include "kvsim/policies/registry.hpp"
 
+#include <algorithm>
+#include <cctype>
+#include <deque>
+#include <mutex>
 #include <sstream>
 
 #include "kvsim/core/error.hpp"
 
 namespace kvsim {
 
-const std::vector<const PolicyInfo*>& policy_registry() {
-  static const std::vector<const PolicyInfo*> r{
+namespace {
+/// The built-in policies, then those added at run time by register_policy (the Python API's policies).
+/// `user` holds the added descriptions at stable addresses; `mu` guards both lists.
+struct Registry {
+  std::mutex mu;
+  std::vector<const PolicyInfo*> list{
       &policies::exact_info(),
       &policies::window_info(),
       &policies::sink_info(),
@@ -28,16 +36,39 @@ const std::vector<const PolicyInfo*>& policy_registry() {
       &policies::pyramidkv_info(),
       &policies::quest_info(),
   };
+  size_t builtin = list.size();
+  std::deque<PolicyInfo> user;
+};
+Registry& registry() {
+  static Registry r;
   return r;
 }
+}  // namespace
 
-const std::vector<std::string>& policy_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const auto* p : policy_registry()) v.push_back(p->name);
-    return v;
-  }();
-  return names;
+const std::vector<const PolicyInfo*>& policy_registry() { return registry().list; }
+
+void register_policy(PolicyInfo info) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const bool word = !info.name.empty() && std::all_of(info.name.begin(), info.name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+  if (!word) throw Error("cannot register policy '" + info.name + "': a policy name is one word (letters, digits, _ and -)");
+  for (size_t i = 0; i < r.list.size(); ++i) {
+    if (r.list[i]->name != info.name) continue;
+    if (i < r.builtin) throw Error("cannot register policy '" + info.name + "': a built-in policy has that name");
+    for (auto& u : r.user)
+      if (u.name == info.name) u = std::move(info);  // re-registration (a notebook cell run again) replaces it
+    return;
+  }
+  r.user.push_back(std::move(info));
+  r.list.push_back(&r.user.back());
+}
+
+std::vector<std::string> policy_names() {
+  std::vector<std::string> v;
+  for (const auto* p : policy_registry()) v.push_back(p->name);
+  return v;
 }
 
 const PolicyInfo& policy_info(const std::string& name) {

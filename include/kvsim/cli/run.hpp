@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/replay/engine.hpp"
+
 namespace kvsim {
 
 struct RunOptions {
@@ -19,5 +21,12 @@ struct RunOptions {
 /// with a 95% bootstrap interval per policy and metric). Returns the exit status; throws
 /// kvsim::Error on bad input.
 int cmd_run(const RunOptions& opt);
+
+/// sequences.csv's text for a multi-sequence run: per policy and metric the mean over sequences of
+/// each sequence's mean (`overall[s][policy][metric]`, as overall_stats / ResultSpill::overall give)
+/// with a 95% percentile-bootstrap interval seeded by the config seed, the policy and the metric's
+/// registry position. `table_out`, when given, receives the printed table.
+std::string sequences_csv(const Experiment& ex, const std::vector<MetricColumn>& metrics,
+                          const std::vector<std::vector<std::vector<Stat>>>& overall, std::string* table_out = nullptr);
 
 }  // namespace kvsim

@@ -15,6 +15,7 @@
 #pragma once
 #include <array>
 #include <cmath>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +79,15 @@ std::string param_cells(const PolicySpec& spec, const std::vector<std::string>& 
 Stat summarize(std::vector<double> v);
 
 void write_results(const RunResult& r, const Experiment& ex, const std::string& out_dir);
+
+/// summary.csv's and cells.csv's text for an in-memory result (the Python API's Results.summary;
+/// write_results writes the same text to the files).
+void write_summary_csv(const RunResult& r, std::ostream& o);
+void write_cells_csv(const RunResult& r, std::ostream& o);
+
+/// Each policy's statistics over all its rows, [policy][metric column] (summary.csv's all-layer rows;
+/// ResultSpill::overall() for a spilled run).
+std::vector<std::vector<Stat>> overall_stats(const RunResult& r);
 
 /// The human-readable table printed by `kvsim run` (policy × key metrics, means and p95 over all rows).
 std::string summary_table(const RunResult& r);

@@ -158,7 +158,7 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const Params& param
 int64_t memory_target_tokens(const Params& params, int64_t n);
 
 /// Names accepted by make_policy.
-const std::vector<std::string>& policy_names();
+std::vector<std::string> policy_names();
 
 /// Exact attention over an explicit set of cached tokens, in double with a log-domain softmax.
 /// keys/values are [m, d]; returns z (= softmax-weighted values) and log Σ exp(logits).

@@ -56,8 +56,14 @@ struct PolicyInfo {
 /// The registry test compares these with the factories' defaults; the resolved config writes them.
 std::optional<ParamValue> literal_default(const ParamInfo& p);
 
-/// Every registered policy, in registration order.
+/// Every registered policy, in registration order: the built-in ones, then those added by
+/// register_policy. Not to be iterated while another thread registers (the Python API registers
+/// only between runs).
 const std::vector<const PolicyInfo*>& policy_registry();
+/// Adds a policy at run time (the Python API's kvsim.register_policy, sim/python/): afterwards
+/// `info.name` works in configs like a built-in policy. Registering a name again replaces the
+/// earlier registration; a built-in name or a name that is not one word throws kvsim::Error.
+void register_policy(PolicyInfo info);
 /// The policy named `name`; throws kvsim::Error listing the known names.
 const PolicyInfo& policy_info(const std::string& name);
 

@@ -1,0 +1,222 @@
+// Python bindings: running an experiment config in memory (kvsim.run) and reading the registries.
+// A run replays exactly as `kvsim run` does (run_experiment, one RunResult per sequence); its rows
+// stay in memory, and `save(dir)` writes the CLI's files (write_results: the same files ResultSpill
+// writes, tests/test_results.cpp) plus sequences.csv for several sequences.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "bindings.hpp"
+#include "kvsim/cli/config.hpp"
+#include "kvsim/cli/run.hpp"
+#include "kvsim/core/error.hpp"
+#include "kvsim/cuda/cuda.hpp"
+#include "kvsim/io/files.hpp"
+#include "kvsim/io/provenance.hpp"
+#include "kvsim/io/results.hpp"
+#include "kvsim/policies/registry.hpp"
+#include "kvsim/replay/engine.hpp"
+#include "kvsim/replay/metrics.hpp"
+
+namespace kvsim::python {
+namespace {
+
+/// A finished run: the experiment, and per sequence its single-sequence experiment and result.
+struct PyRun {
+  Experiment ex;
+  std::vector<Experiment> seq_ex;
+  std::vector<RunResult> runs;
+
+  const RunResult& at(int s) const {
+    if (s < 0 || s >= int(runs.size()))
+      throw Error("sequence " + std::to_string(s) + " out of range [0, " + std::to_string(runs.size()) + ")");
+    return runs[size_t(s)];
+  }
+};
+
+/// Replays `ex` (all sequences) on `threads` workers with the GIL released (Python policies take it
+/// back for each call; C++ policies run in parallel).
+std::unique_ptr<PyRun> run_experiment_in_memory(Experiment ex, int threads) {
+  if (ex.eval.device == "cuda") cuda::require_device();
+  auto out = std::make_unique<PyRun>();
+  const int nt = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  const int S = sequence_count(ex.data);
+  py::gil_scoped_release release;
+  for (int i = 0; i < S; ++i) {
+    Experiment one = ex;
+    if (S > 1) one.data = sequence_spec(ex.data, i);
+    auto src = open_source(one.data);
+    out->runs.push_back(run_experiment(one, *src, nt));
+    out->seq_ex.push_back(std::move(one));
+  }
+  out->ex = std::move(ex);
+  return out;
+}
+
+/// One policy's rows of sequence `s` as columns: layer, head, step, then every metric of the run.
+py::dict columns(const PyRun& r, int s, int p) {
+  const RunResult& rr = r.at(s);
+  if (p < 0 || p >= int(rr.policies.size())) throw Error("policy index " + std::to_string(p) + " out of range");
+  const auto& rows = rr.policies[size_t(p)].rows;
+  const py::ssize_t n = py::ssize_t(rows.size());
+  py::array_t<int32_t> layer(n), head(n);
+  py::array_t<int64_t> step(n);
+  auto L = layer.mutable_unchecked<1>();
+  auto H = head.mutable_unchecked<1>();
+  auto T = step.mutable_unchecked<1>();
+  for (py::ssize_t i = 0; i < n; ++i) {
+    L(i) = rows[size_t(i)].layer;
+    H(i) = rows[size_t(i)].head;
+    T(i) = rows[size_t(i)].step;
+  }
+  py::dict d;
+  d["layer"] = layer;
+  d["head"] = head;
+  d["step"] = step;
+  for (const auto& m : rr.metrics) {
+    py::array_t<double> col(n);
+    auto C = col.mutable_unchecked<1>();
+    for (py::ssize_t i = 0; i < n; ++i) C(i) = rows[size_t(i)][m.index];
+    d[py::str(m.name)] = col;
+  }
+  return d;
+}
+
+std::string summary_text(const PyRun& r, int s, bool per_head) {
+  std::ostringstream o;
+  if (per_head) write_cells_csv(r.at(s), o);
+  else write_summary_csv(r.at(s), o);
+  return o.str();
+}
+
+std::string sequences_text(const PyRun& r) {
+  std::vector<std::vector<std::vector<Stat>>> overall;
+  for (const auto& rr : r.runs) overall.push_back(overall_stats(rr));
+  return sequences_csv(r.ex, r.runs.front().metrics, overall);
+}
+
+/// The CLI's files: one sequence → results.h5, summary.csv, cells.csv in `dir`; several → each in
+/// dir/seq_NN/ and dir/sequences.csv.
+void save(const PyRun& r, const std::string& dir) {
+  if (r.runs.size() == 1) {
+    write_results(r.runs[0], r.ex, dir);
+    return;
+  }
+  for (size_t i = 0; i < r.runs.size(); ++i) {
+    char sub[32];
+    std::snprintf(sub, sizeof sub, "seq_%02d", int(i));
+    write_results(r.runs[i], r.seq_ex[i], (std::filesystem::path(dir) / sub).string());
+  }
+  write_file_atomically((std::filesystem::path(dir) / "sequences.csv").string(), sequences_text(r));
+}
+
+py::list policy_specs(const PyRun& r) {
+  py::list out;
+  for (const auto& p : r.ex.policies) {
+    py::dict params;
+    for (const auto& [k, v] : p.params.values()) std::visit([&](const auto& x) { params[py::str(k)] = x; }, v);
+    py::dict d;
+    d["name"] = p.name;
+    d["label"] = p.label;
+    d["params"] = params;
+    out.append(d);
+  }
+  return out;
+}
+
+py::list metric_list() {
+  py::list out;
+  for (const auto& m : metric_registry()) {
+    py::dict d;
+    d["name"] = m.name;
+    d["unit"] = m.unit;
+    d["description"] = m.description;
+    d["source"] = m.source;
+    out.append(d);
+  }
+  return out;
+}
+
+py::list policy_list() {
+  py::list out;
+  for (const auto* p : policy_registry()) {
+    py::list params;
+    for (const auto& q : p->params) {
+      py::dict pd;
+      pd["name"] = q.name;
+      pd["kind"] = q.kind;
+      pd["default"] = q.default_value;
+      pd["doc"] = q.doc;
+      params.append(pd);
+    }
+    py::dict d;
+    d["name"] = p->name;
+    d["summary"] = p->summary;
+    d["source"] = p->source;
+    d["params"] = params;
+    d["memory"] = p->memory ? p->memory->doc : std::string("refused (keeps the whole stream)");
+    d["gpu"] = p->gpu;
+    out.append(d);
+  }
+  return out;
+}
+
+py::dict meta_dict(const RecordingMeta& m) {
+  py::dict d;
+  d["model"] = m.model;
+  d["source"] = m.source;
+  d["rope"] = m.rope;
+  d["n_layers"] = m.n_layers;
+  d["n_heads"] = m.n_heads;
+  d["n_kv_heads"] = m.n_kv_heads;
+  d["head_dim"] = m.head_dim;
+  d["n_tokens"] = m.n_tokens;
+  d["softmax_scale"] = m.softmax_scale;
+  return d;
+}
+
+}  // namespace
+
+py::dict recording_meta_dict(const RecordingMeta& m) { return meta_dict(m); }
+
+void bind_run(py::module_& m) {
+  py::class_<PyRun>(m, "_Run")
+      .def_property_readonly("sequences", [](const PyRun& r) { return int(r.runs.size()); })
+      .def_property_readonly("name", [](const PyRun& r) { return r.ex.name; })
+      .def_property_readonly("seed", [](const PyRun& r) { return r.ex.seed; })
+      .def_property_readonly("config_text", [](const PyRun& r) { return r.ex.config_text; })
+      .def_property_readonly("resolved_config", [](const PyRun& r) { return r.ex.resolved_text; })
+      .def_property_readonly("policies", &policy_specs)
+      .def("meta", [](const PyRun& r, int s) { return meta_dict(r.at(s).meta); })
+      .def("source", [](const PyRun& r, int s) { return r.at(s).source; })
+      .def("wall_seconds", [](const PyRun& r, int s) { return r.at(s).wall_seconds; })
+      .def("threads", [](const PyRun& r, int s) { return r.at(s).threads; })
+      .def("n_tokens", [](const PyRun& r, int s) { return r.at(s).n_tokens; })
+      .def("columns", &columns)
+      .def("summary_csv", [](const PyRun& r, int s) { return summary_text(r, s, false); })
+      .def("cells_csv", [](const PyRun& r, int s) { return summary_text(r, s, true); })
+      .def("sequences_csv", &sequences_text)
+      .def("table", [](const PyRun& r, int s) { return summary_table(r.at(s)); })
+      .def("save", [](const PyRun& r, const std::string& dir) {
+        py::gil_scoped_release release;
+        save(r, dir);
+      });
+  m.def(
+      "_run",
+      [](const std::string& config, bool is_path, const std::vector<std::string>& sets, int threads) {
+        Experiment ex = is_path ? load_experiment(config, sets) : parse_experiment(config, "config dict", sets);
+        return run_experiment_in_memory(std::move(ex), threads);
+      },
+      py::arg("config"), py::arg("is_path"), py::arg("sets"), py::arg("threads"));
+  m.def("_policies", &policy_list);
+  m.def("_metrics", &metric_list);
+  m.def("_version", [] { return kvsim_version(); });
+  m.def("_git_commit", [] { return kvsim_git_commit(); });
+}
+
+}  // namespace kvsim::python
