@@ -39,9 +39,9 @@ def stories_recording(tmp_path_factory, kvsim_bin, shared_data):
 
 @pytest.fixture
 def reference_policies():
-    """Registers the Python twins of window and h2o (tests/python/reference_policies.py)."""
+    """Registers the Python twins of window and h2o (kvsim.examples)."""
     import kvsim
-    import reference_policies as rp
+    import kvsim.examples as rp
     kvsim.register_policy("py_window", rp.PyWindow)
     kvsim.register_policy("py_h2o", rp.PyH2O)
     return rp

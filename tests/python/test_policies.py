@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 import kvsim
-import reference_policies as rp
+import kvsim.examples as rp
 
 
 def synthetic(gqa, policies, n=120):
