@@ -4,12 +4,17 @@
 #pragma once
 #include <pybind11/pybind11.h>
 
+#include <atomic>
+
 namespace kvsim {
 struct RecordingMeta;
 }
 
 namespace kvsim::python {
 namespace py = pybind11;
+
+/// kvsim.run calls replaying now (in other Python threads): the registry is not changed meanwhile.
+std::atomic<int>& runs_in_flight();
 
 /// A recording's attributes as a dict (kvsim.Recording.meta, Results.meta).
 py::dict recording_meta_dict(const RecordingMeta& m);

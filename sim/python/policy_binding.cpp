@@ -188,6 +188,8 @@ py::dict read_params(const std::vector<PyParam>& decl, const Params& p, const St
 void register_python_policy(const std::string& name, py::object cls, const std::vector<py::tuple>& params,
                             const std::string& memory_param, bool capacity, const std::string& summary,
                             const std::string& source) {
+  if (runs_in_flight() > 0)
+    throw Error("kvsim.register_policy('" + name + "'): a kvsim.run is in progress in another thread (register before running)");
   auto decl = std::make_shared<std::vector<PyParam>>();
   bool memory_ok = memory_param.empty();
   for (const auto& t : params) {

@@ -43,6 +43,10 @@ struct PyRun {
 /// back for each call; C++ policies run in parallel).
 std::unique_ptr<PyRun> run_experiment_in_memory(Experiment ex, int threads) {
   if (ex.eval.device == "cuda") cuda::require_device();
+  struct InFlight {
+    InFlight() { ++runs_in_flight(); }
+    ~InFlight() { --runs_in_flight(); }
+  } in_flight;
   auto out = std::make_unique<PyRun>();
   const int nt = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
   const int S = sequence_count(ex.data);
@@ -181,6 +185,11 @@ py::dict meta_dict(const RecordingMeta& m) {
 }
 
 }  // namespace
+
+std::atomic<int>& runs_in_flight() {
+  static std::atomic<int> n{0};
+  return n;
+}
 
 py::dict recording_meta_dict(const RecordingMeta& m) { return meta_dict(m); }
 

@@ -141,3 +141,18 @@ def test_attend_is_the_engines_kernel():
     assert p0.shape == (0, 2) and (z0 == 0).all() and np.isneginf(l0).all()
     with pytest.raises(kvsim.Error, match="must agree"):
         kvsim.attend(K, V[:5], q)
+
+
+class RegistersWhileRunning(rp.PyWindow):
+    """Tries to change the registry from inside a run."""
+
+    def __init__(self, stream, budget):
+        super().__init__(stream, budget)
+        kvsim.register_policy("late", rp.PyWindow)
+
+
+def test_the_registry_does_not_change_during_a_run():
+    kvsim.register_policy("registers_while_running", RegistersWhileRunning)
+    with pytest.raises(kvsim.Error, match="in progress"):
+        kvsim.run(synthetic("kv_head", [{"name": "registers_while_running", "budget": 8}], n=40))
+    assert "late" not in [p["name"] for p in kvsim.policies()]
