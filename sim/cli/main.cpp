@@ -44,6 +44,8 @@ void add_run(CLI::App& app) {
   run->add_flag("--quiet", o.quiet, "print nothing but errors");
   run->add_option("--device", o.device, "cpu or cuda: where the exact reference runs (= --set eval.device=...)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  auto* resume = run->add_flag("--resume", o.resume, "continue the unfinished run in --out (its checkpointed cells are kept)");
+  run->add_flag("--force", o.force, "discard an unfinished run in --out and start over")->excludes(resume);
   run->callback([] { cmd_run(o); });
 }
 

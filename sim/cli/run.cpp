@@ -20,6 +20,7 @@
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/rng.hpp"
 #include "kvsim/cuda/cuda.hpp"
+#include "kvsim/io/cell_checkpoint.hpp"
 #include "kvsim/io/files.hpp"
 #include "kvsim/io/results.hpp"
 #include "kvsim/replay/engine.hpp"
@@ -45,14 +46,28 @@ struct SequenceRun {
   std::vector<std::vector<Stat>> overall;  // [policy][metric]
 };
 
-SequenceRun run_one(const Experiment& ex, const std::string& out, int threads, bool quiet, const std::string& prefix) {
+SequenceRun run_one(const Experiment& ex, const std::string& out, int threads, bool quiet, const std::string& prefix,
+                    const ResumeMode& mode) {
   auto src = open_source(ex.data);
+  if (mode.resume) {
+    const auto done = ResultSpill::finished(out, checkpoint_manifest(ex, src->meta()), metric_columns(ex.eval), ex.policies.size());
+    if (done) {  // nothing to resume: these results are this run's
+      if (!quiet) std::cerr << "kvsim run: " << out << " holds this run's finished results (nothing to resume)\n";
+      SequenceRun s;
+      s.result.metrics = metric_columns(ex.eval);
+      s.overall = *done;
+      return s;
+    }
+  }
   if (!quiet)
     std::cerr << "kvsim run: " << ex.name << " on " << src->describe() << " (" << ex.policies.size() << " policies, "
               << threads << " threads)\n";
-  ResultSpill spill(out, ex);  // rows go to disk cell by cell; nothing final until finish()
+  // Rows go to disk cell by cell, each finished cell durable at once (the checkpoint); nothing final until finish().
+  ResultSpill spill(out, ex, &mode);
   SequenceRun s;
   s.result = run_experiment(ex, *src, threads, progress_printer(quiet, prefix), &spill);
+  if (!quiet && spill.cells_resumed() > 0)
+    std::cerr << "kvsim run: resumed " << spill.cells_resumed() << " checkpointed cells from " << checkpoint_dir(out) << "\n";
   s.table = spill.finish(s.result);
   s.overall = spill.overall();
   return s;
@@ -105,10 +120,11 @@ int cmd_run(const RunOptions& opt) {
   const std::string out = opt.out.empty() ? "results/" + ex.name : opt.out;
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   const int S = sequence_count(ex.data);
+  const ResumeMode mode{opt.resume, opt.force};
   if (S == 1) {
-    const SequenceRun s = run_one(ex, out, threads, opt.quiet, "");
+    const SequenceRun s = run_one(ex, out, threads, opt.quiet, "", mode);
     const RunResult& r = s.result;
-    if (!opt.quiet)
+    if (!opt.quiet && !s.table.empty())
       std::cout << "experiment " << ex.name << ": " << r.n_tokens << " tokens, " << r.layers.size() << " layers, "
                 << r.meta.n_heads << " query heads (" << r.meta.n_kv_heads << " kv), gqa=" << ex.eval.gqa << "; "
                 << r.wall_seconds << " s\n"
@@ -125,7 +141,7 @@ int cmd_run(const RunOptions& opt) {
     std::snprintf(dir, sizeof dir, "seq_%02d", i);
     char prefix[48];
     std::snprintf(prefix, sizeof prefix, "sequence %d/%d: ", i + 1, S);
-    runs.push_back(run_one(one, (std::filesystem::path(out) / dir).string(), threads, opt.quiet, prefix));
+    runs.push_back(run_one(one, (std::filesystem::path(out) / dir).string(), threads, opt.quiet, prefix, mode));
     wall += runs.back().result.wall_seconds;
   }
   std::vector<std::vector<std::vector<Stat>>> overall;

@@ -6,8 +6,11 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <atomic>
+#include <optional>
 
 #include "kvsim/core/error.hpp"
+#include "kvsim/io/cell_checkpoint.hpp"
 #include "kvsim/io/h5.hpp"
 #include "kvsim/io/recording.hpp"
 #include "kvsim/io/results.hpp"
@@ -30,10 +33,18 @@ struct ResultSpill::State {
   std::vector<std::string> keys;  // parameter columns (param_keys of the policies)
   std::vector<std::vector<Stat>> overall;  // [policy][metric] over all rows, after finish()
   bool finished = false;
+  std::optional<ResumeMode> mode;          // checkpointing on (the CLI)
+  std::unique_ptr<CellCheckpoint> ckpt;
+  std::string manifest;
+  std::vector<bool> resumed;               // [cell] rows taken from the checkpoint
+  std::atomic<size_t> saved{0};            // cells this process made durable
   State(const std::string& out_dir, const Experiment& e) : dir(out_dir), ex(e), keys(param_keys(e.policies)) {}
+  void store(size_t cell, const std::vector<std::vector<MetricRow>>& rows);
 };
 
-ResultSpill::ResultSpill(const std::string& out_dir, const Experiment& ex) : st_(std::make_unique<State>(out_dir, ex)) {
+ResultSpill::ResultSpill(const std::string& out_dir, const Experiment& ex, const ResumeMode* checkpoint)
+    : st_(std::make_unique<State>(out_dir, ex)) {
+  if (checkpoint) st_->mode = *checkpoint;
   for (const char* name : {"results.h5", "summary.csv", "cells.csv"}) {
     st_->finals.push_back((st_->dir / name).string());
     st_->tmps.push_back(st_->finals.back() + ".tmp");
@@ -48,10 +59,21 @@ ResultSpill::~ResultSpill() {
     st_->f.reset();
   }
   for (const auto& t : st_->tmps) std::filesystem::remove(t, ec);
+  // An error (not a kill): the checkpoint stays when it holds finished cells, to be resumed.
+  if (st_->ckpt && !st_->ckpt->resumed() && st_->saved == 0) st_->ckpt->remove();
   if (st_->made_dir) std::filesystem::remove(st_->dir, ec);  // only if empty
 }
 
-void ResultSpill::begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics) {
+bool ResultSpill::cell_done(size_t cell) const { return cell < st_->resumed.size() && st_->resumed[cell]; }
+
+size_t ResultSpill::cells_resumed() const {
+  size_t n = 0;
+  for (bool r : st_->resumed) n += r;
+  return n;
+}
+
+void ResultSpill::begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics,
+                        const RecordingMeta* meta) {
   st_->metrics = metrics;
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -67,6 +89,36 @@ void ResultSpill::begin(const std::vector<size_t>& rows_per_cell, const std::vec
     st_->total += rows_per_cell[c];
   }
   st_->cell_lines.assign(rows_per_cell.size(), std::vector<std::string>(st_->ex.policies.size()));
+  st_->resumed.assign(rows_per_cell.size(), false);
+  if (st_->mode && meta) {
+    st_->manifest = checkpoint_manifest(st_->ex, *meta);
+    st_->ckpt = std::make_unique<CellCheckpoint>(st_->dir.string(), st_->manifest, rows_per_cell.size(), *st_->mode);
+  }
+  create_datasets();
+  if (!st_->ckpt) return;
+  for (size_t c = 0; c < rows_per_cell.size(); ++c) {
+    if (!st_->ckpt->done()[c]) continue;
+    std::vector<std::vector<MetricRow>> rows;
+    try {
+      rows = st_->ckpt->load(c, st_->ex.policies.size());
+    } catch (const Error&) {
+      st_->ckpt->forget(c);  // damaged: recompute it
+      continue;
+    }
+    bool sized = true;
+    for (const auto& rp : rows) sized = sized && rp.size() == rows_per_cell[c];
+    if (!sized) {
+      st_->ckpt->forget(c);
+      continue;
+    }
+    st_->store(c, rows);
+    st_->resumed[c] = true;
+  }
+}
+
+void ResultSpill::create_datasets() {
+  const std::vector<size_t>& rows_per_cell = st_->rows_per_cell;
+  const std::vector<MetricColumn>& metrics = st_->metrics;
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   st_->f = std::make_unique<h5::File>(h5::File::create(st_->tmps[0]));
   if (st_->total > size_t(UINT32_MAX)) throw Error("results: more than 2^32 metric rows per policy");
@@ -98,11 +150,20 @@ void ResultSpill::begin(const std::vector<size_t>& rows_per_cell, const std::vec
 void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRow>>& rows) {
   if (!st_->f || cell >= st_->rows_per_cell.size() || rows.size() != st_->ex.policies.size())
     throw Error("results: write_cell before begin() or for an unknown cell");
+  for (size_t p = 0; p < rows.size(); ++p)
+    if (rows[p].size() != st_->rows_per_cell[cell])
+      throw Error("results: cell " + std::to_string(cell) + " produced " + std::to_string(rows[p].size()) +
+                  " rows, expected " + std::to_string(st_->rows_per_cell[cell]));
+  if (st_->ckpt) {
+    st_->ckpt->save(cell, rows);  // durable first: a kill from here on keeps this cell
+    ++st_->saved;
+  }
+  st_->store(cell, rows);
+}
+
+void ResultSpill::State::store(size_t cell, const std::vector<std::vector<MetricRow>>& rows) {
   for (size_t p = 0; p < rows.size(); ++p) {
     const auto& rp = rows[p];
-    if (rp.size() != st_->rows_per_cell[cell])
-      throw Error("results: cell " + std::to_string(cell) + " produced " + std::to_string(rp.size()) + " rows, expected " +
-                  std::to_string(st_->rows_per_cell[cell]));
     // cells.csv lines of this cell: its (layer, head) groups in order of first appearance.
     std::vector<std::string> order;
     std::map<std::string, std::vector<size_t>> groups;
@@ -114,15 +175,15 @@ void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRo
     }
     std::ostringstream lines;
     for (const auto& g : order)
-      stat_lines(lines, st_->ex.policies[p], g, st_->metrics, st_->keys, [&](size_t m) {
+      stat_lines(lines, ex.policies[p], g, metrics, keys, [&](size_t m) {
         std::vector<double> v;
-        for (size_t i : groups[g]) v.push_back(rp[i][st_->metrics[m].index]);
+        for (size_t i : groups[g]) v.push_back(rp[i][metrics[m].index]);
         return summarize(std::move(v));
       });
-    st_->cell_lines[cell][p] = lines.str();
+    cell_lines[cell][p] = lines.str();
   }
   std::lock_guard<std::mutex> lock(hdf5_mutex());
-  const hsize_t off = st_->offset[cell], cnt = st_->rows_per_cell[cell];
+  const hsize_t off = offset[cell], cnt = rows_per_cell[cell];
   if (cnt == 0) return;
   for (size_t p = 0; p < rows.size(); ++p) {
     const auto& rp = rows[p];
@@ -134,13 +195,13 @@ void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRo
       head[i] = rp[i].head;
       step[i] = rp[i].step;
     }
-    st_->f->write_slab(g + "/layer", H5T_NATIVE_INT32, {off}, {cnt}, layer.data());
-    st_->f->write_slab(g + "/head", H5T_NATIVE_INT32, {off}, {cnt}, head.data());
-    st_->f->write_slab(g + "/step", H5T_NATIVE_INT64, {off}, {cnt}, step.data());
+    f->write_slab(g + "/layer", H5T_NATIVE_INT32, {off}, {cnt}, layer.data());
+    f->write_slab(g + "/head", H5T_NATIVE_INT32, {off}, {cnt}, head.data());
+    f->write_slab(g + "/step", H5T_NATIVE_INT64, {off}, {cnt}, step.data());
     std::vector<double> col(cnt);
-    for (size_t m = 0; m < st_->metrics.size(); ++m) {
-      for (size_t i = 0; i < cnt; ++i) col[i] = rp[i][st_->metrics[m].index];
-      st_->f->write_slab(g + "/" + st_->metrics[m].name, H5T_NATIVE_DOUBLE, {off}, {cnt}, col.data());
+    for (size_t m = 0; m < metrics.size(); ++m) {
+      for (size_t i = 0; i < cnt; ++i) col[i] = rp[i][metrics[m].index];
+      f->write_slab(g + "/" + metrics[m].name, H5T_NATIVE_DOUBLE, {off}, {cnt}, col.data());
     }
   }
 }
@@ -158,6 +219,7 @@ std::string ResultSpill::finish(const RunResult& r) {
     o << "policy,label,layer" << stats_header(keys, ",all_layers");
     std::lock_guard<std::mutex> lock(hdf5_mutex());
     write_root_attrs(*st_->f, r, ex);
+    if (st_->ckpt) st_->f->set_attr("/", "run_manifest", st_->manifest);
     for (size_t p = 0; p < ex.policies.size(); ++p) {
       labels.push_back(ex.policies[p].label);
       const std::string g = policy_group(p);
@@ -214,10 +276,43 @@ std::string ResultSpill::finish(const RunResult& r) {
     if (ec) throw Error(st_->finals[i] + ": cannot move into place: " + ec.message());
   }
   st_->finished = true;
+  if (st_->ckpt) st_->ckpt->remove();  // the results are in place: nothing left to resume
   st_->overall = all;
   return format_table(labels, metrics, all);
 }
 
 const std::vector<std::vector<Stat>>& ResultSpill::overall() const { return st_->overall; }
+
+std::optional<std::vector<std::vector<Stat>>> ResultSpill::finished(const std::string& out_dir, const std::string& manifest,
+                                                                     const std::vector<MetricColumn>& metrics,
+                                                                     size_t n_policies) {
+  namespace fs = std::filesystem;
+  const std::string h5path = (fs::path(out_dir) / "results.h5").string();
+  if (fs::exists(checkpoint_dir(out_dir)) || !fs::exists(h5path)) return std::nullopt;
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  std::string found;
+  try {
+    auto f = h5::File::open_read(h5path);
+    found = f.attr_string("run_manifest");
+  } catch (const Error&) {
+    throw Error(out_dir + ": --resume: nothing to resume (no checkpoint, and its results.h5 was not written by a "
+                "checkpointed run); run without --resume to replace it");
+  }
+  if (found != manifest)
+    throw Error(out_dir + ": --resume: its finished results are another run's: " + manifest_difference(found, manifest) +
+                " (run without --resume to replace them)");
+  try {
+    auto f = h5::File::open_read(h5path);
+    std::vector<std::vector<Stat>> all(n_policies, std::vector<Stat>(metrics.size()));
+    for (size_t p = 0; p < n_policies; ++p)
+      for (size_t m = 0; m < metrics.size(); ++m) {
+        const std::string ds = policy_group(p) + "/" + metrics[m].name;
+        if (f.exists(ds)) all[p][m] = summarize(f.read_double_vector(ds));  // absent: did not apply (count 0)
+      }
+    return all;
+  } catch (const Error& e) {
+    throw Error(h5path + ": --resume: cannot read the finished results (" + std::string(e.what()) + ")");
+  }
+}
 
 }  // namespace kvsim

@@ -90,11 +90,12 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
   std::atomic<bool> failed{false};
   std::exception_ptr err;
   std::mutex mu;
-  int done = 0;
+  int done = spill ? int(spill->cells_resumed()) : 0;
   auto worker = [&] {
     for (;;) {
       size_t i = next++;
       if (i >= cells.size() || failed) return;
+      if (spill && spill->cell_done(i)) continue;  // resumed from the checkpoint
       try {
         cell_out[i].resize(ex.policies.size());
         replay_cell(ex, src, cells[i], n, cell_out[i]);
@@ -161,7 +162,7 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
     const size_t per_head = eval_steps(ex.eval, res.n_tokens).size();
     std::vector<size_t> rows_per_cell;
     for (const auto& c : cells) rows_per_cell.push_back(c.heads.size() * per_head);
-    spill->begin(rows_per_cell, res.metrics);
+    spill->begin(rows_per_cell, res.metrics, &meta);
   }
   std::vector<std::vector<std::vector<MetricRow>>> cell_out;
   const auto t0 = Clock::now();

@@ -14,6 +14,9 @@ struct RunOptions {
   std::vector<std::string> sets;  ///< --set key=value overrides
   bool quiet = false;             ///< print nothing but errors
   std::string device;             ///< "", "cpu" or "cuda" (= --set eval.device=...)
+  /// --resume: continue the unfinished run in `out` (include/kvsim/io/cell_checkpoint.hpp); --force:
+  /// discard it. Without either, an unfinished run in `out` is refused; finished results are replaced.
+  bool resume = false, force = false;
 };
 
 /// Runs an experiment config: one sequence writes results.h5, summary.csv and cells.csv into the

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,23 +100,43 @@ std::string summary_table(const RunResult& r);
 /// finish() adds the attributes, writes summary.csv and cells.csv reading one column at a time, and
 /// renames everything into place. Until finish() succeeds nothing is visible under the final names;
 /// the destructor removes the temporary files of an unfinished run.
+///
+/// With `checkpoint` (the CLI always: include/kvsim/io/cell_checkpoint.hpp), begin() opens the output
+/// folder's cell checkpoint (refusing an unfinished run there unless resume or force is set), takes
+/// the finished cells' rows from it (cell_done() is then true for them: the engine skips them), and
+/// write_cell() makes each cell durable before anything else; finish() removes the checkpoint.
+struct ResumeMode;
 class ResultSpill {
  public:
-  ResultSpill(const std::string& out_dir, const Experiment& ex);
+  ResultSpill(const std::string& out_dir, const Experiment& ex, const ResumeMode* checkpoint = nullptr);
   ~ResultSpill();
   ResultSpill(const ResultSpill&) = delete;
   ResultSpill& operator=(const ResultSpill&) = delete;
-  void begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics);
+  /// `meta` (the stream's) is needed for a checkpoint's manifest; without it there is no checkpoint.
+  void begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics,
+             const RecordingMeta* meta = nullptr);
+  /// True for a cell whose rows came from the checkpoint (--resume): nothing to compute.
+  bool cell_done(size_t cell) const;
+  /// Cells taken from the checkpoint.
+  size_t cells_resumed() const;
   void write_cell(size_t cell, const std::vector<std::vector<MetricRow>>& rows);
   /// `r` carries meta, source, policy specs, wall time and threads (its rows are empty). Returns the
   /// summary table text (as summary_table()).
   std::string finish(const RunResult& r);
   /// After finish(): each policy's statistics over all its rows, [policy][metric column].
   const std::vector<std::vector<Stat>>& overall() const;
+  /// --resume of a finished folder: when `out_dir` has no checkpoint and its results.h5 was written by
+  /// the run `manifest` describes (its run_manifest attribute), each policy's statistics over all its
+  /// rows, [policy][metric] (as overall()); nullopt when there is nothing there (compute the run).
+  /// Throws kvsim::Error when the folder holds finished results of another run (naming the difference).
+  static std::optional<std::vector<std::vector<Stat>>> finished(const std::string& out_dir, const std::string& manifest,
+                                                                 const std::vector<MetricColumn>& metrics,
+                                                                 size_t n_policies);
 
  private:
   struct State;
   std::unique_ptr<State> st_;
+  void create_datasets();
 };
 
 }  // namespace kvsim
