@@ -14,6 +14,7 @@
 #include "kvsim/analysis/clustering.hpp"
 #include "kvsim/cli/config.hpp"
 #include "kvsim/core/error.hpp"
+#include "kvsim/replay/mpi.hpp"
 #include "kvsim/cuda/cuda.hpp"
 #include "kvsim/cli/inspect.hpp"
 #include "kvsim/cli/run.hpp"
@@ -236,7 +237,12 @@ void add_metrics(CLI::App& app) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+/// "kvsim: error: " (rank 0 or a single process) or "kvsim: error (rank r): " (an MPI worker rank).
+std::string error_prefix() {
+  return mpi::size() > 1 && mpi::rank() > 0 ? "kvsim: error (rank " + std::to_string(mpi::rank()) + "): " : "kvsim: error: ";
+}
+
+int run_main(int argc, char** argv) {
   // glibc serves blocks ≥ 128 KiB-32 MiB by mmap and trims freed heap tops, so every reference block
   // (probabilities of 256 rows × t columns, t changing block to block) came back as fresh pages: page
   // faults cost as much as the block's second GEMM (issue "Performance", measured with kvsim bench).
@@ -244,7 +250,8 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"kvsim — KV-cache attention approximation simulator"};
-  app.set_version_flag("--version", "kvsim " + kvsim_version() + " (git " + kvsim_git_commit() + ")");
+  app.set_version_flag("--version", "kvsim " + kvsim_version() + " (git " + kvsim_git_commit() + "; MPI " +
+                                        (mpi::built_with_mpi() ? "yes" : "no") + ")");
   app.require_subcommand(1);
   add_run(app);
   add_synth(app);
@@ -264,15 +271,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {  // bad command line: one line, status 2 like every input error
-    std::cerr << "kvsim: error: " << e.what() << " (kvsim --help, kvsim SUBCOMMAND --help)\n";
+    std::cerr << error_prefix() << e.what() << " (kvsim --help, kvsim SUBCOMMAND --help)\n";
     return 2;
   } catch (const Exit& e) {
     return e.code;
   } catch (const Error& e) {
-    std::cerr << "kvsim: error: " << e.what() << "\n";
+    std::cerr << error_prefix() << e.what() << "\n";
     return 2;
   } catch (const std::bad_alloc&) {
-    std::cerr << "kvsim: error: out of memory (an allocation failed outside a replay cell: the recording, "
+    std::cerr << error_prefix() << "out of memory (an allocation failed outside a replay cell: the recording, "
                  "synthetic stream or result tables are larger than this machine holds)\n";
     return 2;
   } catch (const std::exception& e) {
@@ -280,4 +287,12 @@ int main(int argc, char** argv) {
     return 3;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  mpi::init(&argc, &argv);  // only under an MPI launcher (include/kvsim/replay/mpi.hpp)
+  const int rc = run_main(argc, argv);
+  if (rc != 0 && mpi::size() > 1) mpi::abort(rc);  // no rank waits for one that failed
+  mpi::finalize();
+  return rc;
 }

@@ -24,6 +24,7 @@
 #include "kvsim/io/files.hpp"
 #include "kvsim/io/results.hpp"
 #include "kvsim/replay/engine.hpp"
+#include "kvsim/replay/mpi.hpp"
 
 namespace kvsim {
 namespace {
@@ -49,9 +50,12 @@ struct SequenceRun {
 SequenceRun run_one(const Experiment& ex, const std::string& out, int threads, bool quiet, const std::string& prefix,
                     const ResumeMode& mode) {
   auto src = open_source(ex.data);
+  quiet = quiet || mpi::rank() > 0;  // rank 0 reports, and alone writes (include/kvsim/replay/mpi.hpp)
   if (mode.resume) {
-    const auto done = ResultSpill::finished(out, checkpoint_manifest(ex, src->meta()), metric_columns(ex.eval), ex.policies.size());
-    if (done) {  // nothing to resume: these results are this run's
+    std::optional<std::vector<std::vector<Stat>>> done;
+    if (mpi::rank() == 0)
+      done = ResultSpill::finished(out, checkpoint_manifest(ex, src->meta()), metric_columns(ex.eval), ex.policies.size());
+    if (mpi::agree(bool(done))) {  // nothing to resume: these results are this run's
       if (!quiet) std::cerr << "kvsim run: " << out << " holds this run's finished results (nothing to resume)\n";
       SequenceRun s;
       s.result.metrics = metric_columns(ex.eval);
@@ -63,8 +67,12 @@ SequenceRun run_one(const Experiment& ex, const std::string& out, int threads, b
     std::cerr << "kvsim run: " << ex.name << " on " << src->describe() << " (" << ex.policies.size() << " policies, "
               << threads << " threads)\n";
   // Rows go to disk cell by cell, each finished cell durable at once (the checkpoint); nothing final until finish().
-  ResultSpill spill(out, ex, &mode);
   SequenceRun s;
+  if (mpi::rank() > 0) {  // a worker rank: computes the cells rank 0 hands out, writes nothing
+    s.result = run_experiment(ex, *src, threads, {}, nullptr);
+    return s;
+  }
+  ResultSpill spill(out, ex, &mode);
   s.result = run_experiment(ex, *src, threads, progress_printer(quiet, prefix), &spill);
   if (!quiet && spill.cells_resumed() > 0)
     std::cerr << "kvsim run: resumed " << spill.cells_resumed() << " checkpointed cells from " << checkpoint_dir(out) << "\n";
@@ -114,6 +122,7 @@ int cmd_run(const RunOptions& opt) {
   if (!opt.device.empty()) sets.push_back("eval.device=\"" + opt.device + "\"");
   Experiment ex = load_experiment(opt.config, sets);
   if (ex.eval.device == "cuda") {
+    if (mpi::size() > 1) mpi::pin_gpu();  // rank r: GPU local_rank mod visible
     cuda::require_device();  // a clear error before anything is computed or written
     if (!opt.quiet) std::cerr << "kvsim run: exact reference and policy replays on " << cuda::device_description() << "\n";
   }
@@ -144,6 +153,7 @@ int cmd_run(const RunOptions& opt) {
     runs.push_back(run_one(one, (std::filesystem::path(out) / dir).string(), threads, opt.quiet, prefix, mode));
     wall += runs.back().result.wall_seconds;
   }
+  if (mpi::rank() > 0) return 0;  // rank 0 writes sequences.csv
   std::vector<std::vector<std::vector<Stat>>> overall;
   for (const auto& r : runs) overall.push_back(r.overall);
   std::string table;

@@ -13,6 +13,7 @@
 #include "kvsim/core/error.hpp"
 #include "kvsim/io/results.hpp"
 #include "kvsim/replay/engine.hpp"
+#include "kvsim/replay/mpi.hpp"
 
 namespace kvsim {
 
@@ -166,7 +167,8 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
   }
   std::vector<std::vector<std::vector<MetricRow>>> cell_out;
   const auto t0 = Clock::now();
-  run_cells(ex, src, cells, res.n_tokens, res.threads, progress, spill, cell_out);
+  if (mpi::size() > 1) mpi::run_cells(ex, src, cells, res.n_tokens, res.threads, progress, spill, cell_out);
+  else run_cells(ex, src, cells, res.n_tokens, res.threads, progress, spill, cell_out);
   res.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
   res.policies.resize(ex.policies.size());
