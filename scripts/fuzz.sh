@@ -11,7 +11,7 @@ if ! "$PY" -c "import h5py, numpy" 2>/dev/null; then
   echo "SKIPPED: fuzz campaign needs python3 with h5py and numpy (scripts/install-deps.sh installs them)"; exit 77
 fi
 if [ ! -f build/asan/build.ninja ]; then
-  cmake -S . -B build/asan -G Ninja -DKVSIM_SANITIZE=ON -DKVSIM_CUDA=OFF -DKVSIM_NATIVE=OFF -DKVSIM_MPI=OFF -DKVSIM_PYTHON=OFF \
+  cmake -S . -B build/asan -G Ninja -DKVSIM_SANITIZE=ON -DKVSIM_CUDA=OFF -DKVSIM_NATIVE=OFF -DKVSIM_MPI=OFF -DKVSIM_PYTHON_MODULE=OFF \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1" > build/asan.configure.log
 fi
 cmake --build build/asan -j "$(nproc)" --target kvsim > build/asan.build.log || { tail -20 build/asan.build.log; exit 1; }
