@@ -71,7 +71,7 @@ void write_durably(const std::string& path, const std::string& bytes) {
 std::string manifest_difference(const std::string& a, const std::string& b) {
   std::istringstream x(a), y(b);
   std::string la, lb;
-  for (int line = 1;; ++line) {
+  for (;;) {
     const bool ga = bool(std::getline(x, la)), gb = bool(std::getline(y, lb));
     if (!ga && !gb) return "identical";
     if (!ga) la = "(end)";

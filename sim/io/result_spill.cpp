@@ -36,7 +36,6 @@ struct ResultSpill::State {
   std::optional<ResumeMode> mode;          // checkpointing on (the CLI)
   std::unique_ptr<CellCheckpoint> ckpt;
   std::string manifest;
-  std::vector<bool> resumed;               // [cell] rows taken from the checkpoint
   std::atomic<size_t> saved{0};            // cells this process made durable
   State(const std::string& out_dir, const Experiment& e) : dir(out_dir), ex(e), keys(param_keys(e.policies)) {}
   void store(size_t cell, const std::vector<std::vector<MetricRow>>& rows);
@@ -64,13 +63,11 @@ ResultSpill::~ResultSpill() {
   if (st_->made_dir) std::filesystem::remove(st_->dir, ec);  // only if empty
 }
 
-bool ResultSpill::cell_done(size_t cell) const { return cell < st_->resumed.size() && st_->resumed[cell]; }
+// After begin(), the checkpoint's finished cells are exactly those whose rows were taken from it
+// (a damaged fragment is forgotten there).
+bool ResultSpill::cell_done(size_t cell) const { return st_->ckpt && cell < st_->ckpt->done().size() && st_->ckpt->done()[cell]; }
 
-size_t ResultSpill::cells_resumed() const {
-  size_t n = 0;
-  for (bool r : st_->resumed) n += r;
-  return n;
-}
+size_t ResultSpill::cells_resumed() const { return st_->ckpt ? st_->ckpt->done_count() : 0; }
 
 void ResultSpill::begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics,
                         const RecordingMeta* meta) {
@@ -89,7 +86,6 @@ void ResultSpill::begin(const std::vector<size_t>& rows_per_cell, const std::vec
     st_->total += rows_per_cell[c];
   }
   st_->cell_lines.assign(rows_per_cell.size(), std::vector<std::string>(st_->ex.policies.size()));
-  st_->resumed.assign(rows_per_cell.size(), false);
   if (st_->mode && meta) {
     st_->manifest = checkpoint_manifest(st_->ex, *meta);
     st_->ckpt = std::make_unique<CellCheckpoint>(st_->dir.string(), st_->manifest, rows_per_cell.size(), *st_->mode);
@@ -112,7 +108,6 @@ void ResultSpill::begin(const std::vector<size_t>& rows_per_cell, const std::vec
       continue;
     }
     st_->store(c, rows);
-    st_->resumed[c] = true;
   }
 }
 
@@ -290,10 +285,11 @@ std::optional<std::vector<std::vector<Stat>>> ResultSpill::finished(const std::s
   const std::string h5path = (fs::path(out_dir) / "results.h5").string();
   if (fs::exists(checkpoint_dir(out_dir)) || !fs::exists(h5path)) return std::nullopt;
   std::lock_guard<std::mutex> lock(hdf5_mutex());
+  std::optional<h5::File> f;
   std::string found;
   try {
-    auto f = h5::File::open_read(h5path);
-    found = f.attr_string("run_manifest");
+    f.emplace(h5::File::open_read(h5path));
+    found = f->attr_string("run_manifest");
   } catch (const Error&) {
     throw Error(out_dir + ": --resume: nothing to resume (no checkpoint, and its results.h5 was not written by a "
                 "checkpointed run); run without --resume to replace it");
@@ -302,12 +298,11 @@ std::optional<std::vector<std::vector<Stat>>> ResultSpill::finished(const std::s
     throw Error(out_dir + ": --resume: its finished results are another run's: " + manifest_difference(found, manifest) +
                 " (run without --resume to replace them)");
   try {
-    auto f = h5::File::open_read(h5path);
     std::vector<std::vector<Stat>> all(n_policies, std::vector<Stat>(metrics.size()));
     for (size_t p = 0; p < n_policies; ++p)
       for (size_t m = 0; m < metrics.size(); ++m) {
         const std::string ds = policy_group(p) + "/" + metrics[m].name;
-        if (f.exists(ds)) all[p][m] = summarize(f.read_double_vector(ds));  // absent: did not apply (count 0)
+        if (f->exists(ds)) all[p][m] = summarize(f->read_double_vector(ds));  // absent: did not apply (count 0)
       }
     return all;
   } catch (const Error& e) {

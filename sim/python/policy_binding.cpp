@@ -168,7 +168,7 @@ py::dict read_params(const std::vector<PyParam>& decl, const Params& p, const St
     if (!p.has(k) && !d.def) throw Error("parameter '" + k + "' is required");
     const std::string& kind = d.info.kind;
     if (kind == "tokens") {
-      vals.emplace_back(k, p.has(k) ? p.get_budget(k, s.n) : p.get_budget(k, s.n, std::get<int64_t>(*d.def)));
+      vals.emplace_back(k, p.get_budget(k, s.n, d.def ? std::get<int64_t>(*d.def) : -1));
     } else if (kind == "int") {
       vals.emplace_back(k, p.get_int(k, d.def ? std::get<int64_t>(*d.def) : 0));
     } else if (kind == "float") {
@@ -227,10 +227,9 @@ void register_python_policy(const std::string& name, py::object cls, const std::
   for (const auto& d : *decl) info.params.push_back(d.info);
   info.gpu = "no (Python)";
   info.make = [name, cls_ptr, decl, capacity](const Params& p, const StreamInfo& s) -> std::unique_ptr<Policy> {
-    py::gil_scoped_acquire gil;
-    py::dict kw = read_params(*decl, p, s);
-    if (s.config_check) return nullptr;  // parameters checked; the instance waits for the stream
     return with_gil(name, [&]() -> std::unique_ptr<Policy> {
+      py::dict kw = read_params(*decl, p, s);
+      if (s.config_check) return nullptr;  // parameters checked; the instance waits for the stream
       py::object obj = py::reinterpret_borrow<py::object>(cls_ptr)(py::cast(s), **kw);
       const bool every = obj.attr("needs_every_query").cast<bool>();
       return std::make_unique<PyPolicy>(name, std::move(obj), s.head_dim, s.n_queries, every, capacity);
