@@ -1,4 +1,5 @@
 #include "kvsim/cli/bench.hpp"
+#include "bench_detail.hpp"
 #include "kvsim/io/files.hpp"
 
 #include <sys/resource.h>
@@ -20,89 +21,7 @@
 #include "kvsim/analysis/subgen.hpp"
 
 namespace kvsim {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double peak_rss_mb() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return double(u.ru_maxrss) / 1024.0;  // Linux: kilobytes
-}
-
-/// GEMM rate of Eigen on n×n×n (GFLOP/s) in scalar type S, best of 7 after a warm-up. The float rate
-/// is the roofline of this run; the double rate is the ceiling of the float64 reference.
-template <class S>
-double gemm_rate(int n) {
-  using M = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  M A = M::Random(n, n), B = M::Random(n, n), C(n, n);
-  C.noalias() = A * B;  // warm-up (page faults, frequency ramp)
-  double best = 1e30;
-  for (int r = 0; r < 7; ++r) {
-    auto t0 = Clock::now();
-    C.noalias() = A * B;
-    best = std::min(best, seconds_since(t0));
-  }
-  volatile S sink = C(0, 0);
-  (void)sink;
-  return 2.0 * n * n * double(n) / best / 1e9;
-}
-
-/// The exact reference pass over every step of one head (as the engine does it), in float64
-/// (exact_attention) or float32 (exact_attention_f32): seconds, best of `reps`.
-double exact_pass_seconds(int64_t n, int d, bool f32, int reps) {
-  MatF Q = MatF::Random(n, d), Kf = MatF::Random(n, d), Vf = MatF::Random(n, d);
-  MatD K = Kf.cast<double>(), V = Vf.cast<double>();
-  std::vector<int64_t> steps(n);
-  for (int64_t t = 0; t < n; ++t) steps[t] = t + 1;
-  ReferenceBlock blk;
-  double best = 1e30;
-  for (int rep = 0; rep < reps; ++rep) {
-    auto t0 = Clock::now();
-    for (size_t b0 = 0; b0 < steps.size();) {
-      const size_t b1 = reference_block_end(steps, b0, f32 ? kReferenceRowsF32 : 256);
-      const std::vector<int64_t> block(steps.begin() + b0, steps.begin() + b1);
-      if (f32) exact_attention_f32(Q, Kf, Vf, 1.0 / std::sqrt(double(d)), block, blk);
-      else exact_attention(Q, K, V, 1.0 / std::sqrt(double(d)), block, blk);
-      b0 = b1;
-    }
-    best = std::min(best, seconds_since(t0));
-  }
-  return best;
-}
-
-/// Builds Params from {key, value} pairs.
-Params make_params(std::initializer_list<std::pair<std::string, ParamValue>> kv) {
-  Params p;
-  for (auto& [k, v] : kv) p.set(k, v);
-  return p;
-}
-
-/// A synthetic heavy_hitter experiment of the given shape (head_dim 128) for the benchmarks.
-Experiment synthetic_experiment(int64_t n, int layers, int heads, int kv_heads) {
-  Experiment ex;
-  ex.data.synthetic = true;
-  ex.data.synth.preset = "heavy_hitter";
-  ex.data.synth.n = n;
-  ex.data.synth.head_dim = 128;
-  ex.data.synth.n_layers = layers;
-  ex.data.synth.n_heads = heads;
-  ex.data.synth.n_kv_heads = kv_heads;
-  return ex;
-}
-
-struct Json {
-  std::ostringstream s;
-  bool first = true;
-  void add(const std::string& key, double v) {
-    s << (first ? "" : ",\n") << "  \"" << key << "\": " << (std::isfinite(v) ? std::to_string(v) : "null");
-    first = false;
-  }
-};
-
-}  // namespace
+using namespace bench;
 
 /// `kvsim bench --device cuda`, end to end (issue "GPU path"): a synthetic 7B-shaped recording (32
 /// layers × 32 heads, MHA, n = 8192, head_dim 128; quick: 2 layers, n = 2048) through every policy at
@@ -150,14 +69,6 @@ std::string e2e_bench(const BenchOptions& o, int threads) {
 }
 
 namespace {
-
-/// Output text, JSON figures and the run's roofline, shared by the bench sections.
-struct BenchOut {
-  std::ostringstream out;
-  Json js;
-  char buf[256];
-  double gemm = 0;
-};
 
 void bench_exact(const BenchOptions& o, BenchOut& b) {
   auto& out = b.out;
@@ -257,38 +168,6 @@ double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
   return cheapest;
 }
 
-void bench_eps(const BenchOptions& o, BenchOut& b, double cheapest) {
-  auto& out = b.out;
-  auto& js = b.js;
-  const int64_t n = o.quick ? 512 : 4096;
-  // eps_spectral bookkeeping (DESIGN §5): per step, the rank-1 update of VᵀV and the warm-started power
-  // iteration for ‖V_t‖_op, at the same n and head_dim. The engine does it once per cell and step and
-  // shares it across all policies and query heads; the share below charges it to one cheapest policy.
-  {
-    MatF Vb = MatF::Random(n, 128);
-    OperatorNormTracker tr(128);
-    double sink = 0;
-    auto t0 = Clock::now();
-    for (int64_t t = 0; t < n; ++t) {
-      tr.add(Vb.row(t).data());
-      sink += tr.op_norm();
-    }
-    const double ns = seconds_since(t0) * 1e9 / double(n);
-    const double share1 = ns / (ns + cheapest), share16 = ns / 16 / (ns / 16 + cheapest);
-    char big[640];
-    std::snprintf(big, sizeof big,
-                  "eps_spectral bookkeeping (VᵀV rank-1 update + Lanczos for ‖V‖_op, d = 128, isotropic random V = worst\n"
-                  "  case, clustered top eigenvalues): %.0f ns per evaluated step = %.1f%% of it + the cheapest policy step\n"
-                  "  at eval.every = 1, %.1f%% at eval.every = 16 (shared by every policy and head of a cell)%s\n",
-                  ns, 100 * share1, 100 * share16, sink > 0 ? "" : " ");
-    out << big;
-    js.add("eps_bookkeeping_ns", ns);
-    js.add("eps_bookkeeping_share_every1", share1);
-    js.add("eps_bookkeeping_share_every16", share16);
-  }
-
-}
-
 /// SubGen Algorithm 1 in Theorem 1's regime (clustered stream, d = 4, δ = 0.5, r = 1, m(n) = ⌈n^0.5⌉,
 /// ε = 0.5): time per update + query against the work the algorithm's memory implies, m'·t + s
 /// (the query touches m' representatives, m'·t samples and s matrix-product rows).
@@ -384,7 +263,7 @@ std::string run_bench(const BenchOptions& o) {
   BenchOut b;
   const int gn = o.quick ? 256 : 1024;
   b.gemm = gemm_rate<float>(gn);
-  const double dgemm = gemm_rate<double>(gn);
+  const double dgemm = b.dgemm = gemm_rate<double>(gn);
   b.out << "machine: " << std::thread::hardware_concurrency() << " hardware threads\n";
   std::snprintf(b.buf, sizeof b.buf,
                 "Eigen SGEMM %d^3 (1 thread, best of 7): %.1f GFLOP/s  <- roofline for this run\n"
@@ -396,6 +275,7 @@ std::string run_bench(const BenchOptions& o) {
   bench_exact(o, b);
   Experiment ex;
   const double cheapest = bench_policies(o, b, ex);
+  bench_closed_form(o, b);
   bench_eps(o, b, cheapest);
   bench_subgen_regime(o, b);
   bench_threads(o, b, ex, N);

@@ -144,7 +144,7 @@ void parse_eval(const TV& root, EvalSpec& e) {
   if (root.contains("eval")) {
     const TV& ev = root.at("eval");
     if (!ev.is_table()) fail_at(ev, "[eval] must be a table");
-    check_keys(ev, {"every", "from", "gqa", "group_agg", "policy_precision", "device", "reference_precision", "objectives", "objectives_every", "objectives_max_t",
+    check_keys(ev, {"every", "from", "gqa", "group_agg", "policy_precision", "device", "reference_precision", "closed_form", "objectives", "objectives_every", "objectives_max_t",
                     "theorem44_alpha", "theorem44_beta"},
                "[eval]");
     if (ev.contains("objectives")) {
@@ -177,6 +177,9 @@ void parse_eval(const TV& root, EvalSpec& e) {
     e.reference_precision = get_string(ev, "reference_precision", "float64", "eval.");
     if (e.reference_precision != "float64" && e.reference_precision != "float32")
       fail_at(ev.at("reference_precision"), "eval.reference_precision must be \"float64\" or \"float32\"");
+    e.closed_form = get_string(ev, "closed_form", "blocked", "eval.");
+    if (e.closed_form != "blocked" && e.closed_form != "per_step")
+      fail_at(ev.at("closed_form"), "eval.closed_form must be \"blocked\" or \"per_step\"");
   }
 
 }

@@ -95,6 +95,7 @@ void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
   f.set_attr("/", "device", ex.eval.device);
   f.set_attr("/", "reference_precision", ex.eval.reference_precision);
   f.set_attr("/", "policy_precision", ex.eval.policy_precision);
+  f.set_attr("/", "closed_form", ex.eval.closed_form);
   f.set_attr("/", "threads", int64_t(r.threads));
   f.set_attr("/", "wall_seconds", r.wall_seconds);
 }

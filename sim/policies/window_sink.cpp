@@ -36,6 +36,7 @@ class SinkWindowPolicy final : public Policy {
     r.window = window_;
     return r;
   }
+  std::optional<ClosedFormCache> closed_form() const override { return ClosedFormCache{sink_, window_}; }
 
  private:
   int64_t sink_, window_;

@@ -3,7 +3,8 @@
 //   →  global scores for non-causal oracles  →  full attention for the H2O objectives
 //   →  per block of evaluated steps: the exact reference (CPU double/float32 or GPU) and ‖V_t‖_op,
 //      then every policy stepped to the block's end (observe every token; attend every step or only
-//      at evaluated ones), the equal-memory rule checked and the registry's metrics recorded.
+//      at evaluated ones) — or, for closed-form caches (window, sink), the block's answers at once by
+//      banded GEMMs — the equal-memory rule checked and the registry's metrics recorded.
 // Stream semantics (DESIGN §3): at step t token t−1 (0-based) joins the cache, then q_t is answered.
 #include <chrono>
 #include <cmath>
@@ -11,7 +12,9 @@
 #include <tuple>
 
 #include "kvsim/core/error.hpp"
+#include "kvsim/core/hd.hpp"
 #include "kvsim/core/rng.hpp"
+#include "kvsim/replay/banded.hpp"
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/replay/gpu_reference.hpp"
 #include "kvsim/replay/metrics.hpp"
@@ -28,6 +31,7 @@ struct PolicyRun {
   bool every = false, oracle = false;
   int64_t t = 0;                 // tokens observed so far
   int64_t memory_tokens = -1;    // equal-memory target (param `memory`), -1 = none
+  std::optional<ClosedFormCache> closed;  // replayed in blocks (Policy::closed_form), never stepped
   double ns_since_eval = 0;
   int64_t steps_since_eval = 0;
 };
@@ -109,6 +113,7 @@ class CellReplay {
       runs_[p].every = runs_[p].inst[0]->needs_every_query();
       runs_[p].memory_tokens = memory_target_tokens(ex_.policies[p].params, n_);
       runs_[p].oracle = runs_[p].inst[0]->needs_exact_probs();
+      if (ex_.eval.closed_form == "blocked") runs_[p].closed = runs_[p].inst[0]->closed_form();
     }
   }
 
@@ -162,6 +167,7 @@ class CellReplay {
   /// and appends one row per query head.
   void step_policy(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out) {
     PolicyRun& run = runs_[p];
+    if (run.closed) return step_closed(p, block, out);
     size_t r = 0;
     if (run.t == 0 && ex_.data.prefill > 0) prefill(run);
     while (run.t < block.back()) {
@@ -184,6 +190,36 @@ class CellReplay {
       run.ns_since_eval = 0;
       run.steps_since_eval = 0;
       ++r;
+    }
+  }
+
+  /// A closed-form cache (Policy::closed_form): the block's answers for every query head at once by
+  /// banded masked GEMMs in the policy's precision (include/kvsim/replay/banded.hpp); the instance is
+  /// never stepped (a prefill included: the closed form holds after it). Every row of the block gets
+  /// policy_ns = the block's time over the steps it advanced.
+  void step_closed(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out) {
+    PolicyRun& run = runs_[p];
+    const ClosedFormCache& c = *run.closed;
+    const auto t0 = Clock::now();
+    std::vector<const MatD*> qs(size_t(G_), nullptr);
+    for (int g = 0; g < G_; ++g) qs[g] = &Qs_[g];
+    if (ex_.eval.policy_precision == "float32") closed_form_answers(qs, Kf_, Vf_, c, block, zc_);
+    else closed_form_answers(qs, K_, V_, c, block, zc_);
+    run.ns_since_eval = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+    run.steps_since_eval = block.back() - run.t;
+    run.t = block.back();
+    for (size_t r = 0; r < block.size(); ++r) {
+      const int64_t t = block[r];
+      closed_form_kept(c, t, kept_);
+      for (int g = 0; g < G_; ++g) {
+        answers_[g] = Answer{};
+        answers_[g].z = zc_.row(Eigen::Index(r) * G_ + g).transpose();
+        answers_[g].has_kept = true;
+        answers_[g].kept = kept_;
+      }
+      const double bytes = 2.0 * double(hd::sink_window_count(t, c.sink, c.window)) * d_ * sizeof(float) * double(run.inst.size());
+      check_memory(p, t, bytes);
+      record(p, t, r, bytes, bytes, out);
     }
   }
 
@@ -303,6 +339,8 @@ class CellReplay {
   int64_t opn_t_ = 0;
   std::vector<ReferenceBlock> ref_;
   std::vector<double> opnorm_;
+  MatD zc_;                    // a closed-form block's answers [steps × G, d]
+  std::vector<int64_t> kept_;  // a closed-form cache's tokens at one step
   std::vector<VecD> prow_ = std::vector<VecD>(size_t(G_));  // a float32 block's probability row, widened when read
   std::vector<double> scratch_;
   MatD qgroup_ = MatD(G_, d_), qone_ = MatD(1, d_);

@@ -47,6 +47,11 @@ struct EvalSpec {
   /// reference (include/kvsim/replay/reference.hpp, exact_attention_f32: ~2x faster, ~1e-5 relative error,
   /// which the exact policy's metrics then show). Metrics and τ's sum stay double.
   std::string reference_precision = "float64";
+  /// "blocked" (default) or "per_step": how the CPU path replays caches whose content is a closed form
+  /// of the step (Policy::closed_form: window, sink) — a block of evaluated steps through banded
+  /// masked GEMMs (include/kvsim/replay/banded.hpp; equal to per-step within 1e-12 in double, 1e-5
+  /// in float32), or the policy instance stepped token by token like every other policy.
+  std::string closed_form = "blocked";
   // H2O objectives (include/kvsim/analysis/objectives.hpp), off by default: computed at evaluated steps t that
   // are multiples of objectives_every (and the last), for t ≤ objectives_max_t.
   bool objectives = false;

@@ -53,6 +53,14 @@ struct Answer {
   std::vector<int64_t> kept; ///< that subset (0-based token indices) when has_kept
 };
 
+/// A cache whose content at every step is a closed form of the step: after t tokens it holds the
+/// first `sink` tokens and the last `window` ones, [0, min(sink, t)) ∪ [max(sink, t − window), t)
+/// (window: sink = 0; StreamingLLM's sink). See Policy::closed_form.
+struct ClosedFormCache {
+  int64_t sink = 0;
+  int64_t window = 0;
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -103,6 +111,12 @@ class Policy {
   /// the engine then replays the whole stream on the GPU (sim/policies/gpu_replay.cpp) instead of
   /// stepping this instance. Sizes come from the instance, so parameters are parsed once.
   virtual std::optional<cuda::PolicyReplay> gpu_replay() const { return std::nullopt; }
+  /// Declared by policies whose kept set at step t is a closed form of t (ClosedFormCache) and whose
+  /// answer is exact attention over it, in the stream and after a prefill alike, with no state beyond
+  /// it. The CPU engine then answers a block of evaluated steps at once with banded masked GEMMs
+  /// (include/kvsim/replay/banded.hpp; `[eval] closed_form = "per_step"` turns that off) and never
+  /// steps the instance: its cache size is the closed form's min(t, sink + window) tokens.
+  virtual std::optional<ClosedFormCache> closed_form() const { return std::nullopt; }
 };
 
 /// `cpu` (a policy with gpu_replay()) replayed on the GPU by cuda::replay_policy for one cell: the
