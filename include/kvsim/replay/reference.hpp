@@ -72,8 +72,7 @@ class OperatorNormTracker {
   int last_iterations() const { return iters_; }
 
  private:
-  MatD G_;   // upper triangle maintained, mirrored on demand
-  MatD S_;             // scratch: mirrored Gram matrix
+  MatD G_;   // VᵀV, both triangles (exactly symmetric)
   Eigen::MatrixXd Q_;  // scratch: Lanczos basis, column-major so each basis vector is contiguous
   VecD x_;   // warm-start vector
   VecD w_;   // scratch: the next Lanczos vector
