@@ -257,6 +257,8 @@ void write_bench_json(const BenchOptions& o, BenchOut& b) {
 
 }  // namespace
 
+double gemm_gflops(int n, bool f32) { return f32 ? gemm_rate<float>(n) : gemm_rate<double>(n); }
+
 std::string run_bench(const BenchOptions& o) {
   const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   if (o.device == "cuda") return cuda::bench(o.quick) + e2e_bench(o, N);

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "bindings.hpp"
+#include "kvsim/cli/bench.hpp"
 #include "kvsim/cli/config.hpp"
 #include "kvsim/cli/run.hpp"
 #include "kvsim/core/error.hpp"
@@ -226,6 +227,13 @@ void bind_run(py::module_& m) {
   m.def("_metrics", &metric_list);
   m.def("_version", [] { return kvsim_version(); });
   m.def("_git_commit", [] { return kvsim_git_commit(); });
+  m.def(
+      "_gemm_gflops",
+      [](int n, bool f32) {
+        py::gil_scoped_release release;
+        return gemm_gflops(n, f32);
+      },
+      py::arg("n"), py::arg("f32"));
 }
 
 }  // namespace kvsim::python

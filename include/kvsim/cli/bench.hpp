@@ -14,4 +14,8 @@ struct BenchOptions {
 /// Runs the benchmarks and returns the printable report (figures, not pass/fail).
 std::string run_bench(const BenchOptions& o);
 
+/// Eigen's GEMM rate on n×n×n in GFLOP/s (float32 when f32, else double), one thread, best of 7 after a
+/// warm-up: the roofline `kvsim bench` prints (also used by `python3 -m kvsim.compare_torch`).
+double gemm_gflops(int n, bool f32);
+
 }  // namespace kvsim
