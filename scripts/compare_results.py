@@ -3,7 +3,7 @@
 bit for bit, timings aside. A metric dataset that was all NaN before (a metric that does not apply)
 may be left out after.
 
-Usage: python3 scripts/compare_results.py [--allow-new-rows] BEFORE_DIR AFTER_DIR
+Usage: python3 scripts/compare_results.py [--allow-new-rows] [--atol A] BEFORE_DIR AFTER_DIR
 
 --allow-new-rows: AFTER's CSVs may hold rows BEFORE's do not (policies added to a config); every row
 of BEFORE must still appear, in order. CSV columns are matched by name (added columns are ignored).
@@ -14,6 +14,11 @@ layer/head/step) must exist in AFTER_DIR's file with identical bytes (NaN = NaN)
 (summary.csv, cells.csv, closed_loop.csv, clusters.csv, ...) the rows must match, except the
 policy_ns rows of summary/cells. Prints one line per difference and exits 1 if there is any, 0
 (printing a one-line count) otherwise; exits 2 when a directory is missing or a file unreadable.
+
+--atol A: for a change that is meant to move numbers by rounding only (e.g. a GEMM in place of
+matrix-vector products): float datasets may differ by at most A in absolute value (NaN where NaN), and
+CSV numbers by A + 2e-5 relative (the CSVs print 6 significant digits, so the last one may flip); the
+report then lists, per (policy, metric), how many entries moved and the largest |Δ|.
 """
 import csv
 import os
@@ -41,7 +46,7 @@ def files(root, suffix):
     return sorted(out)
 
 
-def compare_h5(a_path, b_path, diffs, omitted):
+def compare_h5(a_path, b_path, diffs, omitted, atol=None, moved=None):
     import h5py
     import numpy as np
     with h5py.File(a_path, "r") as a, h5py.File(b_path, "r") as b:
@@ -65,10 +70,34 @@ def compare_h5(a_path, b_path, diffs, omitted):
                 x, y = a[g][ds][()], b[g][ds][()]
                 if x.shape != y.shape or x.dtype != y.dtype or x.tobytes() != y.tobytes():
                     n = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y))))) if x.shape == y.shape else -1
+                    if atol is not None and n > 0 and x.dtype.kind == "f" and np.array_equal(np.isnan(x), np.isnan(y)):
+                        ok = ~np.isnan(x)
+                        worst = float(np.max(np.abs(x[ok] - y[ok])))
+                        if worst <= atol:
+                            key = (as_text(a[g].attrs.get("name")), ds)
+                            c, w = moved.get(key, (0, 0.0))
+                            moved[key] = (c + n, max(w, worst))
+                            continue
                     diffs.append(f"{b_path}: /{g}/{ds} differs ({n} entries)")
 
 
-def compare_csv(a_path, b_path, diffs, allow_new_rows=False):
+def close_rows(x, y, atol):
+    """CSV rows equal up to atol + 2e-5 relative on numbers (text cells exactly)."""
+    if len(x) != len(y):
+        return False
+    for u, v in zip(x, y):
+        if u == v:
+            continue
+        try:
+            fu, fv = float(u), float(v)
+        except ValueError:
+            return False
+        if not abs(fu - fv) <= atol + 2e-5 * max(abs(fu), abs(fv)):
+            return False
+    return True
+
+
+def compare_csv(a_path, b_path, diffs, allow_new_rows=False, atol=None):
     with open(a_path, newline="") as fa, open(b_path, newline="") as fb:
         ra, rb = list(csv.reader(fa)), list(csv.reader(fb))
     if not ra or not rb or not set(ra[0]) <= set(rb[0]):
@@ -101,7 +130,7 @@ def compare_csv(a_path, b_path, diffs, allow_new_rows=False):
         diffs.append(f"{b_path}: {len(rb)} rows vs {len(ra)}")
         return
     for i, (x, y) in enumerate(zip(ra, rb)):
-        if x != y:
+        if x != y and not (atol is not None and close_rows(x, y, atol)):
             diffs.append(f"{b_path}: row {i + 2}: {','.join(y)} (before: {','.join(x)})")
 
 
@@ -109,33 +138,43 @@ def main():
     args = sys.argv[1:]
     allow_new_rows = "--allow-new-rows" in args
     args = [a for a in args if a != "--allow-new-rows"]
+    atol = None
+    if "--atol" in args:
+        i = args.index("--atol")
+        try:
+            atol = float(args[i + 1])
+        except (IndexError, ValueError):
+            die("--atol needs a number")
+        del args[i:i + 2]
     if len(args) != 2:
-        die("usage: compare_results.py [--allow-new-rows] BEFORE_DIR AFTER_DIR")
+        die("usage: compare_results.py [--allow-new-rows] [--atol A] BEFORE_DIR AFTER_DIR")
     a_root, b_root = args
     for r in (a_root, b_root):
         if not os.path.isdir(r):
             die(f"{r}: not a directory")
-    diffs, omitted, n = [], [], 0
+    diffs, omitted, n, moved = [], [], 0, {}
     for rel in files(a_root, "results.h5"):
         b = os.path.join(b_root, rel)
         if not os.path.exists(b):
             diffs.append(f"{b}: missing")
             continue
-        compare_h5(os.path.join(a_root, rel), b, diffs, omitted)
+        compare_h5(os.path.join(a_root, rel), b, diffs, omitted, atol, moved)
         n += 1
     for rel in files(a_root, ".csv"):
         b = os.path.join(b_root, rel)
         if not os.path.exists(b):
             diffs.append(f"{b}: missing")
             continue
-        compare_csv(os.path.join(a_root, rel), b, diffs, allow_new_rows)
+        compare_csv(os.path.join(a_root, rel), b, diffs, allow_new_rows, atol)
         n += 1
     for d in diffs:
         print(d)
     if diffs:
         sys.exit(1)
-    print(f"compare_results: {n} files identical (timings aside); {len(omitted)} all-NaN datasets left out "
-          "(metrics that do not apply)")
+    for (name, ds), (c, w) in sorted(moved.items()):
+        print(f"  within --atol: policy {name}, {ds}: {c} entries moved, largest |Δ| {w:.3g}")
+    print(f"compare_results: {n} files identical (timings aside{'; ' + str(len(moved)) + ' (policy, metric) pairs within --atol' if moved else ''}); "
+          f"{len(omitted)} all-NaN datasets left out (metrics that do not apply)")
 
 
 if __name__ == "__main__":
