@@ -1,8 +1,9 @@
 """`python3 -m kvsim.bench`: the per-step cost of a policy written in Python over the same policy in
 C++ (the engine's policy_ns metric: mean wall time of a policy's observe + attend per decoded step).
 
-The Python twins (kvsim.examples) answer bit for bit like the built-in window and h2o, so the two
-columns time the same work; the difference is the price of Python: the GIL, numpy array creation
+The Python twins (kvsim.examples) answer bit for bit like the built-in window and h2o (window in its
+per-step replay, `[eval] closed_form = "per_step"`, which this bench sets), so the two columns time
+the same work; the difference is the price of Python: the GIL, numpy array creation
 for every key, value and query, and numpy's per-call overhead on small arrays. One thread, so no
 policy waits for the GIL. Prints one row per policy and cache size, and the overhead in µs/step.
 
@@ -22,7 +23,7 @@ def measure(n, d, heads, kv_heads, budgets, gqa="kv_head"):
     pols = [{"name": name, "budget": b} for b in budgets for name in ("window", "py_window", "h2o", "py_h2o")]
     cfg = {"name": "python_policy_bench", "seed": 1,
            "data": {"synthetic": "heavy_hitter", "n": n, "d": d, "n_layers": 1, "n_heads": heads, "n_kv_heads": kv_heads},
-           "eval": {"gqa": gqa, "every": 1}, "policy": pols}
+           "eval": {"gqa": gqa, "every": 1, "closed_form": "per_step"}, "policy": pols}
     res = run(cfg, threads=1)
     s = res.summary
     ns = s[(s.metric == "policy_ns") & (s.layer == -1)].set_index("label")["mean"]
