@@ -116,6 +116,15 @@ TEST_CASE("banded: window and sink answers equal the per-step policy (double 1e-
     }
 }
 
+TEST_CASE("banded: a long window is answered in chunks of at most 2^22 logits, equally", "[banded]") {
+  // window 20000, 2 query heads: 2^22 / (2 × (20000 + 5000)) = 83 steps per chunk instead of 128.
+  const int64_t n = 20500;
+  const Stream s = make_stream(n, 8, 2, 6);
+  const auto steps = every(20300, n, 1);
+  CHECK(worst_rel(s, "window", budget_params(20000), false, steps) < 1e-12);
+  CHECK(worst_rel(s, "sink", budget_params(20000, 4), true, steps) < 1e-5);
+}
+
 TEST_CASE("banded: a wrong closed form is caught (negative control)", "[banded]") {
   const Stream s = make_stream(400, 16, 2, 4);
   const auto steps = every(1, 400, 1);

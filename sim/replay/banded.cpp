@@ -74,12 +74,15 @@ void answers(const std::vector<const MatD*>& qs, const Mat<S>& K, const Mat<S>& 
   thread_local Mat<S> Qb, L, Zs;
   thread_local VecD inv;
   const int64_t span_max = std::max<int64_t>(int64_t(kBandRows) - 1, c.window / 4);
+  // Like the exact reference's blocks (reference_block_end): at most 2^22 logits per chunk, so a
+  // long window (e.g. half of a 128k stream) does not grow the scratch past ~32 MB per thread.
+  const size_t max_steps = size_t(std::clamp<int64_t>((int64_t(1) << 22) / (H * (c.sink + c.window + span_max)), 1,
+                                                      int64_t(kBandRows)));
   for (size_t b0 = 0; b0 < steps.size();) {
     size_t b1 = b0 + 1;
-    while (b1 < steps.size() && b1 - b0 < kBandRows && steps[b1] - steps[b0] <= span_max) ++b1;
+    while (b1 < steps.size() && b1 - b0 < max_steps && steps[b1] - steps[b0] <= span_max) ++b1;
     const int64_t t_first = steps[b0], t_last = steps[b1 - 1];
-    if (t_first < 1 || t_last > n || (b1 - b0 > 1 && steps[b1 - 2] >= t_last))
-      throw Error("closed-form cache: steps must increase within [1, " + std::to_string(n) + "]");
+    if (t_first < 1 || t_last > n) throw Error("closed-form cache: steps must lie within [1, " + std::to_string(n) + "]");
     for (size_t r = b0 + 1; r < b1; ++r)
       if (steps[r] <= steps[r - 1]) throw Error("closed-form cache: steps must increase");
     // Columns [0, a): tokens [0, a) (the sinks the chunk uses); [a, a + W): tokens [lo, t_last).

@@ -5,7 +5,7 @@
 // For step t (1-based: tokens 0..t−1 have joined) a sink + window cache holds
 //   S_t = [0, min(sink, t)) ∪ [max(sink, t − window), t)        (hd::sink_window_token's closed form)
 // and answers z_t = Σ_{j∈S_t} softmax_j(k_j·q̃_t) v_j. A chunk of steps t_1 < … < t_R (at most
-// kBandRows of them, t_R − t_1 ≤ max(kBandRows − 1, window / 4)) uses the tokens
+// kBandRows of them and at most 2^22 logits, t_R − t_1 ≤ max(kBandRows − 1, window / 4)) uses the tokens
 //   [0, min(sink, t_R)) ∪ [max(sink, t_1 − window), t_R),
 // so its logits are one [R·H, a + W] GEMM (H query heads, a sink columns, W band columns), each row
 // masked to its own S_t, then a softmax and a second GEMM with the same columns of V. The masked-out
