@@ -138,16 +138,11 @@ double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
                 (long long)n);
   out << buf << "policy            ns/step  head-steps/s  cached tok  ns/step/token  vs FMA bound\n";
   const double fma_per_ns = gemm / 2.0;  // multiply-adds per ns at the SGEMM rate (GFLOP/s / 2)
-  const size_t kNs = metric_index("policy_ns"), kTokens = metric_index("cache_tokens");
-  for (const RunResult* run : {&r, &rpf, &r32})
-    for (const auto& pr : run->policies) {
-      double mean_ns = 0, mean_tok = 0;
-      for (const auto& row : pr.rows) {
-        mean_ns += row[kNs];
-        mean_tok += row[kTokens];
-      }
-      mean_ns /= double(pr.rows.size());
-      mean_tok /= double(pr.rows.size());
+  for (const RunResult* run : {&r, &rpf, &r32}) {
+    const std::vector<double> ns = policy_means(*run, "policy_ns"), tokens = policy_means(*run, "cache_tokens");
+    for (size_t p = 0; p < run->policies.size(); ++p) {
+      const auto& pr = run->policies[p];
+      const double mean_ns = ns[p], mean_tok = tokens[p];
       // Arithmetic lower bound of one step: for each of the 2 query heads, q·k and a·v over the cached
       // tokens = 2 × tokens × head_dim multiply-adds, at the measured SGEMM rate.
       const double bound_ns = 2.0 * mean_tok * 128 * 2 / fma_per_ns;
@@ -158,14 +153,9 @@ double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
       std::replace(key.begin(), key.end(), ' ', '_');
       js.add("policy_ns_" + key, mean_ns);
     }
-
-  double cheapest = INFINITY;
-  for (const auto& pr : r32.policies) {
-    double m = 0;
-    for (const auto& row : pr.rows) m += row[kNs];
-    cheapest = std::min(cheapest, m / double(pr.rows.size()));
   }
-  return cheapest;
+  const std::vector<double> ns32 = policy_means(r32, "policy_ns");
+  return *std::min_element(ns32.begin(), ns32.end());
 }
 
 /// SubGen Algorithm 1 in Theorem 1's regime (clustered stream, d = 4, δ = 0.5, r = 1, m(n) = ⌈n^0.5⌉,

@@ -106,7 +106,8 @@ struct BenchOut {
   double dgemm = 0;  // DGEMM GFLOP/s
 };
 
-/// One row per (policy, query head, evaluated step) of a run: the mean of metric `name` per policy.
+/// The mean of metric `name` over each policy's rows (one per query head and evaluated step), in
+/// the run's policy order.
 inline std::vector<double> policy_means(const RunResult& r, const std::string& name) {
   const size_t k = metric_index(name);
   std::vector<double> out;

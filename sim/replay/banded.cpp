@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kvsim/core/error.hpp"
+#include "lane_sums.hpp"
 
 namespace kvsim {
 namespace {
@@ -14,16 +15,11 @@ namespace {
 template <class S>
 using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-/// Σ x_i of a contiguous range in double: 8 independent lanes for float (which the compiler
-/// vectorizes without reassociating), Eigen's sum for double (the per-step path's p.sum()).
+/// Σ x_i of a contiguous range in double: the float32 reference's lanes for float, Eigen's sum for
+/// double (the per-step path's p.sum()).
 double range_sum(const float* x, int64_t n) {
-  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) s[k] += double(x[i + k]);
-  double sum = 0;
-  for (; i < n; ++i) sum += double(x[i]);
-  for (int k = 0; k < 8; ++k) sum += s[k];
+  double sum, unused;
+  detail::lane_sums<false>(x, n, sum, unused);
   return sum;
 }
 double range_sum(const double* x, int64_t n) { return n > 0 ? Eigen::Map<const VecD>(x, n).sum() : 0.0; }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kvsim/core/error.hpp"
+#include "lane_sums.hpp"
 
 namespace kvsim {
 
@@ -16,27 +17,6 @@ void scaled_queries(const MatF& Q, int64_t n_keys, double scale, const std::vect
   Qb.resize(Eigen::Index(steps.size()), Q.cols());
   for (size_t r = 0; r < steps.size(); ++r)
     Qb.row(Eigen::Index(r)) = (Q.row(steps[r] - 1).cast<double>() * scale).template cast<typename M::Scalar>();
-}
-/// Σ x_i and Σ x_i² of floats, accumulated in double in 8 independent lanes (which the compiler
-/// vectorizes without reassociating: Eigen's x.cast<double>().sum() runs scalar, 3x slower here).
-void sum_and_squares(const float* x, int64_t n, double& sum, double& sq) {
-  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) {
-      const double v = x[i + k];
-      s[k] += v;
-      q[k] += v * v;
-    }
-  sum = sq = 0;
-  for (; i < n; ++i) {
-    sum += double(x[i]);
-    sq += double(x[i]) * double(x[i]);
-  }
-  for (int k = 0; k < 8; ++k) {
-    sum += s[k];
-    sq += q[k];
-  }
 }
 }  // namespace
 
@@ -88,7 +68,7 @@ void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double sca
     const float mx = row.head(t).maxCoeff();
     row.head(t) = (row.head(t).array() - mx).exp().matrix();
     double sum, sq;  // τ's sum and ‖a‖² in double (t terms)
-    sum_and_squares(row.data(), t, sum, sq);
+    detail::lane_sums<true>(row.data(), t, sum, sq);
     row.tail(t_max - t).setZero();
     inv[r] = 1.0 / sum;
     out.log_tau[r] = double(mx) + std::log(sum);
@@ -132,9 +112,8 @@ void OperatorNormTracker::add(const float* v) {
   // Both triangles, in place: G(i, j) and G(j, i) get the same fma(v_i, v_j, ·), so G stays exactly
   // symmetric, and op_norm multiplies by it directly. (Updating the upper triangle and mirroring it
   // into a full copy at every op_norm — a strided scalar copy — was 70% of op_norm's own time.)
-  thread_local VecD vd;
-  vd = vf.cast<double>();
-  G_.noalias() += vd * vd.transpose();
+  v_ = vf.cast<double>();
+  G_.noalias() += v_ * v_.transpose();
   dirty_ = true;
 }
 

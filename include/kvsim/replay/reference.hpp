@@ -76,6 +76,7 @@ class OperatorNormTracker {
   Eigen::MatrixXd Q_;  // scratch: Lanczos basis, column-major so each basis vector is contiguous
   VecD x_;   // warm-start vector
   VecD w_;   // scratch: the next Lanczos vector
+  VecD v_;   // scratch: the added value in double
   int d_;
   int iters_ = 0;
   bool dirty_ = true;

@@ -1,0 +1,34 @@
+// Internal to sim/replay: sums of float rows accumulated in double, shared by the float32 exact
+// reference (τ's sum and ‖a‖², reference.cpp) and the float32 closed-form caches (banded.cpp).
+#pragma once
+#include <cstdint>
+
+namespace kvsim::detail {
+
+/// Σ x_i, and Σ x_i² when kSquares, of n floats, accumulated in double in 8 independent lanes (which
+/// the compiler vectorizes without reassociating: Eigen's x.cast<double>().sum() runs scalar, 3x
+/// slower here). Order: the lanes, then the tail, then the lanes' totals. `sq` is left alone when
+/// !kSquares.
+template <bool kSquares>
+inline void lane_sums(const float* x, int64_t n, double& sum, double& sq) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) {
+      const double v = x[i + k];
+      s[k] += v;
+      if constexpr (kSquares) q[k] += v * v;
+    }
+  sum = 0;
+  if constexpr (kSquares) sq = 0;
+  for (; i < n; ++i) {
+    sum += double(x[i]);
+    if constexpr (kSquares) sq += double(x[i]) * double(x[i]);
+  }
+  for (int k = 0; k < 8; ++k) {
+    sum += s[k];
+    if constexpr (kSquares) sq += q[k];
+  }
+}
+
+}  // namespace kvsim::detail
