@@ -60,23 +60,37 @@ inline constexpr size_t kReferenceRowsF32 = 128;
 VecD global_attention_scores(const MatF& Q, const MatD& K, double scale);
 
 /// Incremental operator norm ‖V_t‖_op = sqrt(λ_max(V_tᵀV_t)) (DESIGN §5, for SubGen Eq. 3's ε).
-/// `add` is a rank-1 update of the d×d Gram matrix (O(d²)); `op_norm` runs restarted Lanczos (≤ 24
-/// O(d²) matrix-vector products per restart) warm-started from the previous top Ritz vector, to a
-/// Ritz residual ≤ 1e-9·λ. last_iterations() = matrix-vector products of the last call.
+/// `add` appends a value row to a pending block; every kPending rows the d×d Gram matrix takes them
+/// in one rank-kPending GEMM update (products with G in between add the pending rows' term Pᵀ(Px)).
+/// `op_norm` runs restarted Lanczos (≤ 24 O(d²) matrix-vector products per restart) from the previous
+/// top Ritz vector plus 1e-3 of the new rows' signed sum (so a direction only the new rows span is
+/// still reached), until the Ritz residual r ≤ 1e-9·θ, or r² ≤ 1e-11·θ·gap, or the Ritz value stalls (checked
+/// after 1, 2, …, 8, 12, 16, 20, 24 products). Accuracy (tested against Eigen's dense solver,
+/// tests/test_reference.cpp): ‖V_t‖_op within 1e-9 relative on clustered (isotropic), decaying and
+/// moving value streams; measured ≤ 1.5e-11. last_iterations() = products of the last call.
 class OperatorNormTracker {
  public:
   explicit OperatorNormTracker(int d);
   void add(const float* v);
   double op_norm();
-  const MatD& gram() const { return G_; }
+  /// V_tᵀV_t over every added row (takes the pending rows in first).
+  const MatD& gram();
   int last_iterations() const { return iters_; }
+  static constexpr int kPending = 16;
 
  private:
-  MatD G_;   // VᵀV, both triangles (exactly symmetric)
+  void flush();
+  void gram_times(const double* x, double* w);  // w = V_tᵀV_t x
+  MatD G_;   // VᵀV over the flushed rows, both triangles
+  MatD P_;   // [kPending, d]: added rows not yet in G_
+  int np_ = 0;
   Eigen::MatrixXd Q_;  // scratch: Lanczos basis, column-major so each basis vector is contiguous
-  VecD x_;   // warm-start vector
+  VecD x_;   // warm-start vector: the last top Ritz vector
+  VecD fresh_;  // Σ ±v over the rows added since the last op_norm (joins the warm start)
+  int64_t rows_ = 0;
   VecD w_;   // scratch: the next Lanczos vector
-  VecD v_;   // scratch: the added value in double
+  VecD h_;   // scratch: projections onto the basis / the pending rows
+  VecD alpha_, beta_;  // scratch: the Lanczos tridiagonal
   int d_;
   int iters_ = 0;
   bool dirty_ = true;
