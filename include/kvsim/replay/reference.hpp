@@ -59,15 +59,16 @@ inline constexpr size_t kReferenceRowsF32 = 128;
 /// Q ([n, d], unscaled) — H2O's "global" heavy-hitter score (seeds/004 §3, Fig. 2). O(n²d), blocked.
 VecD global_attention_scores(const MatF& Q, const MatD& K, double scale);
 
-/// Incremental operator norm ‖V_t‖_op = sqrt(λ_max(V_tᵀV_t)) (DESIGN §5, for SubGen Eq. 3's ε).
-/// `add` appends a value row to a pending block; every kPending rows the d×d Gram matrix takes them
-/// in one rank-kPending GEMM update (products with G in between add the pending rows' term Pᵀ(Px)).
-/// `op_norm` runs restarted Lanczos (≤ 24 O(d²) matrix-vector products per restart) from the previous
-/// top Ritz vector plus 1e-3 of the new rows' signed sum (so a direction only the new rows span is
-/// still reached), until the Ritz residual r ≤ 1e-9·θ, or r² ≤ 1e-11·θ·gap, or the Ritz value stalls (checked
-/// after 1, 2, …, 8, 12, 16, 20, 24 products). Accuracy (tested against Eigen's dense solver,
-/// tests/test_reference.cpp): ‖V_t‖_op within 1e-9 relative on clustered (isotropic), decaying and
-/// moving value streams; measured ≤ 1.5e-11. last_iterations() = products of the last call.
+/// Incremental operator norm ‖V_t‖_op = sqrt(λ_max(V_tᵀV_t)) (DESIGN §5, for SubGen Eq. 3's ε;
+/// sim/replay/operator_norm.cpp). `add` appends a value row to a pending block; every kPending rows
+/// the d×d Gram matrix takes them in one rank-kPending GEMM (products with G in between add the
+/// pending rows' term Pᵀ(Px)). `op_norm` runs restarted Lanczos (≤ 24 O(d²) products per restart)
+/// from the previous top Ritz vector plus 1e-3 of the new rows' signed sum (so a direction only the
+/// new rows span is still reached), until the Ritz residual r ≤ 1e-9·θ, or r² ≤ 1e-11·θ·gap (the gap
+/// estimated by the second Ritz value), or the Ritz value stalls (checked after 1, 2, …, 8, 12, 16,
+/// 20, 24 products). Accuracy (tested against Eigen's dense solver, tests/test_reference.cpp):
+/// ‖V_t‖_op within 1e-9 relative on clustered (isotropic), decaying and moving value streams.
+/// last_iterations() = products with G in the last call.
 class OperatorNormTracker {
  public:
   explicit OperatorNormTracker(int d);
@@ -80,16 +81,16 @@ class OperatorNormTracker {
 
  private:
   void flush();
-  void gram_times(const double* x, double* w);  // w = V_tᵀV_t x
+  void gram_times(const double* x, double* w);  // w = V_tᵀV_t x; counts a product
+  double finish(double theta);
   MatD G_;   // VᵀV over the flushed rows, both triangles
   MatD P_;   // [kPending, d]: added rows not yet in G_
   int np_ = 0;
   Eigen::MatrixXd Q_;  // scratch: Lanczos basis, column-major so each basis vector is contiguous
-  VecD x_;   // warm-start vector: the last top Ritz vector
-  VecD fresh_;  // Σ ±v over the rows added since the last op_norm (joins the warm start)
+  VecD x_;      // the last top Ritz vector
+  VecD fresh_;  // Σ ±v over the rows added since the last op_norm (joins Lanczos' start)
   int64_t rows_ = 0;
-  VecD w_;   // scratch: the next Lanczos vector
-  VecD h_;   // scratch: projections onto the basis / the pending rows
+  VecD w_, h_;  // scratch: the next Lanczos vector; projections
   VecD alpha_, beta_;  // scratch: the Lanczos tridiagonal
   int d_;
   int iters_ = 0;
