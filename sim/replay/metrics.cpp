@@ -233,7 +233,8 @@ std::string metrics_markdown() {
   }
   o << "\nThe exact reference runs in double precision (or float32 with `[eval] reference_precision`) for a block "
        "of evaluated steps at once: logits by one GEMM, a log-domain softmax, the output by a second GEMM. "
-       "‖V_t‖_op is tracked by Lanczos on VᵀV, updated per token and warm-started.\n\n"
+       "‖V_t‖_op is tracked by Lanczos on VᵀV (updated in 16-row blocks, sim/replay/operator_norm.cpp), "
+       "warm-started from the last top Ritz vector; within 1e-9 relative of a dense eigen-solver.\n\n"
     << "Files (docs/cli.md): `results.h5` holds every row, `/policy_NN/{layer, head, step, <metric>...}`, each "
        "metric dataset with `unit`, `description` and `source` attributes from this registry; `summary.csv` has "
        "`count, mean, median, p95, max` per (policy, layer, metric) over the finite values, the all-layer "
