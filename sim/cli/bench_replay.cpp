@@ -35,8 +35,9 @@ void bench_eps(const BenchOptions& o, BenchOut& b, double cheapest) {
     }
     const double ns = seconds_since(t0) * 1e9 / double(n);
     const double share1 = ns / (ns + cheapest), share16 = ns / 16 / (ns / 16 + cheapest);
-    const char* name = stream == 0 ? "isotropic (worst case)" : "decaying (λ_k ∝ k^-0.8)  ";
-    std::snprintf(b.buf, sizeof b.buf, "%-26s %10.0f  %15.1f  %12.1f%%  %13.1f%%%s\n", name, ns, double(products) / double(n),
+    // Padded by hand to one display width (printf pads bytes; λ and ∝ take 2 and 3).
+    const char* name = stream == 0 ? "isotropic (worst case)    " : "decaying (λ_k ∝ k^-0.8)   ";
+    std::snprintf(b.buf, sizeof b.buf, "%s %10.0f  %15.1f  %12.1f%%  %13.1f%%%s\n", name, ns, double(products) / double(n),
                   100 * share1, 100 * share16, sink > 0 ? "" : " ");
     out << b.buf;
     const std::string key = stream == 0 ? "eps_bookkeeping" : "eps_bookkeeping_decaying";
