@@ -168,8 +168,12 @@ TEST_CASE("reference: operator norm when the values move to new coordinates", "[
   const int64_t n = 400;
   MatF V = gaussian(n, d, eng, 1.0);
   for (int64_t i = 0; i < n; ++i) {
-    if (i < n / 2) V.row(i).tail(d / 2).setZero();
-    else V.row(i).head(d / 2) = VecF::Zero(d / 2).transpose(), V.row(i) *= 3.0f;
+    if (i < n / 2) {
+      V.row(i).tail(d / 2).setZero();
+    } else {
+      V.row(i).head(d / 2).setZero();
+      V.row(i) *= 3.0f;
+    }
   }
   OperatorNormTracker tr(d);
   MatD G = MatD::Zero(d, d);

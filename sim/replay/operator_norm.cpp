@@ -66,7 +66,9 @@ namespace {
 /// relative. `floor`, when finite, is a known lower bound (a Ritz value of a leading submatrix, by
 /// Cauchy interlacing): the bracket is then found by steps up from it (1e-8, 16x larger each time),
 /// which saves most of the bisection steps when Lanczos is near convergence.
-double tridiagonal_eigenvalue(const VecD& a, const VecD& b, Eigen::Index k, double rel_tol, double floor = -INFINITY) {
+using VecRef = Eigen::Ref<const VecD>;  // alpha_.head(m) and beta_.head(m − 1) without a copy
+
+double tridiagonal_eigenvalue(const VecRef& a, const VecRef& b, Eigen::Index k, double rel_tol, double floor = -INFINITY) {
   const Eigen::Index m = a.size();
   double lo = INFINITY, hi = -INFINITY;
   for (Eigen::Index i = 0; i < m; ++i) {  // Gershgorin
@@ -104,7 +106,7 @@ double tridiagonal_eigenvalue(const VecD& a, const VecD& b, Eigen::Index k, doub
 
 /// Unit eigenvector of the tridiagonal matrix for eigenvalue θ (inverse iteration, 3 sweeps of a
 /// tridiagonal solve of (T − θI)y = y_prev with a tiny shift so it is never exactly singular).
-VecD tridiagonal_eigenvector(const VecD& a, const VecD& b, double theta) {
+VecD tridiagonal_eigenvector(const VecRef& a, const VecRef& b, double theta) {
   const Eigen::Index m = a.size();
   VecD y = VecD::Ones(m) / std::sqrt(double(m));
   const double shift = theta + 1e-10 * std::max(1.0, std::abs(theta));
@@ -132,29 +134,29 @@ VecD tridiagonal_eigenvector(const VecD& a, const VecD& b, double theta) {
 
 }  // namespace
 
-  // Restarted Lanczos warm-started from the previous top Ritz vector: Krylov convergence depends on
-  // the square root of the relative gap (power iteration on the gap itself), so isotropic value
-  // streams (λ₂/λ₁ ≈ 1) converge in tens of matrix-vector products instead of hundreds. The Ritz value
-  // and the Ritz residual r = ‖Gx − θx‖ = |β_m s_m| are checked after 1, 2, …, 8, 12, 16, 20, 24
-  // products; it stops when r ≤ 1e-9·θ (|θ − λ| ≤ r for the eigenvalue λ nearest θ), when
-  // r² ≤ 1e-11·θ·gap (|θ − λ| ≤ r²/gap, the gap estimated by the second Ritz value), or when the Ritz
-  // value stalls (≤ 1e-11·θ between checks); after 20 restarts it falls back to a dense solver.
-  //
-  // The warm start alone can miss a direction the new rows brought in: if the last Ritz vector has no
-  // component along the new top eigenvector (exact zeros, e.g. values that move to other coordinates),
-  // no Krylov space built from it ever reaches it. A top eigenvector u orthogonal to every added row
-  // keeps λ_max unchanged (λ only grows by Σ (uᵀv)²), so a start vector with a component along the
-  // new rows (their signed sum, signs hashed from the row index, at 1e-3 of the warm vector) closes
-  // that gap; Lanczos amplifies the component as fast as the new eigenvalue stands out.
+// Restarted Lanczos warm-started from the previous top Ritz vector: Krylov convergence depends on
+// the square root of the relative gap (power iteration on the gap itself), so isotropic value
+// streams (λ₂/λ₁ ≈ 1) converge in tens of matrix-vector products instead of hundreds. The Ritz value
+// and the Ritz residual r = ‖Gx − θx‖ = |β_m s_m| are checked after 1, 2, …, 8, 12, 16, 20, 24
+// products; it stops when r ≤ 1e-9·θ (|θ − λ| ≤ r for the eigenvalue λ nearest θ), when
+// r² ≤ 1e-11·θ·gap (|θ − λ| ≤ r²/gap, the gap estimated by the second Ritz value), or when the Ritz
+// value stalls (≤ 1e-11·θ between checks); after 20 restarts it falls back to a dense solver.
+//
+// The warm start alone can miss a direction the new rows brought in: if the last Ritz vector has no
+// component along the new top eigenvector (exact zeros, e.g. values that move to other coordinates),
+// no Krylov space built from it ever reaches it. A top eigenvector u orthogonal to every added row
+// keeps λ_max unchanged (λ only grows by Σ (uᵀv)²), so a start vector with a component along the
+// new rows (their signed sum, signs hashed from the row index, at 1e-3 of the warm vector) closes
+// that gap; Lanczos amplifies the component as fast as the new eigenvalue stands out.
 double OperatorNormTracker::op_norm() {
   if (!dirty_) return last_;
   iters_ = 0;
   const int m_max = std::min(d_, 24);
   if (Q_.rows() != d_ || Q_.cols() != m_max) Q_.resize(d_, m_max);
-  VecD& alpha = alpha_;
+  alpha_.resize(m_max);
+  beta_.resize(m_max);
+  VecD& alpha = alpha_;  // the Lanczos tridiagonal: diagonal, off-diagonal
   VecD& beta = beta_;
-  alpha.resize(m_max);
-  beta.resize(m_max);
   const double nf = fresh_.norm();
   if (nf > 0) x_ = x_ / x_.norm() + 1e-3 * fresh_ / nf;
   double theta = 0, theta_prev = 0;
