@@ -198,7 +198,8 @@ double OperatorNormTracker::op_norm() {
         }
         if (done || m == m_max) {
           const VecD x = Q_.leftCols(m) * sv;
-          if (x.norm() > 0 && std::isfinite(x.norm())) x_ = x / x.norm();
+          const double nx = x.norm();
+          if (nx > 0 && std::isfinite(nx)) x_ = x / nx;
           if (done) return finish(theta);
           break;
         }
@@ -213,7 +214,8 @@ double OperatorNormTracker::op_norm() {
 }
 
 double OperatorNormTracker::finish(double theta) {
-  if (x_.norm() == 0 || !std::isfinite(x_.norm())) x_ = VecD::Ones(d_) / std::sqrt(double(d_));
+  const double nx = x_.norm();
+  if (nx == 0 || !std::isfinite(nx)) x_ = VecD::Ones(d_) / std::sqrt(double(d_));
   fresh_.setZero();
   last_ = std::sqrt(std::max(0.0, theta));
   dirty_ = false;
