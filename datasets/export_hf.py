@@ -2,7 +2,7 @@
 """Export queries, keys and values of a Hugging Face transformers model into a kvsim recording.
 
 Usage:
-  python3 datasets/export_hf.py --model PATH_OR_NAME --text FILE --tokens N --out rec.h5
+  .venv/bin/python datasets/export_hf.py --model PATH_OR_NAME --text FILE --tokens N --out rec.h5
                                 [--layers 0,4-7] [--dtype float16|float32] [--device auto|cpu|cuda]
                                 [--model-dtype auto|float32|bfloat16|float16] [--no-attn] [--byte-tokens]
 
@@ -122,7 +122,7 @@ class RecordingFile:
             raise ExportError(f"{self.tmp}: /layer_{layer:03d}/{tensor} has shape {tuple(array.shape)}, expected {want}")
         if not np.isfinite(array).all():
             bad = np.argwhere(~np.isfinite(array))[0]
-            raise ExportError(f"/layer_{layer:03d}/{tensor}: non-finite value at [head, token, dim] = {tuple(bad)}")
+            raise ExportError(f"/layer_{layer:03d}/{tensor}: non-finite value at [head, token, dim] = {tuple(int(i) for i in bad)}")
         if tensor != "attn" and self.dtype == np.float16 and np.abs(array).max() > 65504:
             raise ExportError(f"/layer_{layer:03d}/{tensor}: values exceed float16 range; export with --dtype float32")
         self.f[f"layer_{layer:03d}/{tensor}"][...] = array.astype(np.float32 if tensor == "attn" else self.dtype)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """BUZZ T/w sweep figure (BUZZ Fig. 4 style): rel_err against T/w with Theorem 3.1's prediction.
 
-Usage: python3 plots/buzz_tw_sweep.py RESULTS_DIR [--out FIG.png]
+Usage: .venv/bin/python plots/buzz_tw_sweep.py RESULTS_DIR [--out FIG.png]
 
 Reads every `buzz` policy of the run, x = threshold / window, y = mean rel_err and mean
 eps_spectral over all evaluated rows; the vertical line is Theorem 3.1's T/w for the run's stride.

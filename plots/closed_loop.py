@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Closed-loop quality figure from `kvsim closed-loop` output.
 
-Usage: python3 plots/closed_loop.py RESULTS_DIR [--out FIG.png]
+Usage: .venv/bin/python plots/closed_loop.py RESULTS_DIR [--out FIG.png]
 
 Left: cross-entropy increase over the exact cache (nats/token) against the cache budget (fraction of
 the window: `budget`, `memory`, or for subgen_kcenter recent + centers), the mean over text windows

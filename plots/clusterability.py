@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SubGen Fig. 1-style clusterability figure from `kvsim clusters` output.
 
-Usage: python3 plots/clusterability.py RESULTS_DIR [--layer L] [--out FIG.png]
+Usage: .venv/bin/python plots/clusterability.py RESULTS_DIR [--layer L] [--out FIG.png]
 
 Left: m' (clusters found by SubGen's online δ-clustering, mean over KV heads) against n for keys
 (solid) and values (dashed) of every layer, log-log, with the fitted exponent γ in the legend.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plot a metric against the decoding step for every policy of a kvsim run.
 
-Usage: python3 plots/error_vs_step.py results/stories260k [--metric rel_err] [--out FIG.png]
+Usage: .venv/bin/python plots/error_vs_step.py results/stories260k [--metric rel_err] [--out FIG.png]
 
 Reads RESULTS_DIR/results.h5 (written by `kvsim run`), averages the metric over layers and heads at
 each evaluated step, and writes a PNG and a PDF (log-scaled y axis when the data spans decades).

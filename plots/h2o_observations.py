@@ -2,7 +2,7 @@
 """H2O's observations (seeds/004 §3, Fig. 2) measured: attention sparsity and accumulated-attention
 power laws, from `kvsim run experiments/h2o_observations.toml` output.
 
-Usage: python3 plots/h2o_observations.py RESULTS_DIR [RESULTS_DIR ...] [--out FIG.png]
+Usage: .venv/bin/python plots/h2o_observations.py RESULTS_DIR [RESULTS_DIR ...] [--out FIG.png]
 
 Left: per data set and layer, the fraction of each attention row's entries below 1% of its maximum
 (`attn_sparsity`): median over evaluated (head, step) rows with the 5-95% range; H2O reports > 95%.

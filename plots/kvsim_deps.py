@@ -10,4 +10,4 @@ for _mod in ("numpy", "h5py", "matplotlib"):
         _missing.append(_mod)
 if _missing:
     sys.exit(f"error: {sys.executable} lacks {', '.join(_missing)}: the plots need Python 3 with numpy, h5py and "
-             "matplotlib (Debian: run them with /usr/bin/python3 after scripts/install-deps.sh)")
+             "matplotlib (run them with .venv/bin/python after bash scripts/setup.sh)")

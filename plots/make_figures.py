@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate every figure of every experiment from results alone, and write report.md.
 
-Usage: python3 plots/make_figures.py RESULTS_DIR [RESULTS_DIR ...] [--report report.md]
+Usage: .venv/bin/python plots/make_figures.py RESULTS_DIR [RESULTS_DIR ...] [--report report.md]
 
 Each RESULTS_DIR is the output folder of `kvsim run` (results.h5, summary.csv), `kvsim clusters`
 (clusters.csv) or `kvsim closed-loop` (closed_loop.csv). The figures that apply to it are written

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plot mass_ratio and rel_err against the cache budget for every policy name in a kvsim run.
 
-Usage: python3 plots/metric_vs_budget.py RESULTS_DIR [--out FIG.png]
+Usage: .venv/bin/python plots/metric_vs_budget.py RESULTS_DIR [--out FIG.png]
 
 Groups the run's policies by name and variant (H2O score, BUZZ log n scaling, weighted k-center)
 and reads each one's `budget` or `memory` parameter (a fraction of n, or tokens); y = mean over all

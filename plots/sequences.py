@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plot a metric against memory (or budget) over several sequences, with 95% intervals.
 
-Usage: python3 plots/sequences.py RESULTS_DIR [--metric rel_err] [--out FIG.png]
+Usage: .venv/bin/python plots/sequences.py RESULTS_DIR [--metric rel_err] [--out FIG.png]
 
 Reads RESULTS_DIR/sequences.csv (a multi-sequence `kvsim run`: the mean over sequences and its
 bootstrap interval per policy and metric, with one column per policy parameter) and draws one series

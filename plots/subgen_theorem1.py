@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SubGen Theorem 1 figure: achieved ε vs target ε, and τ relative error vs t.
 
-Usage: python3 plots/subgen_theorem1.py RESULTS_DIR [--out FIG.png]
+Usage: .venv/bin/python plots/subgen_theorem1.py RESULTS_DIR [--out FIG.png]
 
 RESULTS_DIR is the output of `kvsim run experiments/subgen_theorem1.toml`. Left: median and 99th
 percentile of eps_spectral (SubGen Eq. 3) for the policies run in Theorem 1 mode (param `eps`),

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Compares two trees of kvsim results (e.g. `scripts/reproduce.sh` output before and after a refactor)
 bit for bit, timings aside. A metric dataset that was all NaN before (a metric that does not apply)
 may be left out after.
 
-Usage: python3 scripts/compare_results.py [--allow-new-rows] [--atol A] BEFORE_DIR AFTER_DIR
+Usage: .venv/bin/python scripts/compare_results.py [--allow-new-rows] [--atol A] BEFORE_DIR AFTER_DIR
 
 --allow-new-rows: AFTER's CSVs may hold rows BEFORE's do not (policies added to a config); every row
 of BEFORE must still appear, in order. CSV columns are matched by name (added columns are ignored).

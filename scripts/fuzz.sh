@@ -6,9 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${1:-3000}; SEED=${2:-20261123}
-PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+PY=${KVSIM_PYTHON:-$PWD/.venv/bin/python}; [ -x "$PY" ] || PY=python3
 if ! "$PY" -c "import h5py, numpy" 2>/dev/null; then
-  echo "SKIPPED: fuzz campaign needs python3 with h5py and numpy (scripts/install-deps.sh installs them)"; exit 77
+  echo "SKIPPED: fuzz campaign needs python3 with h5py and numpy (scripts/setup-venv.sh installs them into .venv)"; exit 77
 fi
 if [ ! -f build/asan/build.ninja ]; then
   cmake -S . -B build/asan -G Ninja -DKVSIM_SANITIZE=ON -DKVSIM_CUDA=OFF -DKVSIM_NATIVE=OFF -DKVSIM_MPI=OFF -DKVSIM_PYTHON_MODULE=OFF \

@@ -2,12 +2,16 @@
 # Reproduces every README figure and table from scratch (after scripts/setup.sh), then regenerates
 # all figures and results/report.md with plots/make_figures.py. Needs ../shared/data beside the
 # checkout for the real-model experiments. Usage: bash scripts/reproduce.sh [THREADS]
+# The embedded figures are copied into $KVSIM_FIGURES (default docs/figures; tests point it elsewhere
+# so that no test writes a tracked file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=${1:-$(nproc)}
 K=./build/kvsim
 D=${KVSIM_SHARED_DATA:-../shared/data}
-PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+FIG=${KVSIM_FIGURES:-docs/figures}
+mkdir -p "$FIG"
+PY=${KVSIM_PYTHON:-$PWD/.venv/bin/python}; [ -x "$PY" ] || PY=python3
 mkdir -p results/recordings
 $K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories260K/tok512.bin" \
   --text "$D/tinystories-sample/tinystories.txt" --tokens 512 --out results/recordings/stories260k_tinystories.h5
@@ -67,19 +71,19 @@ $PY plots/make_figures.py results/stories260k results/policies_stories260k resul
 $PY plots/h2o_observations.py results/h2o_observations results/h2o_observations_aidreams \
   results/h2o_observations_shakespeare results/h2o_observations_synthetic results/h2o_observations_clustered > results/h2o_observations_check.txt
 # The figures the README and docs embed, refreshed from this run.
-cp results/budget_sweep/metric_vs_budget.png docs/figures/budget_sweep.png
-cp results/budget_sweep_8seq/rel_err_vs_memory_sequences.png docs/figures/budget_sweep_8seq.png
-cp results/h2o_submodular/metric_vs_budget.png docs/figures/metric_vs_budget.png
-cp results/buzz_tw_sweep/buzz_tw_sweep.png docs/figures/buzz_tw_sweep.png
-cp results/closed_loop/closed_loop.png docs/figures/closed_loop.png
-cp results/closed_loop_shakespeare/closed_loop.png docs/figures/closed_loop_shakespeare.png
-cp results/closed_loop_prefill/closed_loop.png docs/figures/closed_loop_prefill.png
-cp results/prefill_sweep_8seq/rel_err_vs_memory_sequences.png docs/figures/prefill_sweep_8seq.png
-cp results/prefill_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png docs/figures/prefill_sweep_shakespeare_8seq.png
-cp results/budget_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png docs/figures/budget_sweep_shakespeare_8seq.png
-cp results/clusterability_shakespeare/clusterability.png docs/figures/clusterability_shakespeare.png
-cp results/subgen_theorem1_shakespeare/subgen_theorem1.png docs/figures/subgen_theorem1_shakespeare.png
-cp results/clusterability/clusterability.png docs/figures/clusterability.png
-cp results/h2o_observations/h2o_observations.png docs/figures/h2o_observations.png
-cp results/subgen_theorem1/subgen_theorem1.png docs/figures/subgen_theorem1.png
-cp results/subgen_theorem1_stories260k/subgen_theorem1.png docs/figures/subgen_theorem1_stories260k.png
+cp results/budget_sweep/metric_vs_budget.png "$FIG"/budget_sweep.png
+cp results/budget_sweep_8seq/rel_err_vs_memory_sequences.png "$FIG"/budget_sweep_8seq.png
+cp results/h2o_submodular/metric_vs_budget.png "$FIG"/metric_vs_budget.png
+cp results/buzz_tw_sweep/buzz_tw_sweep.png "$FIG"/buzz_tw_sweep.png
+cp results/closed_loop/closed_loop.png "$FIG"/closed_loop.png
+cp results/closed_loop_shakespeare/closed_loop.png "$FIG"/closed_loop_shakespeare.png
+cp results/closed_loop_prefill/closed_loop.png "$FIG"/closed_loop_prefill.png
+cp results/prefill_sweep_8seq/rel_err_vs_memory_sequences.png "$FIG"/prefill_sweep_8seq.png
+cp results/prefill_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png "$FIG"/prefill_sweep_shakespeare_8seq.png
+cp results/budget_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png "$FIG"/budget_sweep_shakespeare_8seq.png
+cp results/clusterability_shakespeare/clusterability.png "$FIG"/clusterability_shakespeare.png
+cp results/subgen_theorem1_shakespeare/subgen_theorem1.png "$FIG"/subgen_theorem1_shakespeare.png
+cp results/clusterability/clusterability.png "$FIG"/clusterability.png
+cp results/h2o_observations/h2o_observations.png "$FIG"/h2o_observations.png
+cp results/subgen_theorem1/subgen_theorem1.png "$FIG"/subgen_theorem1.png
+cp results/subgen_theorem1_stories260k/subgen_theorem1.png "$FIG"/subgen_theorem1_stories260k.png

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# One-step setup for a fresh Debian 12 machine: install dependencies (apt), configure and build
-# kvsim in ./build (Release). Re-running is cheap: installed packages and built objects are kept.
+# One-step setup for a fresh Debian 12 machine: the C++ dependencies from Debian (apt), the Python
+# environment .venv from PyPI (requirements.txt, pinned), the real model files (scripts/models.tsv,
+# into $KVSIM_MODELS or models/), then configure and build kvsim in ./build (Release) with the Python
+# module built for .venv's interpreter. Re-running is cheap: installed packages, the venv, fetched
+# models and built objects are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+bash scripts/setup-venv.sh
+.venv/bin/python scripts/fetch_models.py
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSIM_PYTHON="$PWD/.venv/bin/python" "$@"
 cmake --build build -j "$(nproc)"

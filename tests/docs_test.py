@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Runs every command the README and docs/*.md show in ```sh blocks, from the repository root.
 
 A block may be preceded by a marker comment saying what it needs:

@@ -58,7 +58,7 @@ def test_writer(kvsim, src, data_dir):
         import numpy as np
         import h5py  # noqa: F401
     except ImportError as e:
-        print(f"SKIPPED: {e.name} not importable (scripts/install-deps.sh installs python3-numpy, python3-h5py)")
+        print(f"SKIPPED: {e.name} not importable (scripts/setup-venv.sh installs numpy and h5py into .venv)")
         return SKIP
     sys.path.insert(0, os.path.join(src, "datasets"))
     import export_hf as ex

@@ -5,12 +5,21 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "kvsim/io/recording.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/io/synth.hpp"
 
 namespace kvsim::test {
+
+/// True when Catch is only asked to list (ctest's catch_discover_tests at build time): a binary whose
+/// main() exits 77 without its model files must still list its cases.
+inline bool listing_only(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]).starts_with("--list")) return true;
+  return false;
+}
 
 /// A fresh temporary folder removed at the end of the test.
 struct TempDir {

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The house rules of kvsim's layout (issue "A house a newcomer can live in"), checked on the tree:
 
   1. no source file over 450 lines (C++, CUDA, Python, shell) and README.md at most 250 lines;

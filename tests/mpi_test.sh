@@ -7,7 +7,7 @@
 # Usage: mpi_test.sh KVSIM_BINARY SOURCE_DIR
 set -u
 KVSIM=$1; SRC=$2
-PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+PY=${KVSIM_PYTHON:-$SRC/.venv/bin/python}; [ -x "$PY" ] || PY=python3
 command -v mpirun >/dev/null || { echo "SKIPPED: no mpirun (openmpi-bin; scripts/install-deps.sh installs it)"; exit 77; }
 "$KVSIM" --version | grep -q "MPI yes" || { echo "SKIPPED: kvsim built without MPI (libopenmpi-dev absent at configure time)"; exit 77; }
 MPIRUN=(mpirun --oversubscribe)

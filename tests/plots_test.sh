@@ -4,11 +4,10 @@
 # Usage: plots_test.sh KVSIM_BINARY SOURCE_DIR
 set -u
 KVSIM=$1; SRC=$2
-PY=""
-for cand in /usr/bin/python3 python3; do
-  if command -v "$cand" >/dev/null && "$cand" -c "import h5py, matplotlib, numpy" 2>/dev/null; then PY=$cand; break; fi
-done
-if [ -z "$PY" ]; then echo "SKIPPED: no python3 with h5py + matplotlib (scripts/install-deps.sh installs them)"; exit 77; fi
+PY=${KVSIM_PYTHON:-$SRC/.venv/bin/python}; [ -x "$PY" ] || PY=python3
+if ! "$PY" -c "import h5py, matplotlib, numpy" 2>/dev/null; then
+  echo "SKIPPED: $PY lacks h5py + matplotlib (scripts/setup-venv.sh installs them into .venv)"; exit 77
+fi
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 fails=0; passes=0
 check() {  # check FIGURE_BASENAME

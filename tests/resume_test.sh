@@ -6,7 +6,7 @@
 # Usage: resume_test.sh KVSIM_BINARY SOURCE_DIR
 set -u
 KVSIM=$1; SRC=$2
-PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+PY=${KVSIM_PYTHON:-$SRC/.venv/bin/python}; [ -x "$PY" ] || PY=python3
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 fails=0
 ok() { echo "ok: $1"; }

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Runs one pytest file of the Python API for ctest: exit 0 when its tests pass, 77 (ctest SKIPPED)
 when pytest, pandas or the built extension is missing or when every test skipped (each reason is
 printed), else pytest's failure status.
@@ -15,16 +15,16 @@ def main():
     os.environ["KVSIM_BIN"] = os.path.join(build, "kvsim")
     sys.path[:0] = [os.path.join(build, "python"), os.path.dirname(os.path.abspath(test))]
     os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(build, "python"), os.environ.get("PYTHONPATH", "")])
-    for mod, why in (("pytest", "python3-pytest"), ("pandas", "python3-pandas")):
+    for mod in ("pytest", "pandas"):
         try:
             __import__(mod)
         except ImportError:
-            print(f"SKIPPED: no {mod} ({why}; scripts/install-deps.sh installs it)")
+            print(f"SKIPPED: {sys.executable} has no {mod} (scripts/setup-venv.sh installs it into .venv)")
             return 77
     try:
         import kvsim  # noqa: F401
     except ImportError as e:
-        print(f"SKIPPED: the kvsim Python module is not built ({e}; needs pybind11-dev and python3-dev)")
+        print(f"SKIPPED: the kvsim Python module is not built ({e}; needs pybind11 in .venv and python3-dev)")
         return 77
     import pytest
 

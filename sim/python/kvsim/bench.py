@@ -1,4 +1,4 @@
-"""`python3 -m kvsim.bench`: the per-step cost of a policy written in Python over the same policy in
+"""`.venv/bin/python -m kvsim.bench`: the per-step cost of a policy written in Python over the same policy in
 C++ (the engine's policy_ns metric: mean wall time of a policy's observe + attend per decoded step).
 
 The Python twins (kvsim.examples) answer bit for bit like the built-in window and h2o (window in its
@@ -7,7 +7,7 @@ the same work; the difference is the price of Python: the GIL, numpy array creat
 for every key, value and query, and numpy's per-call overhead on small arrays. One thread, so no
 policy waits for the GIL. Prints one row per policy and cache size, and the overhead in µs/step.
 
-Usage: python3 -m kvsim.bench [--n 2048] [--d 64] [--heads 4] [--kv-heads 2] [--budgets 64,512]
+Usage: .venv/bin/python -m kvsim.bench [--n 2048] [--d 64] [--heads 4] [--kv-heads 2] [--budgets 64,512]
 """
 import argparse
 import sys
@@ -37,7 +37,7 @@ def measure(n, d, heads, kv_heads, budgets, gqa="kv_head"):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python3 -m kvsim.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=".venv/bin/python -m kvsim.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2048, help="tokens")
     ap.add_argument("--d", type=int, default=64, help="head_dim")
     ap.add_argument("--heads", type=int, default=4, help="query heads")

@@ -1,4 +1,4 @@
-"""`python3 -m kvsim.compare_torch`: kvsim's window and H2O replays beside the same replays written in
+"""`.venv/bin/python -m kvsim.compare_torch`: kvsim's window and H2O replays beside the same replays written in
 PyTorch the way a researcher would, on the same machine, stream and thread count (issue "Performance").
 
 - window (StreamingLLM's local cache, budget B): PyTorch answers all steps at once as a banded masked
@@ -24,7 +24,7 @@ rel_err rows at 64 sampled steps (the exact reference computed here in float64):
 within 1e-4 (float32 rounding), else it exits 1. H2O's mean rel_err is printed for both (float32
 score ties may evict differently, so it is not asserted).
 
-Usage: python3 -m kvsim.compare_torch [--n 8192] [--d 128] [--budget 0.25] [--threads 1] [--quick]
+Usage: .venv/bin/python -m kvsim.compare_torch [--n 8192] [--d 128] [--budget 0.25] [--threads 1] [--quick]
 Exit codes: 0 done, 1 the window answers disagree, 77 PyTorch is not importable (nothing measured).
 """
 import argparse
@@ -130,7 +130,7 @@ def kvsim_side(n, d, budget, threads):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python3 -m kvsim.compare_torch", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=".venv/bin/python -m kvsim.compare_torch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=8192, help="tokens")
     ap.add_argument("--d", type=int, default=128, help="head_dim")
     ap.add_argument("--budget", type=float, default=0.25, help="cache size: tokens, or a fraction of n")

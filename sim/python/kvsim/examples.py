@@ -2,7 +2,7 @@
 API only — a ring `window` (H2O §5.1 "Local") and H2O (seeds/004 §4.1 Algorithm 1 with the built-in's
 eviction order: lowest accumulated score outside the recent part, ties to the oldest). Each keeps its
 cache in the C++ policy's slot order and answers with kvsim.attend, so its metric rows equal the
-built-in's bit for bit (tests/python/test_policies.py); `python3 -m kvsim.bench` times them against
+built-in's bit for bit (tests/python/test_policies.py); `.venv/bin/python -m kvsim.bench` times them against
 their C++ twins. Register them with kvsim.register_policy("py_window", PyWindow) etc."""
 import math
 
