@@ -5,6 +5,7 @@ A block may be preceded by a marker comment saying what it needs:
     <!-- docs-test: needs=data -->          the real-model files (../shared/data, or argv[2])
     <!-- docs-test: needs=gpu -->           a usable CUDA device (nvidia-smi lists one)
     <!-- docs-test: needs=transformers -->  python3 with torch and transformers
+    <!-- docs-test: needs=models -->        the model files that scripts/setup.sh fetches into models/
     <!-- docs-test: skip=REASON -->         never run here (e.g. the test command itself)
 A block whose need is missing is reported SKIPPED with the reason; every other block must exit 0.
 ```text blocks are illustrations (synopses, outputs) and are not run.
@@ -51,6 +52,11 @@ def have(need, data_dir):
     if need == "transformers":
         ok = subprocess.run([sys.executable, "-c", "import torch, transformers"], capture_output=True).returncode == 0
         return ok, "python3 has no torch/transformers"
+    if need == "models":
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        r = subprocess.run([sys.executable, os.path.join(here, "scripts", "fetch_models.py"), "--check"],
+                           capture_output=True, text=True)
+        return r.returncode == 0, (r.stderr.strip() or "model files absent") + " (bash scripts/setup.sh fetches them)"
     return False, f"unknown need '{need}'"
 
 
