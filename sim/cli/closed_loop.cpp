@@ -120,7 +120,7 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
     throw Error("model.generate (" + std::to_string(c.generate) + ") + the " + std::to_string(prompt_len) +
                 "-token prompt must fit in model.tokens (" +
                 std::to_string(c.tokens) + ")");
-  Tokenizer tok(c.tokenizer, cfg.vocab_size);
+  const Tokenizer tok = load_tokenizer(c.checkpoint, c.tokenizer, cfg.vocab_size);
   const std::vector<int> all =
       text_tokens(c.text, tok, int64_t(c.tokens) * c.windows, c.text_tail, "model.tokens × model.windows");
   std::error_code ec;

@@ -377,8 +377,8 @@ ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std
     c.checkpoint = get_string(m, "checkpoint", "", "model.");
     c.tokenizer = get_string(m, "tokenizer", "", "model.");
     c.text = get_string(m, "text", "", "model.");
-    if (c.checkpoint.empty() || c.tokenizer.empty() || c.text.empty())
-      throw Error(path + ": [model] needs 'checkpoint', 'tokenizer' and 'text'");
+    if (c.checkpoint.empty() || c.text.empty())
+      throw Error(path + ": [model] needs 'checkpoint' and 'text' (and 'tokenizer' for a llama2.c checkpoint)");
     c.tokens = int(get_int(m, "tokens", c.tokens, "model."));
     c.windows = int(get_int(m, "windows", c.windows, "model."));
     c.generate = int(get_int(m, "generate", 0, "model."));

@@ -96,10 +96,11 @@ void record_summary(const RecordOptions& ro, const RecordResult& r, bool print_t
 }
 
 void add_record(CLI::App& app) {
-  auto* record = app.add_subcommand("record", "run a llama2.c checkpoint and record q, k, v of every layer and head");
+  auto* record = app.add_subcommand("record", "run a llama2.c or GGUF checkpoint and record q, k, v of every layer and head");
   static RecordOptions ro;
-  record->add_option("--checkpoint", ro.checkpoint, "llama2.c model .bin")->required()->check(CLI::ExistingFile);
-  record->add_option("--tokenizer", ro.tokenizer, "llama2.c tokenizer.bin")->required()->check(CLI::ExistingFile);
+  record->add_option("--checkpoint", ro.checkpoint, "llama2.c model .bin, or a GGUF file of the llama architecture")
+      ->required()->check(CLI::ExistingFile);
+  record->add_option("--tokenizer", ro.tokenizer, "llama2.c tokenizer.bin (a GGUF file carries its own)")->check(CLI::ExistingFile);
   auto* text_opt = record->add_option("--text", ro.text_path, "teacher-forced: text file")->check(CLI::ExistingFile);
   auto* tokens_opt = record->add_option("--tokens", ro.tokens, "teacher-forced: tokens to record (<= seq_len)")->capture_default_str();
   record->add_option("--text-tail", ro.text_tail,

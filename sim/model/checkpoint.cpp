@@ -10,6 +10,7 @@
 namespace kvsim {
 
 std::string LlamaConfig::format_name() const {
+  if (gguf_version > 0) return "GGUF v" + std::to_string(gguf_version) + " (" + architecture + "; " + tensor_types + ")";
   if (format_version == 2) return "llama2.c version 2 (Q8_0, group " + std::to_string(group_size) + ")";
   if (format_version == 1) return "llama2.c version 1 (float32)";
   return "llama2.c legacy (float32)";
@@ -47,7 +48,6 @@ class Reader {
 
 /// Names files that are plainly something else, so the error says what was given.
 std::string foreign_format(const unsigned char* b, int64_t size) {
-  if (size >= 4 && std::memcmp(b, "GGUF", 4) == 0) return "a GGUF file (llama.cpp)";
   if (size >= 4 && std::memcmp(b, "PK\x03\x04", 4) == 0) return "a zip archive (a PyTorch .pt/.bin state dict?)";
   if (size >= 9 && b[8] == '{') {
     uint64_t len;
@@ -120,6 +120,10 @@ Checkpoint load_checkpoint(const std::string& path) {
   unsigned char head[kHeaderBytes] = {};
   in.read(reinterpret_cast<char*>(head), std::min<int64_t>(size, kHeaderBytes));
   in.clear();
+  if (size >= 4 && std::memcmp(head, "GGUF", 4) == 0) {
+    in.close();
+    return load_gguf_checkpoint(path);
+  }
   if (size < 28) throw Error(path + ": too short for a llama2.c header");
   const std::string foreign = foreign_format(head, size);
   if (!foreign.empty()) throw Error(path + ": is " + foreign + ", not a llama2.c checkpoint (legacy, version 1 or 2)");

@@ -10,10 +10,10 @@
 namespace kvsim {
 namespace {
 
-void rmsnorm(float* out, const float* x, const float* w, int n) {
+void rmsnorm(float* out, const float* x, const float* w, int n, double eps) {
   double ss = 0;
   for (int i = 0; i < n; ++i) ss += double(x[i]) * x[i];
-  float inv = static_cast<float>(1.0 / std::sqrt(ss / n + 1e-5));
+  float inv = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
   for (int i = 0; i < n; ++i) out[i] = w[i] * (inv * x[i]);
 }
 
@@ -24,15 +24,20 @@ void matvec(float* out, const float* W, const float* x, int rows, int cols) {
   Eigen::Map<VecF>(out, rows).noalias() = Wm * xv;
 }
 
-void rope(float* vec, int n, int head_dim, int pos) {
-  for (int i = 0; i < n; i += 2) {
-    int hd = i % head_dim;
-    double freq = 1.0 / std::pow(10000.0, double(hd) / head_dim);
-    double val = pos * freq;
-    float fcr = static_cast<float>(std::cos(val)), fci = static_cast<float>(std::sin(val));
-    float v0 = vec[i], v1 = vec[i + 1];
-    vec[i] = v0 * fcr - v1 * fci;
-    vec[i + 1] = v0 * fci + v1 * fcr;
+/// Rotary embedding (RoFormer, Su et al. 2021, Eq. 34) of every head in vec[n] at position pos:
+/// pair k (k < head_dim/2) turns by pos · θ^(−2k/head_dim). Pairs are channels (2k, 2k+1) or, with
+/// `halves`, (k, k + head_dim/2) (LlamaConfig::rope_halves).
+void rope(float* vec, int n, int head_dim, int pos, double theta, bool halves) {
+  for (int h0 = 0; h0 < n; h0 += head_dim) {
+    for (int k = 0; k < head_dim / 2; ++k) {
+      const double freq = 1.0 / std::pow(theta, double(2 * k) / head_dim);
+      const double val = pos * freq;
+      const float fcr = static_cast<float>(std::cos(val)), fci = static_cast<float>(std::sin(val));
+      const int a = h0 + (halves ? k : 2 * k), b = halves ? a + head_dim / 2 : a + 1;
+      const float v0 = vec[a], v1 = vec[b];
+      vec[a] = v0 * fcr - v1 * fci;
+      vec[b] = v0 * fci + v1 * fcr;
+    }
   }
 }
 
@@ -90,12 +95,12 @@ const std::vector<float>& LlamaModel::forward(int token, int pos,
   std::copy(emb_ + int64_t(token) * D, emb_ + int64_t(token + 1) * D, x_.begin());
   const double scale = 1.0 / std::sqrt(double(hs));
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    rmsnorm(xb_.data(), x_.data(), rms_att_ + int64_t(l) * D, D);
+    rmsnorm(xb_.data(), x_.data(), rms_att_ + int64_t(l) * D, D, cfg_.rms_eps);
     matvec(q_.data(), wq_ + int64_t(l) * D * D, xb_.data(), D, D);
     matvec(k_.data(), wk_ + int64_t(l) * D * KV, xb_.data(), KV, D);
     matvec(v_.data(), wv_ + int64_t(l) * D * KV, xb_.data(), KV, D);
-    rope(q_.data(), D, hs, pos);
-    rope(k_.data(), KV, hs, pos);
+    rope(q_.data(), D, hs, pos, cfg_.rope_theta, cfg_.rope_halves);
+    rope(k_.data(), KV, hs, pos, cfg_.rope_theta, cfg_.rope_halves);
     if (override_) {
       override_->attend(l, pos, q_.data(), k_.data(), v_.data(), att_out_.data());
     } else {
@@ -121,7 +126,7 @@ const std::vector<float>& LlamaModel::forward(int token, int pos,
     if (trace) trace(l, LayerTrace{q_.data(), k_.data(), v_.data(), att_out_.data()});
     matvec(xb_.data(), wo_ + int64_t(l) * D * D, att_out_.data(), D, D);
     for (int i = 0; i < D; ++i) x_[i] += xb_[i];
-    rmsnorm(xb_.data(), x_.data(), rms_ffn_ + int64_t(l) * D, D);
+    rmsnorm(xb_.data(), x_.data(), rms_ffn_ + int64_t(l) * D, D, cfg_.rms_eps);
     matvec(hb_.data(), w1_ + int64_t(l) * D * Hd, xb_.data(), Hd, D);
     matvec(hb2_.data(), w3_ + int64_t(l) * D * Hd, xb_.data(), Hd, D);
     for (int i = 0; i < Hd; ++i) {
@@ -131,7 +136,7 @@ const std::vector<float>& LlamaModel::forward(int token, int pos,
     matvec(xb_.data(), w2_ + int64_t(l) * D * Hd, hb_.data(), D, Hd);
     for (int i = 0; i < D; ++i) x_[i] += xb_[i];
   }
-  rmsnorm(x_.data(), x_.data(), rms_final_, D);
+  rmsnorm(x_.data(), x_.data(), rms_final_, D, cfg_.rms_eps);
   matvec(logits_.data(), wcls_, x_.data(), cfg_.vocab_size, D);
   return logits_;
 }

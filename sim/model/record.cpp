@@ -66,10 +66,12 @@ int run_positions(LlamaModel& model, const Tokenizer& tok, const std::vector<int
     } else {
       next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
-    if (pos > 0 || token != Tokenizer::kBos) text += tok.decode(pos > 0 ? res.tokens[pos - 1] : -1, token);
+    if (pos > 0 || token != tok.bos_id()) text += tok.decode(pos > 0 ? res.tokens[pos - 1] : -1, token);
     // llama2.c stops on BOS (a sequence boundary); a byte-level model trained with BOS at every
-    // paragraph (Tokenizer::encode_document) goes on into the next paragraph.
-    if (generate && next == Tokenizer::kBos && !tok.byte_level()) {
+    // paragraph (Tokenizer::encode_document) goes on into the next paragraph; a GGUF model stops at
+    // its end-of-sequence token.
+    const int stop = model.config().gguf_version > 0 ? tok.eos_id() : tok.bos_id();
+    if (generate && next == stop && !tok.byte_level()) {
       ++pos;
       break;
     }
@@ -88,7 +90,7 @@ void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Tra
   RecordingMeta meta;
   meta.model = opt.checkpoint;
   std::ostringstream src;
-  src << "kvsim record --checkpoint " << opt.checkpoint << " --tokenizer " << opt.tokenizer;
+  src << "kvsim record --checkpoint " << opt.checkpoint << (opt.tokenizer.empty() ? "" : " --tokenizer " + opt.tokenizer);
   if (!opt.policy.empty()) src << " --policy " << opt.policy << " (" << opt.policy_params.to_string() << ")";
   if (generate) src << " --generate " << opt.generate << (opt.prompt.empty() ? "" : " --prompt '" + opt.prompt + "'");
   else src << " --text " << opt.text_path << (opt.text_tail > 0 ? " --text-tail " + std::to_string(opt.text_tail) : "")
@@ -119,6 +121,13 @@ void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Tra
   }
   w.set_attr("mode", std::string(generate ? "generate" : "teacher_forced"));
   w.set_attr("checkpoint_format", cfg.format_name());
+  if (cfg.gguf_version > 0) {
+    w.set_attr("architecture", cfg.architecture);
+    w.set_attr("quantization", cfg.tensor_types);
+    w.set_attr("checkpoint_sha256", cfg.sha256);
+    w.set_attr("rope_theta", cfg.rope_theta);
+    w.set_attr("rope_pairs", std::string("halves (i, i + head_dim/2): Hugging Face channel order"));
+  }
   w.finish();
 }
 
@@ -127,13 +136,15 @@ void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Tra
 RecordResult record_model(const RecordOptions& opt) {
   LlamaModel model(opt.checkpoint);
   const auto& cfg = model.config();
-  Tokenizer tok(opt.tokenizer, cfg.vocab_size);
+  const Tokenizer tok = load_tokenizer(opt.checkpoint, opt.tokenizer, cfg.vocab_size);
   RecordResult res;
   const bool generate = opt.generate > 0;
   std::vector<int> input;
   int n = 0;
   if (generate) {
-    input = opt.prompt.empty() ? std::vector<int>{Tokenizer::kBos} : tok.encode(opt.prompt, true, false);
+    if (opt.prompt.empty() && tok.bos_id() < 0) throw Error(opt.checkpoint + ": the model has no BOS token; give --prompt");
+    input = opt.prompt.empty() ? std::vector<int>{tok.bos_id()} : tok.encode(opt.prompt, tok.add_bos(), false);
+    if (input.empty()) throw Error("kvsim record: --prompt encodes to no tokens");
     n = opt.generate;
   } else if (!opt.token_ids.empty()) {
     input = opt.token_ids;
@@ -214,7 +225,7 @@ std::vector<std::string> record_windows(const RecordOptions& opt, int windows) {
   if (opt.generate > 0 || opt.text_path.empty()) throw Error("kvsim record: --windows needs --text (teacher-forced)");
   if (opt.out.empty()) throw Error("kvsim record: --windows needs --out (window w goes to OUT_wNN.h5)");
   LlamaModel probe(opt.checkpoint);
-  Tokenizer tok(opt.tokenizer, probe.config().vocab_size);
+  const Tokenizer tok = load_tokenizer(opt.checkpoint, opt.tokenizer, probe.config().vocab_size);
   const std::vector<int> all = encode_text(opt, tok, int64_t(opt.tokens) * windows);
   std::vector<std::string> paths;
   for (int w = 0; w < windows; ++w) {

@@ -25,5 +25,7 @@ void bind_run(py::module_& m);
 void bind_sources(py::module_& m);
 /// `Stream` (what a policy instance is built for), `_register_policy`, `attend`.
 void bind_policies(py::module_& m);
+/// `_Model` (a checkpoint and its tokenizer), `_gguf_dequantize`, `_gguf_tensors`, `_gguf_tensor`.
+void bind_models(py::module_& m);
 
 }  // namespace kvsim::python

@@ -12,4 +12,5 @@ PYBIND11_MODULE(_kvsim, m) {
   kvsim::python::bind_run(m);
   kvsim::python::bind_sources(m);
   kvsim::python::bind_policies(m);
+  kvsim::python::bind_models(m);
 }

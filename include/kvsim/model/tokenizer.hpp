@@ -1,4 +1,6 @@
-// kvsim: the llama2.c tokenizer.bin format (sentencepiece BPE exported by llama2.c).
+// kvsim: tokenizers of the checkpoints `kvsim record` reads.
+//
+// 1. llama2.c tokenizer.bin (sentencepiece BPE exported by llama2.c).
 // File: int32 max_token_length, then per token: float32 score, int32 length, `length` bytes.
 // Encoding (as llama2.c's `encode`): optional BOS (id 1), a dummy-prefix " " piece when the text is
 // non-empty, one piece per UTF-8 code point (byte fallback to ids 3 + byte when a code point has no
@@ -10,42 +12,94 @@
 // such models are trained: token = byte + 3, no dummy-prefix space, no merges. llama2.c's run.c
 // would prepend " " (its sentencepiece convention); kvsim does not, because the training stream has
 // no such space.
+//
+// 2. A GGUF file's own tokenizer (metadata `tokenizer.ggml.*`, llama.cpp's llama-vocab.cpp):
+//  - model "llama": SentencePiece pieces with scores, as above ("▁" stands for a space in the file;
+//    byte fallback to the "<0xHH>" pieces; a dummy-prefix space when `add_space_prefix`, default true).
+//  - model "gpt2": byte-level BPE (GPT-2, Radford et al. 2019 §2.2): the text is split by the
+//    pre-tokenizer the file names in `tokenizer.ggml.pre` (regular expressions run by PCRE2 with
+//    Unicode properties, each splitting the pieces of the one before, unmatched runs kept as pieces:
+//    llama.cpp's `unicode_regex_split`), each piece's bytes are mapped to GPT-2's printable
+//    characters, then the adjacent pair with the lowest merge rank (`tokenizer.ggml.merges`, leftmost
+//    on ties) is merged until none applies. Pre-tokenizers: "gpt2" (GPT-2's expression), "smollm"
+//    (also starcoder, refact, command-r, codeshell: every digit alone, then GPT-2's), "llama-bpe"
+//    (Llama 3's). Others are refused by name. Special (control) tokens are not parsed out of text.
+//  BOS/EOS ids come from `tokenizer.ggml.bos_token_id` / `eos_token_id`; a document starts with BOS
+//  only when `tokenizer.ggml.add_bos_token` says so (SmolLM2: false; "llama" files default to true).
 #pragma once
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace kvsim {
 
+namespace gguf {
+class File;
+}
+
 class Tokenizer {
  public:
   /// Loads a tokenizer.bin; `vocab_size` is the model's vocabulary size (the file holds that many
   /// pieces). Throws kvsim::Error naming the file on a short or malformed file.
   Tokenizer(const std::string& path, int vocab_size);
+  /// The tokenizer a GGUF file carries. Throws kvsim::Error naming the file and key for a missing or
+  /// malformed `tokenizer.ggml.*` entry, another tokenizer model, or an unsupported pre-tokenizer.
+  explicit Tokenizer(const gguf::File& file);
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
   /// Encode text into token ids. O(L log L) in the text length L (priority-queue BPE, same merges
   /// as llama2.c's quadratic loop).
   std::vector<int> encode(const std::string& text, bool bos, bool eos) const;
-  /// Decode one token given the previous one (strips the leading space after BOS, maps <0xXX>).
+  /// Decode one token given the previous one (strips the leading space after BOS, maps <0xXX>;
+  /// byte-level BPE pieces back to their bytes, control tokens to nothing).
   std::string decode(int prev, int token) const;
   /// Encode a whole document as the model's training stream saw it. Sentencepiece vocabularies:
-  /// encode(text, bos = true) (one BOS at the start). Byte-level vocabularies: the text split at every
+  /// encode(text, bos = add_bos()) (one BOS at the start). Byte-level BPE: the same. llama2.c
+  /// byte-level vocabularies: the text split at every
   /// "\n\n"; each non-empty paragraph becomes BOS, its bytes and "\n\n" (the byte-mode training
   /// stream of shakespeare-q80, MikeBertin/prometheus src/train.py `load_bytes`).
   std::vector<int> encode_document(const std::string& text) const;
   /// True for a byte-level vocabulary (see above).
   bool byte_level() const { return byte_level_; }
   const std::string& piece(int id) const { return pieces_.at(id); }
+  int bos_id() const { return bos_; }
+  int eos_id() const { return eos_; }
+  /// Whether a document starts with BOS (llama2.c: always).
+  bool add_bos() const { return add_bos_; }
+  /// "sentencepiece", "llama2.c bytes" or "byte-level BPE (pre-tokenizer smollm)".
+  std::string kind_name() const;
+  /// llama2.c's ids, the defaults of its tokenizer.bin.
   static constexpr int kBos = 1;
   static constexpr int kEos = 2;
 
  private:
   /// Sentencepiece encoding of `text` appended to `toks` (which holds BOS or nothing), merged.
   void encode_pieces(const std::string& text, std::vector<int>& toks) const;
+  /// Byte-level BPE encoding of `text` appended to `toks`.
+  void encode_bpe(const std::string& text, std::vector<int>& toks) const;
+  void bpe_word(const std::string& mapped, std::vector<int>& toks) const;
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int> lookup_;
   bool byte_level_ = false;
+  bool bpe_ = false;
+  bool add_bos_ = true;
+  bool space_prefix_ = true;
+  int bos_ = kBos, eos_ = kEos, unk_ = 0;
+  std::vector<int> byte_ids_;  ///< sentencepiece byte fallback: id of "<0xHH>" (or 3 + byte)
+  std::vector<bool> control_;  ///< decode() prints nothing for these
+  std::string pre_;            ///< BPE pre-tokenizer name
+  std::unordered_map<std::string, int> merge_rank_;  ///< "left right" → rank
+  struct Regexes;
+  std::unique_ptr<Regexes> re_;
+  mutable std::unordered_map<std::string, std::vector<int>> cache_;  ///< BPE: piece → ids
 };
+
+/// The tokenizer of a checkpoint: a GGUF checkpoint's own (metadata), else the llama2.c
+/// tokenizer.bin at `tokenizer_path`. Throws kvsim::Error when a GGUF is given a tokenizer.bin (it
+/// carries its own) or a llama2.c checkpoint none.
+Tokenizer load_tokenizer(const std::string& checkpoint, const std::string& tokenizer_path, int vocab_size);
 
 }  // namespace kvsim
