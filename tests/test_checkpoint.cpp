@@ -218,7 +218,7 @@ TEST_CASE("checkpoint: damaged or foreign files are refused with one line naming
   const size_t scale_at = 256 + 4 * (2 * 2 * 16 + 16) + 259 * 16 + 4 * 3;  // the embedding's 4th scale
   std::memcpy(&b[scale_at], &nan, 4);
   refused(b, "token_embedding scales holds a non-finite value at index 3");
-  refused("GGUF" + good.substr(4), "is a GGUF file");
+  refused("GGUF" + good.substr(4), "bad GGUF file: the header claims");  // read as GGUF: its counts are garbage
   refused("PK\x03\x04" + good.substr(4), "zip archive");
   std::string legacy = Tiny().bytes(0);
   std::memcpy(&legacy[64], &nan, 4);

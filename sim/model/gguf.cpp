@@ -310,7 +310,7 @@ float half_to_float(uint16_t h) {
 
 std::string type_name(uint32_t type) {
   const TypeRow* r = type_row(type);
-  return r ? r->name : "type " + std::to_string(type);
+  return r ? r->name : "unknown id " + std::to_string(type);
 }
 bool supported(uint32_t type) {
   const TypeRow* r = type_row(type);

@@ -77,6 +77,12 @@ void bind_models(py::module_& m) {
       .def("tokenizer_kind", [](const PyModel& p) { return p.tok.kind_name(); })
       .def("logits", &PyModel::logits, py::arg("tokens"));
 
+  py::class_<Tokenizer>(m, "_Tokenizer")
+      .def(py::init([](const std::string& path) { return Tokenizer(gguf::File(path)); }), py::arg("gguf"))
+      .def("encode", [](const Tokenizer& t, const std::string& text, bool bos) { return t.encode(text, bos, false); },
+           py::arg("text"), py::arg("bos") = false)
+      .def("kind", &Tokenizer::kind_name);
+
   m.def(
       "_gguf_dequantize",
       [](uint32_t type, py::bytes data, int64_t n) {

@@ -32,7 +32,7 @@ enum Type : uint32_t {
   Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, BF16 = 30,
 };
 
-/// "Q4_K", "F32", …; "IQ2_XXS" and other known-but-unsupported names; "type 77" when unknown.
+/// "Q4_K", "F32", …; "IQ2_XXS" and other known-but-unsupported names; "unknown id 77" otherwise.
 std::string type_name(uint32_t type);
 /// True for the types dequantize() handles.
 bool supported(uint32_t type);

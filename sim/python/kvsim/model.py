@@ -58,6 +58,21 @@ class Model:
         return self._m.logits(list(int(t) for t in tokens))
 
 
+class Tokenizer:
+    """The tokenizer a GGUF file carries (its `tokenizer.ggml.*` metadata; the file need not hold a
+    model). encode(text, bos=False) -> list[int]; kind -> str."""
+
+    def __init__(self, gguf_path):
+        self._t = _kvsim._Tokenizer(str(gguf_path))
+
+    def encode(self, text, bos=False):
+        return self._t.encode(text, bos)
+
+    @property
+    def kind(self):
+        return self._t.kind()
+
+
 def gguf_tensors(path):
     """[(name, ne, type_name, type_id)] of a GGUF file (ne[0] is the contiguous dimension)."""
     return _kvsim._gguf_tensors(str(path))
