@@ -421,3 +421,4 @@ def checkpoint_cases(kvsim, work, rng, count):
     return cases
 
 
+

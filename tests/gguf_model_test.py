@@ -152,6 +152,98 @@ def tensor_info_at(blob, name):
     return i + len(key)
 
 
+def check_equivalence(kvsim_bin, ck, tk, text, good, tmp, w, np, h5py, kvsim):
+    hd, H, KV = w["cfg"]["hd"], w["cfg"]["H"], w["cfg"]["KV"]
+    # 1. The same model through both readers.
+    a, b = os.path.join(tmp, "l2c.h5"), os.path.join(tmp, "gguf.h5")
+    ra = subprocess.run([kvsim_bin, "record", "--checkpoint", ck, "--tokenizer", tk, "--text", text, "--tokens", "200",
+                         "--out", a], capture_output=True, text=True)
+    rb = subprocess.run([kvsim_bin, "record", "--checkpoint", good, "--text", text, "--tokens", "200", "--out", b],
+                        capture_output=True, text=True)
+    check(ra.returncode == 0 and rb.returncode == 0, "both recordings written: " + (ra.stderr + rb.stderr).strip())
+    if ra.returncode or rb.returncode:
+        return False
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        check(np.array_equal(fa["tokens"][:], fb["tokens"][:]),
+              "the GGUF 'llama' tokenizer gives the tokenizer.bin's 200 ids")
+        ce = float(np.abs(fa["cross_entropy"][:] - fb["cross_entropy"][:]).max())
+        check(ce <= 1e-5, f"per-token cross-entropy equal (max |Δ| {ce:.1e})")
+        check("GGUF v3" in fb.attrs["checkpoint_format"] and len(fb.attrs["checkpoint_sha256"]) == 64,
+              f"the recording names its format ({fb.attrs['checkpoint_format']}) and sha256")
+        perm = [2 * i + j for j in range(2) for i in range(hd // 2)]  # HF channel c = j·hd/2 + i ← GGUF 2i + j
+        worst = {"q": 0.0, "k": 0.0, "v": 0.0, "attn": 0.0}
+        unpermuted = 0.0
+        A, B = kvsim.Recording(a), kvsim.Recording(b)
+        for l in range(w["cfg"]["L"]):
+            for t, heads, p in (("q", H, perm), ("k", KV, perm), ("v", KV, None), ("attn", H, None)):
+                for h in range(heads):
+                    x, y = getattr(A, t)(l, h), getattr(B, t)(l, h)
+                    if p is not None:
+                        if t == "q":
+                            unpermuted = max(unpermuted, float(np.abs(x - y).max() / np.abs(x).max()))
+                        x = x[:, p]
+                    worst[t] = max(worst[t], float(np.abs(x - y).max() / np.abs(x).max()))
+        for t, v in worst.items():
+            check(v <= 1e-5, f"{t} equal across the two readers (max relative |Δ| {v:.1e}; q, k after the permutation)")
+        check(unpermuted > 1e-2, f"negative control: without the permutation q differs ({unpermuted:.2f})")
+
+    return True
+
+
+def refusal_cases(good, tmp, w, pieces, scores, np, gguf):
+    # 2. Refusals: (what, file bytes or writer options, text that the one-line error must hold).
+    cases = []
+
+    def written(name, **opts):
+        p = os.path.join(tmp, name + ".gguf")
+        write_gguf(gguf, np, w, pieces, scores, p, **opts)
+        return p
+    cases.append(("another architecture", written("arch", arch="gemma3"), "architecture 'gemma3'"))
+    cases.append(("rope scaling", written("rope", kv={"llama.rope.scaling.type": ("string", "linear"),
+                                                      "llama.rope.scaling.factor": ("float32", 4.0)}), "rope scaling"))
+    cases.append(("sliding window", written("swa", kv={"llama.attention.sliding_window": ("uint32", 64)}), "sliding_window"))
+    cases.append(("unexpected tensor", written("bias", extra=[("blk.0.attn_q.bias", np.zeros(64, np.float32), None)]),
+                  "unexpected tensor 'blk.0.attn_q.bias'"))
+    cases.append(("missing tensor", written("missing", skip=("blk.3.ffn_up.weight",)), "'blk.3.ffn_up.weight' is missing"))
+    cases.append(("unsupported pre-tokenizer", written("pre", pre="deepseek-coder"), "deepseek-coder"))
+    with open(good, "rb") as f:
+        blob = f.read()
+
+    def patched(name, fn):
+        b2 = bytearray(blob)
+        fn(b2)
+        p = os.path.join(tmp, name + ".gguf")
+        with open(p, "wb") as f:
+            f.write(bytes(b2) if not isinstance(b2, bytes) else b2)
+        return p
+    q0 = tensor_info_at(blob, "blk.0.attn_q.weight")  # n_dims u32, ne u64 × 2, type u32, offset u64
+    k0 = tensor_info_at(blob, "blk.0.attn_k.weight")
+    off_q = q0 + 4 + 16 + 4
+    off_k = k0 + 4 + 16 + 4
+    cases.append(("truncated data", patched("trunc", lambda b: b.__delitem__(slice(len(b) - 1000, None))), "truncated"))
+    cases.append(("misaligned offset", patched("misalign", lambda b: b.__setitem__(
+        slice(off_q, off_q + 8), struct.pack("<Q", struct.unpack_from("<Q", blob, off_q)[0] + 4))), "alignment"))
+    cases.append(("out-of-file offset", patched("beyond", lambda b: b.__setitem__(
+        slice(off_q, off_q + 8), struct.pack("<Q", 1 << 40))), "blk.0.attn_q.weight"))
+    cases.append(("overlapping tensors", patched("overlap", lambda b: b.__setitem__(
+        slice(off_k, off_k + 8), blob[off_q:off_q + 8])), "overlap"))
+    cases.append(("duplicate tensor", patched("dup", lambda b: b.__setitem__(
+        slice(k0 - len("blk.0.attn_k.weight"), k0), b"blk.0.attn_q.weight")), "appears twice"))
+    cases.append(("shape disagrees", patched("shape", lambda b: b.__setitem__(
+        slice(q0 + 4, q0 + 12), struct.pack("<Q", 32))), "blk.0.attn_q.weight"))
+    cases.append(("overflowing dimensions", patched("overflow", lambda b: (
+        b.__setitem__(slice(q0 + 4, q0 + 12), struct.pack("<Q", 1 << 39)),
+        b.__setitem__(slice(q0 + 12, q0 + 20), struct.pack("<Q", 1 << 39)))), "2^40"))
+    cases.append(("unsupported tensor type", patched("iq", lambda b: b.__setitem__(
+        slice(q0 + 20, q0 + 24), struct.pack("<I", 16))), "'blk.0.attn_q.weight' has type IQ2_XXS"))
+    cases.append(("unknown tensor type", patched("t99", lambda b: b.__setitem__(
+        slice(q0 + 20, q0 + 24), struct.pack("<I", 99))), "'blk.0.attn_q.weight' has type unknown id 99"))
+    cases.append(("GGUF version 1", patched("v1", lambda b: b.__setitem__(slice(4, 8), struct.pack("<I", 1))), "version 1"))
+    cases.append(("huge metadata count", patched("kvcount", lambda b: b.__setitem__(
+        slice(16, 24), struct.pack("<Q", 1 << 60))), "metadata entries"))
+    return cases
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
@@ -173,95 +265,14 @@ def main():
         return SKIP
     w = read_llama2c(np, ck)
     pieces, scores = read_tokenizer(tk, w["cfg"]["V"])
-    hd, H, KV = w["cfg"]["hd"], w["cfg"]["H"], w["cfg"]["KV"]
 
     with tempfile.TemporaryDirectory() as tmp:
         good = os.path.join(tmp, "stories260K.gguf")
         write_gguf(gguf, np, w, pieces, scores, good)
-
-        # 1. The same model through both readers.
-        a, b = os.path.join(tmp, "l2c.h5"), os.path.join(tmp, "gguf.h5")
-        ra = subprocess.run([kvsim_bin, "record", "--checkpoint", ck, "--tokenizer", tk, "--text", text, "--tokens", "200",
-                             "--out", a], capture_output=True, text=True)
-        rb = subprocess.run([kvsim_bin, "record", "--checkpoint", good, "--text", text, "--tokens", "200", "--out", b],
-                            capture_output=True, text=True)
-        check(ra.returncode == 0 and rb.returncode == 0, "both recordings written: " + (ra.stderr + rb.stderr).strip())
-        if ra.returncode or rb.returncode:
+        if not check_equivalence(kvsim_bin, ck, tk, text, good, tmp, w, np, h5py, kvsim):
             return 1
-        with h5py.File(a) as fa, h5py.File(b) as fb:
-            check(np.array_equal(fa["tokens"][:], fb["tokens"][:]),
-                  "the GGUF 'llama' tokenizer gives the tokenizer.bin's 200 ids")
-            ce = float(np.abs(fa["cross_entropy"][:] - fb["cross_entropy"][:]).max())
-            check(ce <= 1e-5, f"per-token cross-entropy equal (max |Δ| {ce:.1e})")
-            check("GGUF v3" in fb.attrs["checkpoint_format"] and len(fb.attrs["checkpoint_sha256"]) == 64,
-                  f"the recording names its format ({fb.attrs['checkpoint_format']}) and sha256")
-            perm = [2 * i + j for j in range(2) for i in range(hd // 2)]  # HF channel c = j·hd/2 + i ← GGUF 2i + j
-            worst = {"q": 0.0, "k": 0.0, "v": 0.0, "attn": 0.0}
-            unpermuted = 0.0
-            A, B = kvsim.Recording(a), kvsim.Recording(b)
-            for l in range(w["cfg"]["L"]):
-                for t, heads, p in (("q", H, perm), ("k", KV, perm), ("v", KV, None), ("attn", H, None)):
-                    for h in range(heads):
-                        x, y = getattr(A, t)(l, h), getattr(B, t)(l, h)
-                        if p is not None:
-                            if t == "q":
-                                unpermuted = max(unpermuted, float(np.abs(x - y).max() / np.abs(x).max()))
-                            x = x[:, p]
-                        worst[t] = max(worst[t], float(np.abs(x - y).max() / np.abs(x).max()))
-            for t, v in worst.items():
-                check(v <= 1e-5, f"{t} equal across the two readers (max relative |Δ| {v:.1e}; q, k after the permutation)")
-            check(unpermuted > 1e-2, f"negative control: without the permutation q differs ({unpermuted:.2f})")
+        cases = refusal_cases(good, tmp, w, pieces, scores, np, gguf)
 
-        # 2. Refusals: (what, file bytes or writer options, text that the one-line error must hold).
-        cases = []
-
-        def written(name, **opts):
-            p = os.path.join(tmp, name + ".gguf")
-            write_gguf(gguf, np, w, pieces, scores, p, **opts)
-            return p
-        cases.append(("another architecture", written("arch", arch="gemma3"), "architecture 'gemma3'"))
-        cases.append(("rope scaling", written("rope", kv={"llama.rope.scaling.type": ("string", "linear"),
-                                                          "llama.rope.scaling.factor": ("float32", 4.0)}), "rope scaling"))
-        cases.append(("sliding window", written("swa", kv={"llama.attention.sliding_window": ("uint32", 64)}), "sliding_window"))
-        cases.append(("unexpected tensor", written("bias", extra=[("blk.0.attn_q.bias", np.zeros(64, np.float32), None)]),
-                      "unexpected tensor 'blk.0.attn_q.bias'"))
-        cases.append(("missing tensor", written("missing", skip=("blk.3.ffn_up.weight",)), "'blk.3.ffn_up.weight' is missing"))
-        cases.append(("unsupported pre-tokenizer", written("pre", pre="deepseek-coder"), "deepseek-coder"))
-        with open(good, "rb") as f:
-            blob = f.read()
-
-        def patched(name, fn):
-            b2 = bytearray(blob)
-            fn(b2)
-            p = os.path.join(tmp, name + ".gguf")
-            with open(p, "wb") as f:
-                f.write(bytes(b2) if not isinstance(b2, bytes) else b2)
-            return p
-        q0 = tensor_info_at(blob, "blk.0.attn_q.weight")  # n_dims u32, ne u64 × 2, type u32, offset u64
-        k0 = tensor_info_at(blob, "blk.0.attn_k.weight")
-        off_q = q0 + 4 + 16 + 4
-        off_k = k0 + 4 + 16 + 4
-        cases.append(("truncated data", patched("trunc", lambda b: b.__delitem__(slice(len(b) - 1000, None))), "truncated"))
-        cases.append(("misaligned offset", patched("misalign", lambda b: b.__setitem__(
-            slice(off_q, off_q + 8), struct.pack("<Q", struct.unpack_from("<Q", blob, off_q)[0] + 4))), "alignment"))
-        cases.append(("out-of-file offset", patched("beyond", lambda b: b.__setitem__(
-            slice(off_q, off_q + 8), struct.pack("<Q", 1 << 40))), "blk.0.attn_q.weight"))
-        cases.append(("overlapping tensors", patched("overlap", lambda b: b.__setitem__(
-            slice(off_k, off_k + 8), blob[off_q:off_q + 8])), "overlap"))
-        cases.append(("duplicate tensor", patched("dup", lambda b: b.__setitem__(
-            slice(k0 - len("blk.0.attn_k.weight"), k0), b"blk.0.attn_q.weight")), "appears twice"))
-        cases.append(("shape disagrees", patched("shape", lambda b: b.__setitem__(
-            slice(q0 + 4, q0 + 12), struct.pack("<Q", 32))), "blk.0.attn_q.weight"))
-        cases.append(("overflowing dimensions", patched("overflow", lambda b: (
-            b.__setitem__(slice(q0 + 4, q0 + 12), struct.pack("<Q", 1 << 39)),
-            b.__setitem__(slice(q0 + 12, q0 + 20), struct.pack("<Q", 1 << 39)))), "2^40"))
-        cases.append(("unsupported tensor type", patched("iq", lambda b: b.__setitem__(
-            slice(q0 + 20, q0 + 24), struct.pack("<I", 16))), "'blk.0.attn_q.weight' has type IQ2_XXS"))
-        cases.append(("unknown tensor type", patched("t99", lambda b: b.__setitem__(
-            slice(q0 + 20, q0 + 24), struct.pack("<I", 99))), "'blk.0.attn_q.weight' has type unknown id 99"))
-        cases.append(("GGUF version 1", patched("v1", lambda b: b.__setitem__(slice(4, 8), struct.pack("<I", 1))), "version 1"))
-        cases.append(("huge metadata count", patched("kvcount", lambda b: b.__setitem__(
-            slice(16, 24), struct.pack("<Q", 1 << 60))), "metadata entries"))
         for what, path, needle in cases:
             r = subprocess.run([kvsim_bin, "record", "--checkpoint", path, "--text", text, "--tokens", "8",
                                 "--out", os.path.join(tmp, "x.h5")], capture_output=True, text=True)

@@ -50,6 +50,113 @@ def mixed_text(root, data_dir):
     return "\n\n".join(parts)
 
 
+def check_tokens(m, tok, path, text, gguf, Tokenizer):
+    # 1. Tokens on mixed text, with a negative control (reversed merge priorities).
+    ours = m.encode(text)
+    theirs = tok.encode(text, add_special_tokens=False)
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    check(len(text) >= 50000 and ours == theirs,
+          f"token ids equal transformers' on {len(text)} characters ({len(ours)} tokens; first difference at {first})")
+    with tempfile.TemporaryDirectory() as tmp:
+        reader = gguf.GGUFReader(path)
+        w = gguf.GGUFWriter(os.path.join(tmp, "reversed.gguf"), "llama")
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm")
+        field = reader.fields["tokenizer.ggml.tokens"]
+        tokens = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+        field = reader.fields["tokenizer.ggml.merges"]
+        merges = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+        w.add_token_list(tokens)
+        w.add_token_merges(merges[::-1])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        control = Tokenizer(os.path.join(tmp, "reversed.gguf")).encode(text)
+        plain = Tokenizer(path).encode(text)
+    check(plain == ours, "kvsim.model.Tokenizer of the file equals the model's tokenizer")
+    check(control != theirs, "negative control: reversed merge priorities disagree with transformers "
+          f"({sum(a != b for a, b in zip(control, theirs))} of {len(theirs)} positions differ or lengths "
+          f"{len(control)} vs {len(theirs)})")
+
+
+
+def check_logits(m, tok, hf, story, np, torch, transformers):
+    # 2. Logits over 256 tokens of TinyStories.
+    ids = m.encode(story)[:256]
+    check(len(ids) == 256 and ids == tok.encode(story, add_special_tokens=False)[:256], "256 held-out tokens, same ids")
+    captured = {}
+
+    def capture(module, query, key, value, attention_mask, **kw):
+        captured[module.layer_idx] = (query[0].detach().numpy().copy(), key[0].detach().numpy().copy(),
+                                      value[0].detach().numpy().copy())
+        return transformers.integrations.sdpa_attention.sdpa_attention_forward(
+            module, query, key, value, attention_mask, **kw)
+
+    transformers.AttentionInterface.register("kvsim_capture", capture)
+    hf.set_attn_implementation("kvsim_capture")
+    with torch.no_grad():
+        L_hf = hf(torch.tensor([ids])).logits[0].numpy()
+    L_kv = m.logits(ids)
+    dev = float(np.abs(L_kv - L_hf).max() / np.abs(L_hf).max())
+    check(dev <= 1e-3, f"logits over 256 tokens: max relative deviation {dev:.2e} <= 1e-3")
+    nll_kv = float(np.mean([np.logaddexp.reduce(L_kv[t].astype(np.float64)) - L_kv[t, ids[t + 1]] for t in range(255)]))
+    nll_hf = float(np.mean([np.logaddexp.reduce(L_hf[t].astype(np.float64)) - L_hf[t, ids[t + 1]] for t in range(255)]))
+    check(abs(nll_kv - nll_hf) <= 1e-3, f"held-out NLL kvsim {nll_kv:.5f} vs transformers {nll_hf:.5f} nats/token")
+
+    return ids, captured
+
+
+def check_recording(kvsim_bin, path, story, ids, captured, np, kvsim):
+    # 3. Recorded q, k, v against transformers' post-RoPE tensors.
+    with tempfile.TemporaryDirectory() as tmp:
+        tpath = os.path.join(tmp, "ids.txt")
+        with open(tpath, "w", encoding="utf-8") as f:
+            f.write(story)
+        rec_path = os.path.join(tmp, "smollm2.h5")
+        r = subprocess.run([kvsim_bin, "record", "--checkpoint", path, "--text", tpath, "--tokens", "256", "--out", rec_path],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, "kvsim record --checkpoint SmolLM2.gguf --tokens 256: " + (r.stdout + r.stderr).strip()[-200:])
+        if r.returncode != 0:
+            return 1
+        rec = kvsim.Recording(rec_path)
+        check(list(rec.tokens()) == ids, "the recording's tokens are the 256 ids")
+        worst = {"q": 0.0, "k": 0.0, "v": 0.0}
+        for layer in range(30):
+            q_hf, k_hf, v_hf = captured[layer]
+            for h in range(9):
+                a = rec.q(layer, h)
+                worst["q"] = max(worst["q"], float(np.abs(a - q_hf[h]).max() / np.abs(q_hf[h]).max()))
+            for h in range(3):
+                worst["k"] = max(worst["k"], float(np.abs(rec.k(layer, h) - k_hf[h]).max() / np.abs(k_hf[h]).max()))
+                worst["v"] = max(worst["v"], float(np.abs(rec.v(layer, h) - v_hf[h]).max() / np.abs(v_hf[h]).max()))
+        for t in "qkv":
+            check(worst[t] <= 1e-4, f"post-RoPE {t} of 30 layers: max relative deviation {worst[t]:.2e} <= 1e-4")
+        perm = [i for k in range(32) for i in (k, k + 32)]  # halves order -> GGUF's interleaved order
+        q_hf = captured[3][0][0]
+        bad = float(np.abs(rec.q(3, 0)[:, perm] - q_hf).max() / np.abs(q_hf).max())
+        check(bad > 1e-2, f"negative control: q in GGUF's interleaved channel order is {bad:.2f} off (> 1e-2)")
+
+
+
+def check_generation(kvsim_bin, path, m, hf, torch, kvsim):
+    with tempfile.TemporaryDirectory() as tmp:
+        # 4. Greedy generation of 64 tokens.
+        prompt = "Once upon a time, a little robot found a red ball in the park."
+        p_ids = m.encode(prompt)
+        gen_path = os.path.join(tmp, "gen.h5")
+        r = subprocess.run([kvsim_bin, "record", "--checkpoint", path, "--generate", str(len(p_ids) + 64), "--prompt", prompt,
+                            "--out", gen_path], capture_output=True, text=True)
+        check(r.returncode == 0, "kvsim record --generate: " + (r.stdout + r.stderr).strip()[-200:])
+        ours = list(kvsim.Recording(gen_path).tokens())
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([p_ids]), max_new_tokens=64, do_sample=False, eos_token_id=m.eos_id,
+                              pad_token_id=m.eos_id)[0].tolist()
+        check(len(ours) == len(p_ids) + 64 and ours == out[:len(ours)],
+              f"greedy generation of 64 tokens identical ({m.decode(ours[len(p_ids):])[:60]!r}...)")
+
+
+
 def main():
     if len(sys.argv) != 4:
         print(__doc__)
@@ -79,103 +186,13 @@ def main():
     hf = AutoModelForCausalLM.from_pretrained(models, gguf_file=GGUF, dtype=torch.float32)
     hf.eval()
     m = Model(path)
-
-    # 1. Tokens on mixed text, with a negative control (reversed merge priorities).
-    text = mixed_text(root, data_dir)
-    ours = m.encode(text)
-    theirs = tok.encode(text, add_special_tokens=False)
-    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    check(len(text) >= 50000 and ours == theirs,
-          f"token ids equal transformers' on {len(text)} characters ({len(ours)} tokens; first difference at {first})")
-    with tempfile.TemporaryDirectory() as tmp:
-        reader = gguf.GGUFReader(path)
-        w = gguf.GGUFWriter(os.path.join(tmp, "reversed.gguf"), "llama")
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm")
-        field = reader.fields["tokenizer.ggml.tokens"]
-        tokens = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-        field = reader.fields["tokenizer.ggml.merges"]
-        merges = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-        w.add_token_list(tokens)
-        w.add_token_merges(merges[::-1])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        control = Tokenizer(os.path.join(tmp, "reversed.gguf")).encode(text)
-        plain = Tokenizer(path).encode(text)
-    check(plain == ours, "kvsim.model.Tokenizer of the file equals the model's tokenizer")
-    check(control != theirs, "negative control: reversed merge priorities disagree with transformers "
-          f"({sum(a != b for a, b in zip(control, theirs))} of {len(theirs)} positions differ or lengths "
-          f"{len(control)} vs {len(theirs)})")
-
-    # 2. Logits over 256 tokens of TinyStories.
+    check_tokens(m, tok, path, mixed_text(root, data_dir), gguf, Tokenizer)
     with open(os.path.join(data_dir, "tinystories-sample", "tinystories.txt"), encoding="utf-8") as f:
         story = f.read()[20000:40000]
-    ids = m.encode(story)[:256]
-    check(len(ids) == 256 and ids == tok.encode(story, add_special_tokens=False)[:256], "256 held-out tokens, same ids")
-    captured = {}
-
-    def capture(module, query, key, value, attention_mask, **kw):
-        captured[module.layer_idx] = (query[0].detach().numpy().copy(), key[0].detach().numpy().copy(),
-                                      value[0].detach().numpy().copy())
-        return transformers.integrations.sdpa_attention.sdpa_attention_forward(
-            module, query, key, value, attention_mask, **kw)
-
-    transformers.AttentionInterface.register("kvsim_capture", capture)
-    hf.set_attn_implementation("kvsim_capture")
-    with torch.no_grad():
-        L_hf = hf(torch.tensor([ids])).logits[0].numpy()
-    L_kv = m.logits(ids)
-    dev = float(np.abs(L_kv - L_hf).max() / np.abs(L_hf).max())
-    check(dev <= 1e-3, f"logits over 256 tokens: max relative deviation {dev:.2e} <= 1e-3")
-    nll_kv = float(np.mean([np.logaddexp.reduce(L_kv[t].astype(np.float64)) - L_kv[t, ids[t + 1]] for t in range(255)]))
-    nll_hf = float(np.mean([np.logaddexp.reduce(L_hf[t].astype(np.float64)) - L_hf[t, ids[t + 1]] for t in range(255)]))
-    check(abs(nll_kv - nll_hf) <= 1e-3, f"held-out NLL kvsim {nll_kv:.5f} vs transformers {nll_hf:.5f} nats/token")
-
-    # 3. Recorded q, k, v against transformers' post-RoPE tensors.
-    with tempfile.TemporaryDirectory() as tmp:
-        tpath = os.path.join(tmp, "ids.txt")
-        with open(tpath, "w", encoding="utf-8") as f:
-            f.write(story)
-        rec_path = os.path.join(tmp, "smollm2.h5")
-        r = subprocess.run([kvsim_bin, "record", "--checkpoint", path, "--text", tpath, "--tokens", "256", "--out", rec_path],
-                           capture_output=True, text=True)
-        check(r.returncode == 0, "kvsim record --checkpoint SmolLM2.gguf --tokens 256: " + (r.stdout + r.stderr).strip()[-200:])
-        if r.returncode != 0:
-            return 1
-        rec = kvsim.Recording(rec_path)
-        check(list(rec.tokens()) == ids, "the recording's tokens are the 256 ids")
-        meta = rec.meta
-        worst = {"q": 0.0, "k": 0.0, "v": 0.0}
-        for layer in range(30):
-            q_hf, k_hf, v_hf = captured[layer]
-            for h in range(9):
-                a = rec.q(layer, h)
-                worst["q"] = max(worst["q"], float(np.abs(a - q_hf[h]).max() / np.abs(q_hf[h]).max()))
-            for h in range(3):
-                worst["k"] = max(worst["k"], float(np.abs(rec.k(layer, h) - k_hf[h]).max() / np.abs(k_hf[h]).max()))
-                worst["v"] = max(worst["v"], float(np.abs(rec.v(layer, h) - v_hf[h]).max() / np.abs(v_hf[h]).max()))
-        for t in "qkv":
-            check(worst[t] <= 1e-4, f"post-RoPE {t} of 30 layers: max relative deviation {worst[t]:.2e} <= 1e-4")
-        perm = [i for k in range(32) for i in (k, k + 32)]  # halves order -> GGUF's interleaved order
-        q_hf = captured[3][0][0]
-        bad = float(np.abs(rec.q(3, 0)[:, perm] - q_hf).max() / np.abs(q_hf).max())
-        check(bad > 1e-2, f"negative control: q in GGUF's interleaved channel order is {bad:.2f} off (> 1e-2)")
-
-        # 4. Greedy generation of 64 tokens.
-        prompt = "Once upon a time, a little robot found a red ball in the park."
-        p_ids = m.encode(prompt)
-        gen_path = os.path.join(tmp, "gen.h5")
-        r = subprocess.run([kvsim_bin, "record", "--checkpoint", path, "--generate", str(len(p_ids) + 64), "--prompt", prompt,
-                            "--out", gen_path], capture_output=True, text=True)
-        check(r.returncode == 0, "kvsim record --generate: " + (r.stdout + r.stderr).strip()[-200:])
-        ours = list(kvsim.Recording(gen_path).tokens())
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([p_ids]), max_new_tokens=64, do_sample=False, eos_token_id=m.eos_id,
-                              pad_token_id=m.eos_id)[0].tolist()
-        check(len(ours) == len(p_ids) + 64 and ours == out[:len(ours)],
-              f"greedy generation of 64 tokens identical ({m.decode(ours[len(p_ids):])[:60]!r}...)")
+    ids, captured = check_logits(m, tok, hf, story, np, torch, transformers)
+    if check_recording(kvsim_bin, path, story, ids, captured, np, kvsim) is not None:
+        return 1
+    check_generation(kvsim_bin, path, m, hf, torch, kvsim)
     print(f"{len(failures)} failure(s)" if failures else "all passed")
     return 1 if failures else 0
 

@@ -37,10 +37,10 @@ void unpermute_rows(float* w, int64_t heads, int64_t hd, int64_t cols) {
   }
 }
 
-}  // namespace
-
-Checkpoint load_gguf_checkpoint(const std::string& path) {
-  gguf::File f(path);
+/// The model's shape and hyper-parameters from the metadata, with every refusal of what kvsim's
+/// forward pass does not implement.
+LlamaConfig read_config(const gguf::File& f) {
+  const std::string& path = f.path();
   auto bad = [&](const std::string& why) -> Error { return Error(path + ": " + why); };
   const std::string arch = f.get_string("general.architecture");
   if (arch != "llama")
@@ -98,18 +98,22 @@ Checkpoint load_gguf_checkpoint(const std::string& path) {
     throw bad("metadata key '" + p + "vocab_size' = " + std::to_string(f.get_int(p + "vocab_size")) + " but tokenizer.ggml.tokens holds " +
               std::to_string(c.vocab_size) + " tokens");
   c.rope_halves = true;
+  c.shared_classifier = f.find_tensor("output.weight") == nullptr;
+  return c;
+}
 
-  // Every expected tensor, its shape and its slot in the canonical order (checkpoint.hpp).
+struct Want {
+  std::string name;
+  std::vector<int64_t> ne;
+  int slot;   ///< index in the canonical order of checkpoint.hpp
+  int layer;
+};
+
+/// Every tensor the llama architecture needs, with its shape {in, out}.
+std::vector<Want> expected_tensors(const LlamaConfig& c) {
+  const int hd = c.head_dim();
   const int64_t D = c.dim, F = c.hidden_dim, L = c.n_layers, V = c.vocab_size, QD = int64_t(c.n_heads) * hd,
                 KVD = c.kv_dim();
-  const gguf::TensorInfo* out_w = f.find_tensor("output.weight");
-  c.shared_classifier = out_w == nullptr;
-  struct Want {
-    std::string name;
-    std::vector<int64_t> ne;
-    int slot;
-    int layer;
-  };
   std::vector<Want> want;
   want.push_back({"token_embd.weight", {D, V}, 0, 0});
   for (int64_t l = 0; l < L; ++l) {
@@ -125,7 +129,13 @@ Checkpoint load_gguf_checkpoint(const std::string& path) {
     want.push_back({b + "ffn_up.weight", {D, F}, 9, int(l)});
   }
   want.push_back({"output_norm.weight", {D}, 10, 0});
-  if (out_w) want.push_back({"output.weight", {D, V}, 11, 0});
+  if (!c.shared_classifier) want.push_back({"output.weight", {D, V}, 11, 0});
+  return want;
+}
+
+/// Refuses unexpected, misshapen, undequantizable or missing tensors; returns "Q4_1 ×210, …".
+std::string check_tensors(const gguf::File& f, const std::vector<Want>& want) {
+  auto bad = [&](const std::string& why) -> Error { return Error(f.path() + ": " + why); };
   std::map<std::string, const Want*> expected;
   for (const auto& w : want) expected.emplace(w.name, &w);
   std::map<std::string, int> per_type;
@@ -154,9 +164,22 @@ Checkpoint load_gguf_checkpoint(const std::string& path) {
   std::vector<std::pair<int, std::string>> types;
   for (const auto& [name, n] : per_type) types.emplace_back(-n, name);
   std::sort(types.begin(), types.end());
-  for (size_t i = 0; i < types.size(); ++i)
-    c.tensor_types += (i ? ", " : "") + types[i].second + " \u00d7" + std::to_string(-types[i].first);
+  std::string out;
+  for (size_t i = 0; i < types.size(); ++i) out += (i ? ", " : "") + types[i].second + " \u00d7" + std::to_string(-types[i].first);
+  return out;
+}
 
+}  // namespace
+
+Checkpoint load_gguf_checkpoint(const std::string& path) {
+  gguf::File f(path);
+  auto bad = [&](const std::string& why) -> Error { return Error(path + ": " + why); };
+  LlamaConfig c = read_config(f);
+  const std::vector<Want> want = expected_tensors(c);
+  c.tensor_types = check_tensors(f, want);
+  const int hd = c.head_dim();
+  const int64_t D = c.dim, F = c.hidden_dim, L = c.n_layers, V = c.vocab_size, QD = int64_t(c.n_heads) * hd,
+                KVD = c.kv_dim();
   // Everything is validated: allocate (sizes are bounded by the tensors the file holds) and fill.
   Checkpoint ck;
   const int64_t sizes[] = {V * D, L * D, L * QD * D, L * KVD * D, L * KVD * D, L * D * QD, L * D, L * F * D, L * D * F,

@@ -118,6 +118,7 @@ class File {
   std::string sha256() const;
 
  private:
+  void parse();  ///< header, metadata, tensor infos and data ranges (the constructor's checks)
   std::string path_;
   int fd_ = -1;
   const uint8_t* base_ = nullptr;

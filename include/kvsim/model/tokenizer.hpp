@@ -27,6 +27,8 @@
 //  BOS/EOS ids come from `tokenizer.ggml.bos_token_id` / `eos_token_id`; a document starts with BOS
 //  only when `tokenizer.ggml.add_bos_token` says so (SmolLM2: false; "llama" files default to true).
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -46,8 +48,6 @@ class Tokenizer {
   /// The tokenizer a GGUF file carries. Throws kvsim::Error naming the file and key for a missing or
   /// malformed `tokenizer.ggml.*` entry, another tokenizer model, or an unsupported pre-tokenizer.
   explicit Tokenizer(const gguf::File& file);
-  ~Tokenizer();
-  Tokenizer(Tokenizer&&) noexcept;
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
   /// Encode text into token ids. O(L log L) in the text length L (priority-queue BPE, same merges
   /// as llama2.c's quadratic loop).
@@ -80,6 +80,9 @@ class Tokenizer {
   /// Byte-level BPE encoding of `text` appended to `toks`.
   void encode_bpe(const std::string& text, std::vector<int>& toks) const;
   void bpe_word(const std::string& mapped, std::vector<int>& toks) const;
+  std::string decode_bpe(const std::string& piece) const;
+  void init_spm(const gguf::File& f, const std::function<int(const char*, int64_t)>& id_key);
+  void init_bpe(const gguf::File& f, const std::function<int(const char*, int64_t)>& id_key);
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int> lookup_;
@@ -93,7 +96,7 @@ class Tokenizer {
   std::string pre_;            ///< BPE pre-tokenizer name
   std::unordered_map<std::string, int> merge_rank_;  ///< "left right" → rank
   struct Regexes;
-  std::unique_ptr<Regexes> re_;
+  std::shared_ptr<const Regexes> re_;  ///< shared: Regexes is complete only in tokenizer_gguf.cpp
   mutable std::unordered_map<std::string, std::vector<int>> cache_;  ///< BPE: piece → ids
 };
 
