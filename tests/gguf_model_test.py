@@ -190,6 +190,29 @@ def check_equivalence(kvsim_bin, ck, tk, text, good, tmp, w, np, h5py, kvsim):
     return True
 
 
+def check_prefill(kvsim_bin, good, text, tmp, w, np, kvsim):
+    """The batched prefill (GEMMs over all positions, float32 attention) against the one-token path."""
+    paths = {}
+    for mode in ("batched", "per-token"):
+        paths[mode] = os.path.join(tmp, f"prefill_{mode}.h5")
+        r = subprocess.run([kvsim_bin, "record", "--checkpoint", good, "--text", text, "--tokens", "300", "--prefill", mode,
+                            "--threads", "2", "--out", paths[mode]], capture_output=True, text=True)
+        check(r.returncode == 0 and f"forward ({'batched prefill' if mode == 'batched' else mode})" in r.stdout,
+              f"--prefill {mode} runs and says so")
+    A, B = kvsim.Recording(paths["batched"]), kvsim.Recording(paths["per-token"])
+    worst = 0.0
+    for l in range(w["cfg"]["L"]):
+        for t, heads in (("q", w["cfg"]["H"]), ("k", w["cfg"]["KV"]), ("v", w["cfg"]["KV"]), ("attn", w["cfg"]["H"])):
+            for h in range(heads):
+                x, y = getattr(A, t)(l, h), getattr(B, t)(l, h)
+                worst = max(worst, float(np.abs(x - y).max() / np.abs(y).max()))
+    check(worst <= 1e-4, f"batched prefill equals the one-token path: q, k, v, attn of 300 positions within {worst:.1e} (<= 1e-4)")
+    import h5py
+    with h5py.File(paths["batched"]) as fa, h5py.File(paths["per-token"]) as fb:
+        ce = float(np.abs(fa["cross_entropy"][:] - fb["cross_entropy"][:]).max())
+    check(ce <= 1e-4, f"per-token cross-entropy equal across the two paths (max |Δ| {ce:.1e})")
+
+
 def refusal_cases(good, tmp, w, pieces, scores, np, gguf):
     # 2. Refusals: (what, file bytes or writer options, text that the one-line error must hold).
     cases = []
@@ -271,6 +294,7 @@ def main():
         write_gguf(gguf, np, w, pieces, scores, good)
         if not check_equivalence(kvsim_bin, ck, tk, text, good, tmp, w, np, h5py, kvsim):
             return 1
+        check_prefill(kvsim_bin, good, text, tmp, w, np, kvsim)
         cases = refusal_cases(good, tmp, w, pieces, scores, np, gguf)
 
         for what, path, needle in cases:

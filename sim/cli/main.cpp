@@ -81,6 +81,9 @@ void record_summary(const RecordOptions& ro, const RecordResult& r, bool print_t
   std::cout << "recorded " << r.tokens.size() << " tokens";
   if (!ro.out.empty()) std::cout << " into " << ro.out;
   std::cout << "\n";
+  if (r.forward_seconds > 0)
+    std::printf("forward (%s): %.2f s, %.1f tokens/s\n", r.path_taken.c_str(), r.forward_seconds,
+                double(r.tokens.size()) / r.forward_seconds);
   if (!r.cross_entropy.empty())
     std::cout << "mean cross-entropy: " << r.mean_cross_entropy << " nats/token over " << r.cross_entropy.size()
               << " predictions\n";
@@ -120,6 +123,11 @@ void add_record(CLI::App& app) {
   record->add_option("--param", policy_params, "policy parameter key=value (repeatable), e.g. --param budget=0.25");
   record->add_option("--gqa", ro.gqa, "closed loop: kv_head (default) or query_head")->check(CLI::IsMember({"kv_head", "query_head"}));
   record->add_option("--seed", ro.seed, "closed loop: policy seed");
+  record->add_option("--prefill", ro.prefill,
+                     "teacher-forced without --policy: batched (GEMM prefill, written layer by layer), per-token, or "
+                     "auto (batched for GGUF, per-token for llama2.c)")
+      ->check(CLI::IsMember({"auto", "batched", "per-token"}))->capture_default_str();
+  record->add_option("--threads", ro.threads, "batched prefill threads (0 = all)")->capture_default_str();
 
   text_opt->excludes(gen_opt);
   record->callback([tokens_opt] {

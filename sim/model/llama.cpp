@@ -1,8 +1,11 @@
 #include "kvsim/model/llama.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <numeric>
+#include <thread>
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/policies/policy.hpp"
@@ -39,6 +42,17 @@ void rope(float* vec, int n, int head_dim, int pos, double theta, bool halves) {
       vec[b] = v0 * fci + v1 * fcr;
     }
   }
+}
+
+/// rope() with the angles of one position precomputed: cs[k], sn[k] for pair k.
+void rope_rows(float* vec, int n, int head_dim, const float* cs, const float* sn, bool halves) {
+  for (int h0 = 0; h0 < n; h0 += head_dim)
+    for (int k = 0; k < head_dim / 2; ++k) {
+      const int a = h0 + (halves ? k : 2 * k), b = halves ? a + head_dim / 2 : a + 1;
+      const float v0 = vec[a], v1 = vec[b];
+      vec[a] = v0 * cs[k] - v1 * sn[k];
+      vec[b] = v0 * sn[k] + v1 * cs[k];
+    }
 }
 
 }  // namespace
@@ -139,6 +153,134 @@ const std::vector<float>& LlamaModel::forward(int token, int pos,
   rmsnorm(x_.data(), x_.data(), rms_final_, D, cfg_.rms_eps);
   matvec(logits_.data(), wcls_, x_.data(), cfg_.vocab_size, D);
   return logits_;
+}
+
+}  // namespace kvsim
+
+namespace kvsim {
+namespace {
+
+/// Runs fn(begin, end) over `threads` contiguous chunks of [0, n).
+void parallel_rows(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& fn) {
+  threads = int(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
+  if (threads == 1) return fn(0, n);
+  std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      try {
+        fn(n * t / threads, n * (t + 1) / threads);
+      } catch (...) {
+        errors[size_t(t)] = std::current_exception();
+      }
+    });
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+/// Y[n, rows] = X[n, cols] · W^T for W [rows, cols] row-major (a linear layer over all positions).
+void linear(MatF& Y, const MatF& X, const float* W, int64_t rows, int64_t cols, int threads) {
+  Y.resize(X.rows(), rows);
+  Eigen::Map<const MatF> Wm(W, rows, cols);
+  parallel_rows(X.rows(), threads, [&](int64_t a, int64_t b) {
+    Y.middleRows(a, b - a).noalias() = X.middleRows(a, b - a) * Wm.transpose();
+  });
+}
+
+/// Causal attention of every query head over all positions: A[:, h·hd…] = softmax(q kᵀ · scale) v.
+void causal_attention(const MatF& Q, const MatF& K, const MatF& V, MatF& A, int H, int KVH, int hd, int threads) {
+  const int64_t n = Q.rows();
+  const int64_t B = 128, blocks = (n + B - 1) / B;
+  const int G = H / KVH;
+  const float scale = float(1.0 / std::sqrt(double(hd)));
+  A.resize(n, int64_t(H) * hd);
+  std::atomic<int64_t> next{0};
+  // Work items (head, query block), largest (last) blocks first so the threads finish together.
+  parallel_rows(threads, threads, [&](int64_t, int64_t) {
+    MatF S;
+    for (int64_t item; (item = next.fetch_add(1)) < int64_t(H) * blocks;) {
+      const int h = int(item % H);
+      const int64_t r0 = (blocks - 1 - item / H) * B, rows = std::min(B, n - r0), keys = r0 + rows;
+      const int g = h / G;
+      S.noalias() = Q.block(r0, int64_t(h) * hd, rows, hd) * K.block(0, int64_t(g) * hd, keys, hd).transpose();
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t visible = r0 + i + 1;  // keys 0..r0+i
+        auto s = S.row(i).head(visible).array();
+        const float mx = s.maxCoeff() * scale;  // scale > 0
+        s = (s * scale - mx).exp();            // Eigen's vectorized exp
+        s *= float(1.0 / double(s.template cast<double>().sum()));
+        S.row(i).tail(keys - visible).setZero();
+      }
+      A.block(r0, int64_t(h) * hd, rows, hd).noalias() = S * V.block(0, int64_t(g) * hd, keys, hd);
+    }
+  });
+}
+
+}  // namespace
+
+void LlamaModel::prefill(const std::vector<int>& tokens, int threads,
+                         const std::function<void(int, const MatF&, const MatF&, const MatF&, const MatF&)>& on_layer,
+                         const std::function<void(int, const MatF&)>& on_logits) const {
+  const int D = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim(), hd = cfg_.head_dim();
+  const int64_t n = int64_t(tokens.size());
+  if (n > cfg_.seq_len)
+    throw Error(path_ + ": " + std::to_string(n) + " positions requested but the model's seq_len is " + std::to_string(cfg_.seq_len));
+  threads = std::max(1, threads);
+  MatF X(n, D), XB(n, D), Q, K, V, A, O, H1, H3;
+  for (int64_t t = 0; t < n; ++t) {
+    const int tok = tokens[size_t(t)];
+    if (tok < 0 || tok >= cfg_.vocab_size) throw Error(path_ + ": token id " + std::to_string(tok) + " out of range");
+    std::copy(emb_ + int64_t(tok) * D, emb_ + int64_t(tok + 1) * D, X.row(t).data());
+  }
+  // Rotary angles once per position (the one-token path's double-precision formula, cast to float).
+  MatF cos_t(n, hd / 2), sin_t(n, hd / 2);
+  parallel_rows(n, threads, [&](int64_t a, int64_t b) {
+    for (int64_t t = a; t < b; ++t)
+      for (int k = 0; k < hd / 2; ++k) {
+        const double val = double(t) * (1.0 / std::pow(cfg_.rope_theta, double(2 * k) / hd));
+        cos_t(t, k) = static_cast<float>(std::cos(val));
+        sin_t(t, k) = static_cast<float>(std::sin(val));
+      }
+  });
+  auto norm_rows = [&](const float* w) {
+    parallel_rows(n, threads, [&](int64_t a, int64_t b) {
+      for (int64_t t = a; t < b; ++t) rmsnorm(XB.row(t).data(), X.row(t).data(), w, D, cfg_.rms_eps);
+    });
+  };
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    norm_rows(rms_att_ + int64_t(l) * D);
+    linear(Q, XB, wq_ + int64_t(l) * D * D, D, D, threads);
+    linear(K, XB, wk_ + int64_t(l) * D * KV, KV, D, threads);
+    linear(V, XB, wv_ + int64_t(l) * D * KV, KV, D, threads);
+    parallel_rows(n, threads, [&](int64_t a, int64_t b) {
+      for (int64_t t = a; t < b; ++t) {
+        rope_rows(Q.row(t).data(), D, hd, cos_t.row(t).data(), sin_t.row(t).data(), cfg_.rope_halves);
+        rope_rows(K.row(t).data(), KV, hd, cos_t.row(t).data(), sin_t.row(t).data(), cfg_.rope_halves);
+      }
+    });
+    causal_attention(Q, K, V, A, cfg_.n_heads, cfg_.n_kv_heads, hd, threads);
+    if (on_layer) on_layer(l, Q, K, V, A);
+    linear(O, A, wo_ + int64_t(l) * D * D, D, D, threads);
+    X += O;
+    norm_rows(rms_ffn_ + int64_t(l) * D);
+    linear(H1, XB, w1_ + int64_t(l) * D * F, F, D, threads);
+    linear(H3, XB, w3_ + int64_t(l) * D * F, F, D, threads);
+    parallel_rows(n, threads, [&](int64_t a, int64_t b) {  // SwiGLU, Eigen's vectorized exp
+      auto g = H1.middleRows(a, b - a).array();
+      g = g / (1.0f + (-g).exp()) * H3.middleRows(a, b - a).array();
+    });
+    linear(O, H1, w2_ + int64_t(l) * D * F, D, F, threads);
+    X += O;
+  }
+  norm_rows(rms_final_);
+  MatF Lb;
+  for (int64_t r0 = 0; r0 < n; r0 += 256) {
+    const int64_t rows = std::min<int64_t>(256, n - r0);
+    MatF xb = XB.middleRows(r0, rows);
+    linear(Lb, xb, wcls_, cfg_.vocab_size, D, threads);
+    if (on_logits) on_logits(int(r0), Lb);
+  }
 }
 
 }  // namespace kvsim

@@ -1,7 +1,9 @@
 #include "kvsim/model/record.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <filesystem>
 #include <cmath>
 #include <fstream>
@@ -83,9 +85,8 @@ int run_positions(LlamaModel& model, const Tokenizer& tok, const std::vector<int
   return pos;
 }
 
-/// Writes the first n_rec positions of `tr` (and tokens, cross-entropy) in the recording schema.
-void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Trace& tr, int n_rec,
-                     const RecordResult& res) {
+/// The recording's attributes for n_rec positions.
+RecordingMeta recording_meta(const RecordOptions& opt, const LlamaConfig& cfg, int n_rec) {
   const bool generate = opt.generate > 0;
   RecordingMeta meta;
   meta.model = opt.checkpoint;
@@ -103,7 +104,34 @@ void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Tra
   meta.head_dim = cfg.head_dim();
   meta.n_tokens = n_rec;
   meta.softmax_scale = 1.0 / std::sqrt(double(cfg.head_dim()));
-  RecordingWriter w(opt.out, meta, opt.with_attn);
+  return meta;
+}
+
+/// Tokens, cross-entropy and the model's attributes (everything but the tensors).
+void write_trailer(RecordingWriter& w, const RecordOptions& opt, const LlamaConfig& cfg, const RecordResult& res) {
+  const bool generate = opt.generate > 0;
+  w.write_tokens(std::vector<int32_t>(res.tokens.begin(), res.tokens.end()));
+  if (!res.cross_entropy.empty()) {
+    w.write_cross_entropy(res.cross_entropy);
+    w.set_attr("mean_cross_entropy", res.mean_cross_entropy);
+  }
+  w.set_attr("mode", std::string(generate ? "generate" : "teacher_forced"));
+  w.set_attr("forward", res.path_taken);
+  w.set_attr("checkpoint_format", cfg.format_name());
+  if (cfg.gguf_version > 0) {
+    w.set_attr("architecture", cfg.architecture);
+    w.set_attr("quantization", cfg.tensor_types);
+    w.set_attr("checkpoint_sha256", cfg.sha256);
+    w.set_attr("rope_theta", cfg.rope_theta);
+    w.set_attr("rope_pairs", std::string("halves (i, i + head_dim/2): Hugging Face channel order"));
+  }
+  w.finish();
+}
+
+/// Writes the first n_rec positions of `tr` (and tokens, cross-entropy) in the recording schema.
+void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Trace& tr, int n_rec,
+                     const RecordResult& res) {
+  RecordingWriter w(opt.out, recording_meta(opt, cfg, n_rec), opt.with_attn);
   for (int l = 0; l < cfg.n_layers; ++l) {
     for (int h = 0; h < cfg.n_heads; ++h) {
       w.write(l, Tensor::q, h, tr.Q[l][h].topRows(n_rec));
@@ -114,21 +142,51 @@ void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Tra
       w.write(l, Tensor::v, h, tr.V[l][h].topRows(n_rec));
     }
   }
-  w.write_tokens(std::vector<int32_t>(res.tokens.begin(), res.tokens.end()));
-  if (!res.cross_entropy.empty()) {
-    w.write_cross_entropy(res.cross_entropy);
-    w.set_attr("mean_cross_entropy", res.mean_cross_entropy);
-  }
-  w.set_attr("mode", std::string(generate ? "generate" : "teacher_forced"));
-  w.set_attr("checkpoint_format", cfg.format_name());
-  if (cfg.gguf_version > 0) {
-    w.set_attr("architecture", cfg.architecture);
-    w.set_attr("quantization", cfg.tensor_types);
-    w.set_attr("checkpoint_sha256", cfg.sha256);
-    w.set_attr("rope_theta", cfg.rope_theta);
-    w.set_attr("rope_pairs", std::string("halves (i, i + head_dim/2): Hugging Face channel order"));
-  }
-  w.finish();
+  write_trailer(w, opt, cfg, res);
+}
+
+/// Teacher-forced recording through the batched prefill: each layer's tensors are written as the
+/// layer is computed, so memory holds one layer's activations, not all of them.
+RecordResult record_batched(const RecordOptions& opt, const LlamaModel& model, const Tokenizer& tok,
+                            const std::vector<int>& input, int n) {
+  const auto& cfg = model.config();
+  const int hd = cfg.head_dim();
+  RecordResult res;
+  res.path_taken = "batched prefill";
+  res.tokens.assign(input.begin(), input.begin() + n);
+  std::unique_ptr<RecordingWriter> w;
+  if (!opt.out.empty()) w = std::make_unique<RecordingWriter>(opt.out, recording_meta(opt, cfg, n), opt.with_attn);
+  const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  res.cross_entropy.resize(size_t(n - 1));
+  std::vector<float> row(size_t(cfg.vocab_size));
+  double write_s = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  model.prefill(
+      res.tokens, threads,
+      [&](int l, const MatF& Q, const MatF& K, const MatF& V, const MatF& A) {
+        if (!w) return;
+        const auto w0 = std::chrono::steady_clock::now();
+        for (int h = 0; h < cfg.n_heads; ++h) {
+          w->write(l, Tensor::q, h, Q.middleCols(int64_t(h) * hd, hd));
+          if (opt.with_attn) w->write(l, Tensor::attn, h, A.middleCols(int64_t(h) * hd, hd));
+        }
+        for (int h = 0; h < cfg.n_kv_heads; ++h) {
+          w->write(l, Tensor::k, h, K.middleCols(int64_t(h) * hd, hd));
+          w->write(l, Tensor::v, h, V.middleCols(int64_t(h) * hd, hd));
+        }
+        write_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+      },
+      [&](int r0, const MatF& L) {
+        for (int64_t r = 0; r < L.rows() && r0 + r + 1 < n; ++r) {
+          std::copy(L.row(r).data(), L.row(r).data() + cfg.vocab_size, row.begin());
+          res.cross_entropy[size_t(r0 + r)] = token_cross_entropy(row, input[size_t(r0 + r + 1)]);
+        }
+      });
+  res.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - write_s;
+  res.mean_cross_entropy = mean_of(res.cross_entropy);
+  for (int t = 0; t < n; ++t) res.text += tok.decode(t > 0 ? res.tokens[size_t(t - 1)] : -1, res.tokens[size_t(t)]);
+  if (w) write_trailer(*w, opt, cfg, res);
+  return res;
 }
 
 }  // namespace
@@ -156,6 +214,10 @@ RecordResult record_model(const RecordOptions& opt) {
   if (n > cfg.seq_len)
     throw Error(opt.checkpoint + ": " + std::to_string(n) + " positions requested but the model's seq_len is " +
                 std::to_string(cfg.seq_len));
+  if (opt.prefill != "auto" && opt.prefill != "batched" && opt.prefill != "per-token")
+    throw Error("kvsim record: --prefill must be auto, batched or per-token, not '" + opt.prefill + "'");
+  const bool batched = opt.prefill == "batched" || (opt.prefill == "auto" && cfg.gguf_version > 0);
+  if (!generate && opt.policy.empty() && batched) return record_batched(opt, model, tok, input, n);
   // Buffers sized for n positions; generation may stop early at BOS.
   Trace tr(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, n, cfg.head_dim());
   std::unique_ptr<PolicyKVAttention> attn;
@@ -164,7 +226,10 @@ RecordResult record_model(const RecordOptions& opt) {
     attn = std::make_unique<PolicyKVAttention>(cfg, spec, n, opt.seed, opt.gqa);
     model.set_attention(attn.get());
   }
+  res.path_taken = "per-token";
+  const auto t0 = std::chrono::steady_clock::now();
   const int n_rec = run_positions(model, tok, input, n, generate, tr, res);
+  res.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!res.cross_entropy.empty()) res.mean_cross_entropy = mean_of(res.cross_entropy);
   if (attn) {  // the exact cache on the same tokens, for the closed-loop comparison
     model.set_attention(nullptr);

@@ -46,6 +46,16 @@ class LlamaModel {
   /// layer with that layer's tensors.
   const std::vector<float>& forward(int token, int pos,
                                     const std::function<void(int layer, const LayerTrace&)>& trace = {});
+  /// Batched teacher-forced forward pass (a prefill) over `tokens` from position 0: every layer as
+  /// GEMMs over all positions, causal attention in blocks of 128 queries (float32, exact softmax),
+  /// `threads` threads. Calls on_layer(l, Q, K, V, A) once per layer, in order — Q and A are
+  /// [n, n_heads·hd] (post-RoPE queries; the attention output before Wo), K and V [n, n_kv_heads·hd]
+  /// (post-RoPE keys) — and on_logits(row0, L) for each block of up to 256 positions, L [rows, vocab]
+  /// (row r predicts the token after position row0 + r). Leaves the one-token path's cache as it was.
+  /// Same numbers as forward() up to float32 rounding (GEMM summation order, float32 attention).
+  void prefill(const std::vector<int>& tokens, int threads,
+               const std::function<void(int, const MatF&, const MatF&, const MatF&, const MatF&)>& on_layer,
+               const std::function<void(int, const MatF&)>& on_logits) const;
   /// Install (or with nullptr remove) an attention override; not owned. Positions restart at 0
   /// with a fresh exact cache whenever forward(·, 0) is called.
   void set_attention(KVAttention* a) { override_ = a; }

@@ -27,6 +27,12 @@ struct RecordOptions {
   Params policy_params;
   std::string gqa = "kv_head";
   uint64_t seed = 1;
+  /// Teacher-forced recordings without a policy: "batched" (LlamaModel::prefill: GEMMs over all
+  /// positions, written layer by layer), "per-token" (the decoder's one-token path, double-precision
+  /// attention), or "auto": batched for GGUF checkpoints, per-token for llama2.c ones (whose shipped
+  /// experiments were recorded that way).
+  std::string prefill = "auto";
+  int threads = 0;  ///< batched prefill threads (0 = every hardware thread)
 };
 
 struct RecordResult {
@@ -38,6 +44,8 @@ struct RecordResult {
   /// first position where the policy's greedy tokens differ from exact ones (-1 = never).
   double exact_cross_entropy = NAN;
   int diverge_at = -1;
+  std::string path_taken;   ///< "batched prefill" or "per-token"
+  double forward_seconds = 0;  ///< wall time of the model's forward passes (not loading or writing)
 };
 
 /// Runs the model; throws kvsim::Error naming the file at fault.
