@@ -13,9 +13,10 @@ PyTorch the way a researcher would, on the same machine, stream and thread count
 
 kvsim's figure is its policy_ns metric (mean wall time of a policy's own work per decoded step); the
 PyTorch figure is the loop's wall time over the same steps. Both also time their GEMM: Eigen's SGEMM
-(what kvsim uses) and torch.mm, n = 1024, float32, one thread unless --threads. Debian's python3-torch
-is built against a generic reference BLAS, so the script prints the raw ratio (PyTorch time / kvsim
-time) and the ratio normalized to equal GEMM rates (PyTorch time × torch GFLOP/s / Eigen GFLOP/s:
+(what kvsim uses) and torch.mm, n = 1024, float32, one thread unless --threads. GEMM rates differ
+between PyTorch builds (Debian's python3-torch 1.13 used a generic reference BLAS at 3% of Eigen's
+rate; the pinned PyPI torch 2.13 CPU wheel runs at 113–140% of it), so the script prints the raw ratio
+(PyTorch time / kvsim time) and the ratio normalized to equal GEMM rates (PyTorch time × torch GFLOP/s / Eigen GFLOP/s:
 what a PyTorch with Eigen's GEMM would take if all its time were GEMM-bound; for the H2O step loop,
 whose time is mostly per-call overhead, the normalized figure is a lower bound on PyTorch's time).
 
