@@ -190,6 +190,44 @@ def check_equivalence(kvsim_bin, ck, tk, text, good, tmp, w, np, h5py, kvsim):
     return True
 
 
+def check_version2(kvsim_bin, good, text, tmp, np, kvsim):
+    """GGUF version 2 (the same layout as 3, which only added big-endian files) reads the same."""
+    with open(good, "rb") as f:
+        blob = bytearray(f.read())
+    blob[4:8] = struct.pack("<I", 2)
+    v2 = os.path.join(tmp, "v2.gguf")
+    with open(v2, "wb") as f:
+        f.write(blob)
+    outs = []
+    for p in (good, v2):
+        outs.append(os.path.join(tmp, os.path.basename(p) + ".h5"))
+        r = subprocess.run([kvsim_bin, "record", "--checkpoint", p, "--text", text, "--tokens", "64", "--out", outs[-1]],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"records {os.path.basename(p)}: {r.stderr.strip()}")
+    A, B = kvsim.Recording(outs[0]), kvsim.Recording(outs[1])
+    same = list(A.tokens()) == list(B.tokens()) and all(np.array_equal(A.q(l, 0), B.q(l, 0)) for l in range(5))
+    import h5py
+    with h5py.File(outs[1]) as f:
+        fmt = f.attrs["checkpoint_format"]
+    check(same and fmt.startswith("GGUF v2"), f"a version-2 file records the same tokens and queries as the version-3 "
+          f"file and says so ({fmt})")
+
+
+def check_closed_loop(kvsim_bin, good, text):
+    """--policy on a GGUF model: `exact` reproduces the one-token path's cross-entropy bit for bit, and a
+    small window raises it (the loop is closed)."""
+    outs = {}
+    for extra in (["--prefill", "per-token"], ["--policy", "exact"], ["--policy", "window", "--param", "budget=16"]):
+        r = subprocess.run([kvsim_bin, "record", "--checkpoint", good, "--text", text, "--tokens", "128", *extra],
+                           capture_output=True, text=True)
+        outs[extra[1]] = r.stdout
+        check(r.returncode == 0, f"record {' '.join(extra)}: {r.stderr.strip()}")
+    ce = {k: float(v.split("mean cross-entropy: ")[1].split()[0]) for k, v in outs.items()}
+    check(ce["exact"] == ce["per-token"] and "increase 0 nats" in outs["exact"],
+          f"closed loop with exact: cross-entropy {ce['exact']} equals the one-token path's {ce['per-token']}")
+    check(ce["window"] > ce["exact"] + 0.01, f"closed loop with a 16-token window: {ce['window']} > {ce['exact']}")
+
+
 def check_prefill(kvsim_bin, good, text, tmp, w, np, kvsim):
     """The batched prefill (GEMMs over all positions, float32 attention) against the one-token path."""
     paths = {}
@@ -295,6 +333,8 @@ def main():
         if not check_equivalence(kvsim_bin, ck, tk, text, good, tmp, w, np, h5py, kvsim):
             return 1
         check_prefill(kvsim_bin, good, text, tmp, w, np, kvsim)
+        check_version2(kvsim_bin, good, text, tmp, np, kvsim)
+        check_closed_loop(kvsim_bin, good, text)
         cases = refusal_cases(good, tmp, w, pieces, scores, np, gguf)
 
         for what, path, needle in cases:

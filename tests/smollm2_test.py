@@ -50,6 +50,43 @@ def mixed_text(root, data_dir):
     return "\n\n".join(parts)
 
 
+def tokenizer_gguf(gguf, path, tokens, merges, pre):
+    """A GGUF holding only a byte-level BPE tokenizer (no tensors)."""
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def check_pretokenizers(text, tokens, merges, gguf, Tokenizer):
+    """kvsim's "gpt2" and "llama-bpe" pre-tokenizers (llama.cpp's expressions run by PCRE2) against
+    Hugging Face `tokenizers` configured as GPT-2's and Meta Llama 3's tokenizer.json configure them,
+    over SmolLM2's vocabulary and merges."""
+    from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
+    llama3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+              r"\s*[\r\n]+|\s+(?!\S)|\s+")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    for pre, hf_pre in (("gpt2", pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)),
+                        ("llama-bpe", pre_tokenizers.Sequence([
+                            pre_tokenizers.Split(Regex(llama3), behavior="isolated", invert=False),
+                            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))):
+        hf = HFTokenizer(models.BPE(vocab, pairs, fuse_unk=False))
+        hf.pre_tokenizer = hf_pre
+        theirs = hf.encode(text, add_special_tokens=False).ids
+        with tempfile.TemporaryDirectory() as tmp:
+            ours = Tokenizer(tokenizer_gguf(gguf, os.path.join(tmp, pre + ".gguf"), tokens, merges, pre)).encode(text)
+        first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        check(ours == theirs, f"pre-tokenizer {pre}: ids equal Hugging Face tokenizers' ({len(ours)} tokens; "
+              f"first difference at {first})")
+
+
 def check_tokens(m, tok, path, text, gguf, Tokenizer):
     # 1. Tokens on mixed text, with a negative control (reversed merge priorities).
     ours = m.encode(text)
@@ -57,24 +94,16 @@ def check_tokens(m, tok, path, text, gguf, Tokenizer):
     first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
     check(len(text) >= 50000 and ours == theirs,
           f"token ids equal transformers' on {len(text)} characters ({len(ours)} tokens; first difference at {first})")
+    reader = gguf.GGUFReader(path)
+    field = reader.fields["tokenizer.ggml.tokens"]
+    tokens = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+    field = reader.fields["tokenizer.ggml.merges"]
+    merges = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
     with tempfile.TemporaryDirectory() as tmp:
-        reader = gguf.GGUFReader(path)
-        w = gguf.GGUFWriter(os.path.join(tmp, "reversed.gguf"), "llama")
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm")
-        field = reader.fields["tokenizer.ggml.tokens"]
-        tokens = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-        field = reader.fields["tokenizer.ggml.merges"]
-        merges = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-        w.add_token_list(tokens)
-        w.add_token_merges(merges[::-1])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        control = Tokenizer(os.path.join(tmp, "reversed.gguf")).encode(text)
+        control = Tokenizer(tokenizer_gguf(gguf, os.path.join(tmp, "reversed.gguf"), tokens, merges[::-1], "smollm")).encode(text)
         plain = Tokenizer(path).encode(text)
     check(plain == ours, "kvsim.model.Tokenizer of the file equals the model's tokenizer")
+    check_pretokenizers(text, tokens, merges, gguf, Tokenizer)
     check(control != theirs, "negative control: reversed merge priorities disagree with transformers "
           f"({sum(a != b for a, b in zip(control, theirs))} of {len(theirs)} positions differ or lengths "
           f"{len(control)} vs {len(theirs)})")
