@@ -5,6 +5,7 @@ Usage:
   .venv/bin/python datasets/export_hf.py --model PATH_OR_NAME --text FILE --tokens N --out rec.h5
                                 [--layers 0,4-7] [--dtype float16|float32] [--device auto|cpu|cuda]
                                 [--model-dtype auto|float32|bfloat16|float16] [--no-attn] [--byte-tokens]
+                                [--gguf-file NAME.gguf] [--no-special-tokens]
 
 One forward pass with the KV cache on (DESIGN §2 schema, `kvsim_schema = 1`):
   - keys and values: taken from the model's own KV cache after the pass (post-rotary, per KV head,
@@ -335,9 +336,16 @@ def main(argv=None):
     ap.add_argument("--attn-implementation", default="sdpa", choices=("sdpa", "eager"),
                     help="attention kernel of the forward pass (eager materializes n×n weights per head)")
     ap.add_argument("--no-attn", action="store_true", help="do not store the attention output")
+    ap.add_argument("--gguf-file", default=None,
+                    help="load the model and tokenizer from this GGUF file inside the --model folder (transformers' "
+                         "gguf_file=; dequantized on load)")
+    ap.add_argument("--no-special-tokens", action="store_true",
+                    help="tokenize without the tokenizer's special tokens (BOS), e.g. to match `kvsim record` on a "
+                         "GGUF whose add_bos_token is false")
     ap.add_argument("--byte-tokens", action="store_true",
                     help="tokens = UTF-8 bytes of the text (for tokenizer-less test models; vocab ≥ 256)")
     a = ap.parse_args(argv)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader draws its own progress bar
     try:
         import h5py  # noqa: F401
         import numpy  # noqa: F401
@@ -346,6 +354,9 @@ def main(argv=None):
     except ImportError as e:
         print(f"export_hf.py: error: {e.name} is not importable ({e}); install torch, transformers and h5py", file=sys.stderr)
         return 3
+    # One line on stderr for a refusal: no download/loading progress bars or library warnings around it.
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     try:
         if a.tokens < 1:
             raise ExportError(f"--tokens must be ≥ 1, got {a.tokens}")
@@ -357,7 +368,7 @@ def main(argv=None):
         dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[a.model_dtype]
         device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dtype,
+            model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, gguf_file=a.gguf_file,
                                                                       attn_implementation=a.attn_implementation)
         except (OSError, ValueError) as e:
             raise ExportError(f"{a.model}: cannot load the model ({e})")
@@ -369,10 +380,10 @@ def main(argv=None):
                 raise ExportError(f"--byte-tokens needs vocab_size ≥ 256, {a.model} has {model.config.vocab_size}")
         else:
             try:
-                tok = transformers.AutoTokenizer.from_pretrained(a.model)
+                tok = transformers.AutoTokenizer.from_pretrained(a.model, gguf_file=a.gguf_file)
             except (OSError, ValueError) as e:
                 raise ExportError(f"{a.model}: cannot load its tokenizer ({e}); --byte-tokens for tokenizer-less models")
-            ids = tok(text)["input_ids"]
+            ids = tok(text, add_special_tokens=not a.no_special_tokens)["input_ids"]
         if len(ids) < a.tokens:
             raise ExportError(f"{a.text}: only {len(ids)} tokens, --tokens asks for {a.tokens}")
         ids = ids[: a.tokens]
