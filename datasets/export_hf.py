@@ -7,7 +7,7 @@ Usage:
                                 [--model-dtype auto|float32|bfloat16|float16] [--no-attn] [--byte-tokens]
                                 [--gguf-file NAME.gguf] [--no-special-tokens]
 
-One forward pass with the KV cache on (DESIGN §2 schema, `kvsim_schema = 1`):
+One forward pass with the KV cache on (the recording schema of docs/recordings.md, `kvsim_schema = 1`):
   - keys and values: taken from the model's own KV cache after the pass (post-rotary, per KV head,
     exactly what a cache holds), one layer at a time;
   - queries: the output of each attention module's `q_proj` (or `q_norm` where the architecture
@@ -74,7 +74,7 @@ def parse_layers(spec, n_layers):
 
 
 class RecordingFile:
-    """Streaming writer of the kvsim recording schema (DESIGN §2) with h5py.
+    """Streaming writer of the kvsim recording schema (docs/recordings.md) with h5py.
 
     Datasets are created up front ([heads, n, head_dim], chunks (1, min(n, 1024), head_dim), shuffle +
     deflate) and filled one (layer, tensor) at a time. Writes to PATH.tmp; close() renames it to

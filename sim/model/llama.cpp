@@ -64,12 +64,16 @@ double mean_of(const std::vector<float>& v) {
   return s / double(v.size());
 }
 
-float token_cross_entropy(const std::vector<float>& logits, int target) {
+float token_cross_entropy(const float* logits, int vocab, int target) {
   double mx = -INFINITY;
-  for (float x : logits) mx = std::max(mx, double(x));
+  for (int i = 0; i < vocab; ++i) mx = std::max(mx, double(logits[i]));
   double s = 0;
-  for (float x : logits) s += std::exp(double(x) - mx);
+  for (int i = 0; i < vocab; ++i) s += std::exp(double(logits[i]) - mx);
   return static_cast<float>(mx + std::log(s) - logits[target]);
+}
+
+float token_cross_entropy(const std::vector<float>& logits, int target) {
+  return token_cross_entropy(logits.data(), int(logits.size()), target);
 }
 
 LlamaModel::LlamaModel(const std::string& path) : path_(path) {

@@ -158,7 +158,6 @@ RecordResult record_batched(const RecordOptions& opt, const LlamaModel& model, c
   if (!opt.out.empty()) w = std::make_unique<RecordingWriter>(opt.out, recording_meta(opt, cfg, n), opt.with_attn);
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   res.cross_entropy.resize(size_t(n - 1));
-  std::vector<float> row(size_t(cfg.vocab_size));
   double write_s = 0;
   const auto t0 = std::chrono::steady_clock::now();
   model.prefill(
@@ -177,10 +176,8 @@ RecordResult record_batched(const RecordOptions& opt, const LlamaModel& model, c
         write_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
       },
       [&](int r0, const MatF& L) {
-        for (int64_t r = 0; r < L.rows() && r0 + r + 1 < n; ++r) {
-          std::copy(L.row(r).data(), L.row(r).data() + cfg.vocab_size, row.begin());
-          res.cross_entropy[size_t(r0 + r)] = token_cross_entropy(row, input[size_t(r0 + r + 1)]);
-        }
+        for (int64_t r = 0; r < L.rows() && r0 + r + 1 < n; ++r)
+          res.cross_entropy[size_t(r0 + r)] = token_cross_entropy(L.row(r).data(), cfg.vocab_size, input[size_t(r0 + r + 1)]);
       });
   res.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - write_s;
   res.mean_cross_entropy = mean_of(res.cross_entropy);
@@ -265,7 +262,12 @@ std::vector<int> text_tokens(const std::string& path, const Tokenizer& tok, int6
     size_t cut = text.find_first_of(" \n", cap);
     text.resize(cut == std::string::npos ? text.size() : cut);
   }
-  std::vector<int> tokens = tok.encode_document(text);
+  std::vector<int> tokens;
+  try {
+    tokens = tok.encode_document(text);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
   if (tail > 0) {  // Python's data[-int(len(data) * tail):] of a training script's split
     const auto keep = static_cast<int64_t>(double(tokens.size()) * tail);
     tokens.erase(tokens.begin(), tokens.end() - keep);

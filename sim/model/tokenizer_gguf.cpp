@@ -74,13 +74,18 @@ struct Tokenizer::Regexes {
     for (auto* c : codes) pcre2_code_free(c);
     if (md) pcre2_match_data_free(md);
   }
-  /// Splits [s, s+n) by expression k: matches and the unmatched runs between them, in order.
-  void split(size_t k, const std::string& s, std::vector<std::string>& out) const {
+  /// Splits s by expression k: matches and the unmatched runs between them, in order. With
+  /// `validate`, the first match checks that all of s is valid UTF-8 (PCRE2 checks the whole subject
+  /// on a call without PCRE2_NO_UTF_CHECK); later calls skip the check.
+  void split(size_t k, const std::string& s, std::vector<std::string>& out, bool validate = false) const {
     size_t at = 0, gap = 0;
     while (at < s.size()) {
       const int rc = pcre2_match(codes[k], reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at,
-                                 PCRE2_NO_UTF_CHECK, md, nullptr);
+                                 validate ? 0 : PCRE2_NO_UTF_CHECK, md, nullptr);
+      validate = false;
       if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
+        throw Error("tokenizer: the text is not valid UTF-8 (at byte " + std::to_string(pcre2_get_startchar(md)) + ")");
       if (rc < 0) throw Error("tokenizer: PCRE2 match error " + std::to_string(rc));
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       if (ov[1] == ov[0]) {  // an empty match: step one character
@@ -215,22 +220,10 @@ std::string Tokenizer::decode_bpe(const std::string& p) const {  // GPT-2 charac
 }
 
 void Tokenizer::encode_bpe(const std::string& text, std::vector<int>& toks) const {
-  {  // PCRE2 in UTF mode needs valid UTF-8; say where it is not.
-    int err = 0;
-    PCRE2_SIZE off = 0;
-    pcre2_code* probe = pcre2_compile(reinterpret_cast<PCRE2_SPTR>("x"), 1, PCRE2_UTF, &err, &off, nullptr);
-    pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
-    const int rc = pcre2_match(probe, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0, 0, md, nullptr);
-    const PCRE2_SIZE bad = rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21 ? pcre2_get_startchar(md) : 0;
-    pcre2_match_data_free(md);
-    pcre2_code_free(probe);
-    if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
-      throw Error("tokenizer: the text is not valid UTF-8 (at byte " + std::to_string(bad) + ")");
-  }
   std::vector<std::string> parts{text}, next;
   for (size_t k = 0; k < re_->codes.size(); ++k) {
     next.clear();
-    for (const auto& p : parts) re_->split(k, p, next);
+    for (const auto& p : parts) re_->split(k, p, next, k == 0);  // the first pass validates the UTF-8
     parts.swap(next);
   }
   const auto& bm = byte_map();

@@ -1,5 +1,5 @@
 // kvsim: a Llama-architecture forward pass for llama2.c checkpoints, used by `kvsim record` to
-// capture real query/key/value tensors (DESIGN §8).
+// capture real query/key/value tensors (docs/recordings.md, "Recording from a model").
 //
 // Checkpoints: llama2.c legacy, version 1 (float32) and version 2 (Q8_0), see checkpoint.hpp.
 // Block: x += Wo·Attn(RoPE(Wq·n(x)), RoPE(Wk·n(x)), Wv·n(x)); x += W2(silu(W1·n(x)) ⊙ W3·n(x)),
@@ -80,5 +80,7 @@ double mean_of(const std::vector<float>& v);
 /// Cross-entropy (nats) of `target` under `logits`, log-sum-exp in double, stored as float — the one
 /// definition `kvsim record` and the closed loop share, so their means agree bit for bit.
 float token_cross_entropy(const std::vector<float>& logits, int target);
+/// The same over logits[0..vocab) (a row of the batched prefill's logits block).
+float token_cross_entropy(const float* logits, int vocab, int target);
 
 }  // namespace kvsim
