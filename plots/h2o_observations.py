@@ -73,7 +73,9 @@ def main():
         rec_path = text(f.attrs.get("recording_path", ""))
         if not curves_done and rec_path and os.path.exists(rec_path):
             with h5py.File(rec_path, "r") as rec:
-                t = int(step.max())
+                # the last step with a kvsim fit (objectives stop at eval.objectives_max_t)
+                fitted = np.isfinite(sl)
+                t = int(step[fitted].max()) if fitted.any() else int(step.max())
                 for l in layers:
                     acc = accumulated(rec, l, 0, t)
                     s_np, r_np = powerlaw(acc)

@@ -1,89 +1,192 @@
 #!/usr/bin/env bash
 # Reproduces every README figure and table from scratch (after scripts/setup.sh), then regenerates
 # all figures and results/report.md with plots/make_figures.py. Needs ../shared/data beside the
-# checkout for the real-model experiments. Usage: bash scripts/reproduce.sh [THREADS]
+# checkout for the small real models and models/ (scripts/setup.sh) for SmolLM2.
+#
+# Usage: bash scripts/reproduce.sh [--quick] [--only small|smollm2] [--fresh] [THREADS]
+#   --quick   a subset in minutes: the single-window small-model experiments and SmolLM2 on one
+#             2048-token window of code (what CI's slow `reproduce` test runs)
+#   --only    just the small models (stories260K, aidreams260K, shakespeare-q80, synthetic) or just SmolLM2
+#   --fresh   forget earlier steps; without it the script resumes: a step whose stamp in
+#             results/.reproduce holds the same command line is skipped
+# Every step's wall time and peak memory go to results/.reproduce/times.tsv (docs/experiments.md).
 # The embedded figures are copied into $KVSIM_FIGURES (default docs/figures; tests point it elsewhere
 # so that no test writes a tracked file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-T=${1:-$(nproc)}
+QUICK=0; ONLY=all; T=$(nproc)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --only) ONLY=${2:-}; shift
+            case "$ONLY" in small|smollm2) ;; *) echo "reproduce.sh: --only takes small or smollm2, not '$ONLY'" >&2; exit 2;; esac ;;
+    --fresh) rm -rf results/.reproduce ;;
+    [0-9]*) T=$1 ;;
+    *) echo "reproduce.sh: unknown argument '$1' (usage: reproduce.sh [--quick] [--only small|smollm2] [--fresh] [THREADS])" >&2; exit 2 ;;
+  esac
+  shift
+done
 K=./build/kvsim
 D=${KVSIM_SHARED_DATA:-../shared/data}
+M=${KVSIM_MODELS:-models}/SmolLM2-135M-Instruct.Q4_1.gguf
 FIG=${KVSIM_FIGURES:-docs/figures}
-mkdir -p "$FIG"
 PY=${KVSIM_PYTHON:-$PWD/.venv/bin/python}; [ -x "$PY" ] || PY=python3
-mkdir -p results/recordings
-$K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories260K/tok512.bin" \
-  --text "$D/tinystories-sample/tinystories.txt" --tokens 512 --out results/recordings/stories260k_tinystories.h5
-$K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories260K/tok512.bin" \
-  --generate 512 --out results/recordings/stories260k_generate.h5 > /dev/null
-$K record --checkpoint "$D/aidreams260K/aidreams260K.bin" --tokenizer "$D/aidreams260K/tok512.bin" \
-  --generate 128 --out results/recordings/aidreams_generate.h5 > /dev/null
-$K record --checkpoint "$D/stories260K/stories260K.bin" --tokenizer "$D/stories260K/tok512.bin" \
-  --text "$D/tinystories-sample/tinystories.txt" --tokens 512 --windows 8 --out results/recordings/tinystories_512.h5
-S="$D/shakespeare-q80"
-$K record --checkpoint "$S/shakespeare_q80.bin" --tokenizer "$S/byte_tokenizer.bin" --text "$D/tinyshakespeare/input.txt" \
-  --text-tail 0.05 --tokens 256 --windows 8 --out results/recordings/shakespeare_heldout_256.h5
-$K record --checkpoint "$S/shakespeare_q80.bin" --tokenizer "$S/byte_tokenizer.bin" \
-  --generate 256 --out results/recordings/shakespeare_generate.h5 > /dev/null
-$K run experiments/budget_sweep_8seq.toml --threads "$T" > results/budget_sweep_8seq.txt
-$K run experiments/budget_sweep_shakespeare_8seq.toml --threads "$T" > results/budget_sweep_shakespeare_8seq.txt
-$K run experiments/prefill_sweep_8seq.toml --threads "$T" > results/prefill_sweep_8seq.txt
-$K run experiments/prefill_sweep_shakespeare_8seq.toml --threads "$T" > results/prefill_sweep_shakespeare_8seq.txt
-$K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_shakespeare_generate \
-  --set data.path=results/recordings/shakespeare_generate.h5 > results/budget_sweep_shakespeare_generate.txt
-$K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_generate \
-  --set data.path=results/recordings/stories260k_generate.h5 > results/budget_sweep_generate.txt
-$K run experiments/budget_sweep.toml --threads "$T" --out results/budget_sweep_aidreams \
-  --set data.path=results/recordings/aidreams_generate.h5 --set 'policy.memory=[0.1,0.2,0.3,0.4,0.6]' > results/budget_sweep_aidreams.txt
-$K run experiments/budget_sweep_synthetic.toml --threads "$T" --out results/budget_sweep_clustered \
-  --set data.synthetic=clustered > results/budget_sweep_clustered.txt
-$K run experiments/budget_sweep_long.toml --threads "$T" --out results/budget_sweep_long_clustered \
-  --set data.synthetic=clustered > results/budget_sweep_long_clustered.txt
-for cfg in budget_sweep_long budget_sweep_synthetic quickstart stories260k policies_stories260k budget_sweep subgen_theorem1 subgen_theorem1_stories260k \
-           h2o_submodular h2o_buzz_20pct buzz_tw_sweep h2o_submodular_shakespeare h2o_buzz_20pct_shakespeare \
-           subgen_theorem1_shakespeare h2o_observations h2o_observations_synthetic; do
-  $K run "experiments/$cfg.toml" --threads "$T" > "results/$cfg.txt"
+ST=results/.reproduce
+mkdir -p "$FIG" results/recordings results/texts "$ST"
+TIMER=(); [ -x /usr/bin/time ] && TIMER=(/usr/bin/time -o "$ST/last.time" -f "%e	%M")
+
+# step NAME OUT CMD...: runs CMD with stdout to OUT (written whole, or not at all; "null" discards it),
+# unless NAME's stamp holds the same command line (resume). Appends NAME, seconds, peak RSS (KiB).
+step() {
+  local name=$1 out=$2; shift 2
+  local sig="$*"
+  if [ -f "$ST/$name" ] && [ "$(cat "$ST/$name")" = "$sig" ]; then echo "reproduce: $name: done earlier, skipped"; return 0; fi
+  rm -f "$ST/$name" "$ST/last.time"
+  local t0=$SECONDS rc=0
+  if [ "$out" = null ]; then "${TIMER[@]}" "$@" > /dev/null || rc=$?
+  else "${TIMER[@]}" "$@" > "$out.tmp" || rc=$?; fi
+  if [ "$rc" -ne 0 ]; then rm -f "$out.tmp"; echo "reproduce: step $name failed (exit $rc): $sig" >&2; exit "$rc"; fi
+  [ "$out" = null ] || mv "$out.tmp" "$out"
+  local timing="$((SECONDS - t0))	"; [ -s "$ST/last.time" ] && timing=$(tail -1 "$ST/last.time")
+  printf '%s\t%s\n' "$name" "$timing" >> "$ST/times.tsv"
+  echo "$sig" > "$ST/$name"
+  echo "reproduce: $name: ${timing%%	*} s"
+}
+
+small_models() {
+  local tok="$D/stories260K/tok512.bin" ck="$D/stories260K/stories260K.bin" S="$D/shakespeare-q80"
+  step rec_stories260k_tinystories null $K record --checkpoint "$ck" --tokenizer "$tok" \
+    --text "$D/tinystories-sample/tinystories.txt" --tokens 512 --out results/recordings/stories260k_tinystories.h5
+  step rec_stories260k_generate null $K record --checkpoint "$ck" --tokenizer "$tok" \
+    --generate 512 --out results/recordings/stories260k_generate.h5
+  step rec_aidreams_generate null $K record --checkpoint "$D/aidreams260K/aidreams260K.bin" \
+    --tokenizer "$D/aidreams260K/tok512.bin" --generate 128 --out results/recordings/aidreams_generate.h5
+  step rec_tinystories_512 null $K record --checkpoint "$ck" --tokenizer "$tok" \
+    --text "$D/tinystories-sample/tinystories.txt" --tokens 512 --windows 8 --out results/recordings/tinystories_512.h5
+  step rec_shakespeare_heldout null $K record --checkpoint "$S/shakespeare_q80.bin" --tokenizer "$S/byte_tokenizer.bin" \
+    --text "$D/tinyshakespeare/input.txt" --text-tail 0.05 --tokens 256 --windows 8 --out results/recordings/shakespeare_heldout_256.h5
+  step rec_shakespeare_generate null $K record --checkpoint "$S/shakespeare_q80.bin" --tokenizer "$S/byte_tokenizer.bin" \
+    --generate 256 --out results/recordings/shakespeare_generate.h5
+  local cfg
+  for cfg in quickstart stories260k policies_stories260k budget_sweep subgen_theorem1 subgen_theorem1_stories260k \
+             h2o_submodular h2o_buzz_20pct buzz_tw_sweep h2o_observations h2o_observations_synthetic; do
+    step "$cfg" "results/$cfg.txt" $K run "experiments/$cfg.toml" --threads "$T"
+  done
+  step clusterability results/clusterability.txt $K clusters experiments/clusterability.toml
+  step closed_loop results/closed_loop.txt $K closed-loop experiments/closed_loop.toml --threads "$T"
+  [ "$QUICK" = 1 ] && return 0
+  for cfg in budget_sweep_8seq budget_sweep_shakespeare_8seq prefill_sweep_8seq prefill_sweep_shakespeare_8seq \
+             budget_sweep_long budget_sweep_synthetic h2o_submodular_shakespeare h2o_buzz_20pct_shakespeare \
+             subgen_theorem1_shakespeare; do
+    step "$cfg" "results/$cfg.txt" $K run "experiments/$cfg.toml" --threads "$T"
+  done
+  step budget_sweep_shakespeare_generate results/budget_sweep_shakespeare_generate.txt $K run experiments/budget_sweep.toml \
+    --threads "$T" --out results/budget_sweep_shakespeare_generate --set data.path=results/recordings/shakespeare_generate.h5
+  step budget_sweep_generate results/budget_sweep_generate.txt $K run experiments/budget_sweep.toml --threads "$T" \
+    --out results/budget_sweep_generate --set data.path=results/recordings/stories260k_generate.h5
+  step budget_sweep_aidreams results/budget_sweep_aidreams.txt $K run experiments/budget_sweep.toml --threads "$T" \
+    --out results/budget_sweep_aidreams --set data.path=results/recordings/aidreams_generate.h5 --set 'policy.memory=[0.1,0.2,0.3,0.4,0.6]'
+  step budget_sweep_clustered results/budget_sweep_clustered.txt $K run experiments/budget_sweep_synthetic.toml \
+    --threads "$T" --out results/budget_sweep_clustered --set data.synthetic=clustered
+  step budget_sweep_long_clustered results/budget_sweep_long_clustered.txt $K run experiments/budget_sweep_long.toml \
+    --threads "$T" --out results/budget_sweep_long_clustered --set data.synthetic=clustered
+  step h2o_observations_aidreams results/h2o_observations_aidreams.txt $K run experiments/h2o_observations.toml \
+    --out results/h2o_observations_aidreams --set data.path=results/recordings/aidreams_generate.h5
+  step h2o_observations_shakespeare results/h2o_observations_shakespeare.txt $K run experiments/h2o_observations.toml \
+    --out results/h2o_observations_shakespeare --set data.path=results/recordings/shakespeare_heldout_256_w00.h5
+  step h2o_observations_clustered results/h2o_observations_clustered.txt $K run experiments/h2o_observations_synthetic.toml \
+    --out results/h2o_observations_clustered --set data.synthetic=clustered
+  step clusterability_shakespeare results/clusterability_shakespeare.txt $K clusters experiments/clusterability.toml \
+    --out results/clusterability_shakespeare --set data.path=results/recordings/shakespeare_heldout_256_w00.h5
+  step clusterability_aidreams results/clusterability_aidreams.txt $K clusters experiments/clusterability.toml \
+    --out results/clusterability_aidreams --set data.path=results/recordings/aidreams_generate.h5
+  for cfg in closed_loop_shakespeare closed_loop_prefill closed_loop_prefill_shakespeare; do
+    step "$cfg" "results/$cfg.txt" $K closed-loop "experiments/$cfg.toml" --threads "$T"
+  done
+}
+
+# SmolLM2-135M-Instruct (GGUF, head_dim 64): prose (held-out Tiny Shakespeare, TinyStories) and code (the
+# Python standard library Debian installs), 2048-token windows and two 8192-token windows (their tails:
+# disjoint from the 2048-token windows). Recordings keep q/k/v but not the model's attention output.
+smollm2() {
+  [ -f "$M" ] || { echo "reproduce.sh: $M is missing (bash scripts/setup.sh fetches it)" >&2; exit 1; }
+  local rec=($K record --checkpoint "$M" --no-attn --threads "$T") obs=experiments/h2o_observations.toml n
+  step code_text null "$PY" datasets/make_code_text.py results/texts/python_stdlib.txt
+  if [ "$QUICK" = 1 ]; then
+    step rec_smollm2_quick null "${rec[@]}" --text results/texts/python_stdlib.txt --tokens 2048 --windows 1 \
+      --out results/recordings/smollm2_quick.h5
+    local w=results/recordings/smollm2_quick_w00.h5
+    step smollm2_quick_budget results/smollm2_quick_budget.txt $K run experiments/smollm2_budget_sweep.toml \
+      --threads "$T" --out results/smollm2_quick_budget --set data.path=$w
+    step smollm2_quick_prefill results/smollm2_quick_prefill.txt $K run experiments/smollm2_prefill_sweep.toml \
+      --threads "$T" --out results/smollm2_quick_prefill --set data.path=$w
+    step h2o_observations_smollm2_quick results/h2o_observations_smollm2_quick.txt $K run $obs --threads "$T" \
+      --out results/h2o_observations_smollm2_quick --set data.path=$w
+    step clusterability_smollm2_quick results/clusterability_smollm2_quick.txt $K clusters experiments/clusterability.toml \
+      --out results/clusterability_smollm2_quick --set data.path=$w
+    return 0
+  fi
+  step rec_smollm2_shakespeare null "${rec[@]}" --text "$D/tinyshakespeare/input.txt" --text-tail 0.05 --tokens 2048 \
+    --windows 4 --out results/recordings/smollm2_shakespeare_2048.h5
+  step rec_smollm2_tinystories null "${rec[@]}" --text "$D/tinystories-sample/tinystories.txt" --tokens 2048 \
+    --windows 4 --out results/recordings/smollm2_tinystories_2048.h5
+  step rec_smollm2_code null "${rec[@]}" --text results/texts/python_stdlib.txt --tokens 2048 --windows 8 \
+    --out results/recordings/smollm2_code_2048.h5
+  step rec_smollm2_tinystories_8192 null "${rec[@]}" --text "$D/tinystories-sample/tinystories.txt" --text-tail 0.25 \
+    --tokens 8192 --windows 1 --out results/recordings/smollm2_tinystories_8192.h5
+  step rec_smollm2_code_8192 null "${rec[@]}" --text results/texts/python_stdlib.txt --text-tail 0.25 --tokens 8192 \
+    --windows 1 --out results/recordings/smollm2_code_8192.h5
+  step smollm2_budget_sweep results/smollm2_budget_sweep.txt $K run experiments/smollm2_budget_sweep.toml --threads "$T"
+  step smollm2_prefill_sweep results/smollm2_prefill_sweep.txt $K run experiments/smollm2_prefill_sweep.toml --threads "$T"
+  for n in 1024 2048 4096 8192; do
+    step "smollm2_length_$n" "results/smollm2_length_$n.txt" $K run experiments/smollm2_length_sweep.toml --threads "$T" \
+      --out "results/smollm2_length_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
+  done
+  for g in shakespeare tinystories code; do
+    step "h2o_observations_smollm2_$g" "results/h2o_observations_smollm2_$g.txt" $K run $obs --threads "$T" \
+      --out "results/h2o_observations_smollm2_$g" --set "data.path=results/recordings/smollm2_${g}_2048_w00.h5"
+    step "clusterability_smollm2_$g" "results/clusterability_smollm2_$g.txt" $K clusters experiments/clusterability.toml \
+      --out "results/clusterability_smollm2_$g" --set "data.path=results/recordings/smollm2_${g}_2048_w00.h5"
+  done
+}
+
+[ "$ONLY" = smollm2 ] || small_models
+[ "$ONLY" = small ] || smollm2
+
+# Figures and results/report.md from every results folder in results/ (make_figures skips what a
+# folder cannot draw), then the H2O observations figure and its numpy cross-check.
+rm -f "$ST/figures" "$ST/h2o_observations_check" "$ST/smollm2_length_figure"  # always redrawn
+dirs=()
+for d in results/*/; do
+  if [ -f "$d/results.h5" ] || [ -f "$d/sequences.csv" ] || [ -f "$d/clusters.csv" ] || [ -f "$d/closed_loop.csv" ]; then dirs+=("${d%/}"); fi
 done
-$K run experiments/h2o_observations.toml --out results/h2o_observations_aidreams \
-  --set data.path=results/recordings/aidreams_generate.h5 > results/h2o_observations_aidreams.txt
-$K run experiments/h2o_observations.toml --out results/h2o_observations_shakespeare \
-  --set data.path=results/recordings/shakespeare_heldout_256_w00.h5 > results/h2o_observations_shakespeare.txt
-$K run experiments/h2o_observations_synthetic.toml --out results/h2o_observations_clustered \
-  --set data.synthetic=clustered > results/h2o_observations_clustered.txt
-$K clusters experiments/clusterability.toml > results/clusterability.txt
-$K closed-loop experiments/closed_loop.toml --threads "$T" > results/closed_loop.txt
-$K clusters experiments/clusterability.toml --out results/clusterability_shakespeare \
-  --set data.path=results/recordings/shakespeare_heldout_256_w00.h5 > results/clusterability_shakespeare.txt
-$K closed-loop experiments/closed_loop_shakespeare.toml --threads "$T" > results/closed_loop_shakespeare.txt
-$K clusters experiments/clusterability.toml --out results/clusterability_aidreams \
-  --set data.path=results/recordings/aidreams_generate.h5 > results/clusterability_aidreams.txt
-$K closed-loop experiments/closed_loop_prefill.toml --threads "$T" > results/closed_loop_prefill.txt
-$K closed-loop experiments/closed_loop_prefill_shakespeare.toml --threads "$T" > results/closed_loop_prefill_shakespeare.txt
-$PY plots/make_figures.py results/stories260k results/policies_stories260k results/subgen_theorem1 \
-  results/subgen_theorem1_stories260k results/budget_sweep results/budget_sweep_generate results/budget_sweep_aidreams \
-  results/budget_sweep_synthetic results/budget_sweep_clustered results/budget_sweep_long results/budget_sweep_long_clustered results/h2o_submodular results/h2o_buzz_20pct results/buzz_tw_sweep \
-  results/clusterability results/closed_loop results/budget_sweep_8seq \
-  results/budget_sweep_shakespeare_8seq results/budget_sweep_shakespeare_generate results/h2o_submodular_shakespeare \
-  results/h2o_buzz_20pct_shakespeare results/subgen_theorem1_shakespeare results/clusterability_shakespeare \
-  results/closed_loop_shakespeare results/prefill_sweep_8seq results/prefill_sweep_shakespeare_8seq \
-  results/closed_loop_prefill results/closed_loop_prefill_shakespeare --report results/report.md
-$PY plots/h2o_observations.py results/h2o_observations results/h2o_observations_aidreams \
-  results/h2o_observations_shakespeare results/h2o_observations_synthetic results/h2o_observations_clustered > results/h2o_observations_check.txt
-# The figures the README and docs embed, refreshed from this run.
-cp results/budget_sweep/metric_vs_budget.png "$FIG"/budget_sweep.png
-cp results/budget_sweep_8seq/rel_err_vs_memory_sequences.png "$FIG"/budget_sweep_8seq.png
-cp results/h2o_submodular/metric_vs_budget.png "$FIG"/metric_vs_budget.png
-cp results/buzz_tw_sweep/buzz_tw_sweep.png "$FIG"/buzz_tw_sweep.png
-cp results/closed_loop/closed_loop.png "$FIG"/closed_loop.png
-cp results/closed_loop_shakespeare/closed_loop.png "$FIG"/closed_loop_shakespeare.png
-cp results/closed_loop_prefill/closed_loop.png "$FIG"/closed_loop_prefill.png
-cp results/prefill_sweep_8seq/rel_err_vs_memory_sequences.png "$FIG"/prefill_sweep_8seq.png
-cp results/prefill_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png "$FIG"/prefill_sweep_shakespeare_8seq.png
-cp results/budget_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png "$FIG"/budget_sweep_shakespeare_8seq.png
-cp results/clusterability_shakespeare/clusterability.png "$FIG"/clusterability_shakespeare.png
-cp results/subgen_theorem1_shakespeare/subgen_theorem1.png "$FIG"/subgen_theorem1_shakespeare.png
-cp results/clusterability/clusterability.png "$FIG"/clusterability.png
-cp results/h2o_observations/h2o_observations.png "$FIG"/h2o_observations.png
-cp results/subgen_theorem1/subgen_theorem1.png "$FIG"/subgen_theorem1.png
-cp results/subgen_theorem1_stories260k/subgen_theorem1.png "$FIG"/subgen_theorem1_stories260k.png
+step figures null "$PY" plots/make_figures.py "${dirs[@]}" --report results/report.md
+obs=(); for d in results/h2o_observations*/; do obs+=("${d%/}"); done
+step h2o_observations_check results/h2o_observations_check.txt "$PY" plots/h2o_observations.py "${obs[@]}"
+if [ -f results/smollm2_length_1024/sequences.csv ]; then
+  step smollm2_length_figure null "$PY" plots/length_sweep.py results/smollm2_length_1024 results/smollm2_length_2048 \
+    results/smollm2_length_4096 results/smollm2_length_8192 --out results/smollm2_length_sweep.png
+fi
+# The figures the README and docs embed, refreshed from this run (those it produced).
+fig() { if [ -f "$1" ]; then cp "$1" "$FIG/$2"; elif [ "$QUICK" = 0 ] && [ "$ONLY" = all ]; then echo "reproduce.sh: $1 was not made" >&2; exit 1; fi; }
+fig results/budget_sweep/metric_vs_budget.png budget_sweep.png
+fig results/budget_sweep_8seq/rel_err_vs_memory_sequences.png budget_sweep_8seq.png
+fig results/h2o_submodular/metric_vs_budget.png metric_vs_budget.png
+fig results/buzz_tw_sweep/buzz_tw_sweep.png buzz_tw_sweep.png
+fig results/closed_loop/closed_loop.png closed_loop.png
+fig results/closed_loop_shakespeare/closed_loop.png closed_loop_shakespeare.png
+fig results/closed_loop_prefill/closed_loop.png closed_loop_prefill.png
+fig results/prefill_sweep_8seq/rel_err_vs_memory_sequences.png prefill_sweep_8seq.png
+fig results/prefill_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png prefill_sweep_shakespeare_8seq.png
+fig results/budget_sweep_shakespeare_8seq/rel_err_vs_memory_sequences.png budget_sweep_shakespeare_8seq.png
+fig results/clusterability_shakespeare/clusterability.png clusterability_shakespeare.png
+fig results/subgen_theorem1_shakespeare/subgen_theorem1.png subgen_theorem1_shakespeare.png
+fig results/clusterability/clusterability.png clusterability.png
+fig results/h2o_observations/h2o_observations.png h2o_observations.png
+fig results/subgen_theorem1/subgen_theorem1.png subgen_theorem1.png
+fig results/subgen_theorem1_stories260k/subgen_theorem1.png subgen_theorem1_stories260k.png
+fig results/smollm2_budget_sweep/rel_err_vs_memory_sequences.png smollm2_budget_sweep.png
+fig results/smollm2_prefill_sweep/rel_err_vs_memory_sequences.png smollm2_prefill_sweep.png
+fig results/smollm2_length_sweep.png smollm2_length_sweep.png
+fig results/clusterability_smollm2_code/clusterability.png clusterability_smollm2.png
+echo "reproduce.sh: done (step times in $ST/times.tsv)"

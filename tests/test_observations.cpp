@@ -1,4 +1,4 @@
-// H2O's observations as metrics (seeds/004 §3, Fig. 2): attention sparsity and the power law of
+// H2O's observations as metrics (H2O, Zhang et al. 2023, §3, Fig. 2): attention sparsity and the power law of
 // accumulated attention, each against an independent computation, with negative controls.
 #include <catch2/catch.hpp>
 #include <algorithm>
@@ -19,6 +19,21 @@ TEST_CASE("observations: attention_sparsity counts entries below 1% of the row m
   CHECK(attention_sparsity(one_hot.data(), 100) == Approx(0.99));
   std::vector<double> uniform(100, 0.01);
   CHECK(attention_sparsity(uniform.data(), 100) == 0);  // control: a flat row is not sparse
+}
+
+TEST_CASE("observations: attention_sink_mass is the share of the row on the first k positions", "[observations]") {
+  std::vector<double> row = {0.4, 0.1, 0.05, 0.05, 0.2, 0.2};
+  CHECK(attention_sink_mass(row.data(), 6, 4) == Approx(0.6));
+  CHECK(attention_sink_mass(row.data(), 6, 1) == Approx(0.4));
+  CHECK(attention_sink_mass(row.data(), 3, 4) == Approx(1.0));  // t ≤ k: every position is a sink
+  std::vector<double> scaled = row;                               // unnormalized rows: a share, not a sum
+  for (double& x : scaled) x *= 7;
+  CHECK(attention_sink_mass(scaled.data(), 6, 4) == Approx(0.6));
+  std::vector<double> late(100, 0.0);                             // control: all mass far from the start
+  late[90] = 1;
+  CHECK(attention_sink_mass(late.data(), 100, 4) == 0);
+  std::vector<double> zero(10, 0.0);
+  CHECK(std::isnan(attention_sink_mass(zero.data(), 10, 4)));
 }
 
 TEST_CASE("observations: the power-law fit recovers an exact power law and rejects an exponential", "[h2o][observations]") {

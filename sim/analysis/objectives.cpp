@@ -106,6 +106,15 @@ double attention_sparsity(const double* p, int64_t t, double rel) {
   return double(small) / double(t);
 }
 
+double attention_sink_mass(const double* p, int64_t t, int64_t k) {
+  double head = 0, all = 0;
+  for (int64_t j = 0; j < t; ++j) {
+    all += p[j];
+    if (j < k) head += p[j];
+  }
+  return all > 0 ? head / all : NAN;
+}
+
 PowerLawFit powerlaw_fit(std::vector<double> v) {
   v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !(x > 0) || !std::isfinite(x); }), v.end());
   PowerLawFit f;

@@ -15,14 +15,6 @@
 
 namespace kvsim::gguf {
 
-namespace {
-
-constexpr const char* kValueTypes[] = {"UINT8", "INT8",   "UINT16", "INT16",  "UINT32", "INT32", "FLOAT32",
-                                       "BOOL",  "STRING", "ARRAY",  "UINT64", "INT64",  "FLOAT64"};
-constexpr int kValueSizes[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};  // 0: variable
-constexpr uint32_t kString = 8, kArray = 9;
-constexpr int64_t kMaxValues = int64_t(1) << 40;  // per tensor, and per dimension
-
 std::string hex_sha256(const uint8_t* p, uint64_t n) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -35,6 +27,14 @@ std::string hex_sha256(const uint8_t* p, uint64_t n) {
   }
   return s;
 }
+
+namespace {
+
+constexpr const char* kValueTypes[] = {"UINT8", "INT8",   "UINT16", "INT16",  "UINT32", "INT32", "FLOAT32",
+                                       "BOOL",  "STRING", "ARRAY",  "UINT64", "INT64",  "FLOAT64"};
+constexpr int kValueSizes[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};  // 0: variable
+constexpr uint32_t kString = 8, kArray = 9;
+constexpr int64_t kMaxValues = int64_t(1) << 40;  // per tensor, and per dimension
 
 /// Bounds-checked reader over the mapping; every failure names the file and what was being read.
 class Cursor {

@@ -12,6 +12,7 @@
 
 #include "kvsim/model/policy_attention.hpp"
 #include "kvsim/core/error.hpp"
+#include "kvsim/model/gguf.hpp"
 #include "kvsim/model/llama.hpp"
 #include "kvsim/io/recording.hpp"
 #include "kvsim/model/tokenizer.hpp"
@@ -107,6 +108,20 @@ RecordingMeta recording_meta(const RecordOptions& opt, const LlamaConfig& cfg, i
   return meta;
 }
 
+/// The exact text source of a teacher-forced recording: the file, its sha256, the held-out tail share
+/// and the first token's index in that text's token stream (the stored tokens follow from these).
+void write_text_source(RecordingWriter& w, const RecordOptions& opt) {
+  std::ifstream in(opt.text_path, std::ios::binary);
+  if (!in) throw Error(opt.text_path + ": cannot open text file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  w.set_attr("text_file", opt.text_path);
+  w.set_attr("text_sha256", gguf::hex_sha256(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  w.set_attr("text_tail", opt.text_tail);
+  w.set_attr("text_token_offset", opt.text_token_offset);
+}
+
 /// Tokens, cross-entropy and the model's attributes (everything but the tensors).
 void write_trailer(RecordingWriter& w, const RecordOptions& opt, const LlamaConfig& cfg, const RecordResult& res) {
   const bool generate = opt.generate > 0;
@@ -116,6 +131,7 @@ void write_trailer(RecordingWriter& w, const RecordOptions& opt, const LlamaConf
     w.set_attr("mean_cross_entropy", res.mean_cross_entropy);
   }
   w.set_attr("mode", std::string(generate ? "generate" : "teacher_forced"));
+  if (!generate && !opt.text_path.empty()) write_text_source(w, opt);
   w.set_attr("forward", res.path_taken);
   w.set_attr("checkpoint_format", cfg.format_name());
   if (cfg.gguf_version > 0) {
@@ -299,6 +315,7 @@ std::vector<std::string> record_windows(const RecordOptions& opt, int windows) {
     RecordOptions one = opt;
     one.token_ids.assign(all.begin() + size_t(w) * opt.tokens, all.begin() + size_t(w + 1) * opt.tokens);
     one.out = window_path(opt.out, w);
+    one.text_token_offset = int64_t(w) * opt.tokens;
     record_model(one);
     paths.push_back(one.out);
   }

@@ -177,7 +177,12 @@ const std::vector<Metric> kMetrics = {
     {"loaded_bytes", "bytes",
      "bytes read to answer the query: the whole cache (= cache_bytes) for every policy but quest, which reads its "
      "pages' min/max keys and the selected pages; query_head mode adds the group's copies",
-     "Quest §3 (Tang et al., 2024); DESIGN §4", [](MetricContext& c) { return c.loaded_bytes; }},
+     "Quest §3 (Tang et al., 2024)", [](MetricContext& c) { return c.loaded_bytes; }},
+    {"sink_mass", "1",
+     "share of the exact row a_t on the first 4 positions of the sequence (the attention sinks; a property of the "
+     "data, the same for every policy)",
+     "StreamingLLM §3.1 (Xiao et al., 2024: initial tokens draw a large share of attention)",
+     [](MetricContext& c) { return attention_sink_mass(c.probs, c.t, 4); }},
 };
 
 }  // namespace

@@ -45,6 +45,10 @@ std::pair<double, double> theorem44_alpha(double f, double greedy, double opt);
 /// sparse", entries below 1% of the row maximum). 0 for t = 0.
 double attention_sparsity(const double* p, int64_t t, double rel = 0.01);
 
+/// Attention-sink share (StreamingLLM, Xiao et al. 2024, §3.1): Σ_{j<k} p_j / Σ_{j<t} p_j for the
+/// exact row p (length t, positions from the start of the sequence); NaN when the row sums to 0.
+double attention_sink_mass(const double* p, int64_t t, int64_t k = 4);
+
 /// A least-squares power-law fit of a rank-size curve: log v_(r) = c + slope·log r over the ranks
 /// r = 1..k of the positive values sorted descending; r2 its coefficient of determination, and
 /// top10_share the share of the total held by the top ⌈k/10⌉ values.

@@ -134,4 +134,7 @@ class File {
 /// True when the first bytes of `path` are the GGUF magic.
 bool is_gguf(const std::string& path);
 
+/// sha256 of n bytes at p, lowercase hex (OpenSSL); used for checkpoints and recorded texts.
+std::string hex_sha256(const uint8_t* p, uint64_t n);
+
 }  // namespace kvsim::gguf

@@ -22,6 +22,9 @@ struct RecordOptions {
   std::string out;          ///< output .h5 (written atomically); empty = do not write
   bool with_attn = true;    ///< also store /layer_*/attn (the model's attention output)
   std::vector<int> token_ids;  ///< teacher-forced: use these tokens instead of encoding text_path
+  /// Teacher-forced: index of the first recorded token in text_path's token stream (after text_tail);
+  /// record_windows sets w · tokens. Written as the attribute text_token_offset (provenance).
+  int64_t text_token_offset = 0;
   /// Closed loop: a policy manages every (layer, KV head) cache while recording (`--policy`).
   std::string policy;
   Params policy_params;

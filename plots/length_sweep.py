@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""How each policy's error and rank change with the context length n (experiments/smollm2_length_sweep.toml).
+
+Usage: .venv/bin/python plots/length_sweep.py RESULTS_DIR [RESULTS_DIR ...] [--out FIG.png] [--metric rel_err]
+
+Each RESULTS_DIR is one `kvsim run` of the same experiment over several windows at one length (its
+sequences.csv holds per policy and memory the mean over windows with a 95% bootstrap interval; n is read
+from seq_00/results.h5's n_tokens). The figure has one panel per memory: metric vs n per policy, with the
+intervals as error bars. Printed: a markdown table of the mean metric per policy and n at each memory, with
+the policy's rank among the policies at that n (1 = lowest error) in parentheses.
+"""
+import argparse
+import csv
+import os
+import sys
+
+import h5py
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def tokens_of(results_dir):
+    path = os.path.join(results_dir, "seq_00", "results.h5")
+    try:
+        with h5py.File(path, "r") as f:
+            return int(f.attrs["n_tokens"])
+    except (OSError, KeyError) as e:
+        sys.exit(f"length_sweep.py: {path}: cannot read n_tokens ({e})")
+
+
+def rows_of(results_dir, metric):
+    path = os.path.join(results_dir, "sequences.csv")
+    try:
+        with open(path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r["metric"] == metric]
+    except OSError as e:
+        sys.exit(f"length_sweep.py: {path}: {e.strerror}")
+    if not rows:
+        sys.exit(f"length_sweep.py: {path}: no rows for metric '{metric}'")
+    return rows
+
+
+def policy_name(row):
+    """policy plus its non-memory parameters, e.g. 'kivi bits=4'."""
+    extra = [f"{k}={row[k]}" for k in ("bits", "sink", "t") if row.get(k)]
+    return " ".join([row["policy"]] + extra)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results_dirs", nargs="+")
+    ap.add_argument("--out", default=None, help="figure path (default: length_sweep.png beside the first folder)")
+    ap.add_argument("--metric", default="rel_err")
+    a = ap.parse_args(argv)
+    table = {}  # (memory, policy) -> {n: (mean, lo, hi)}
+    lengths = []
+    for d in a.results_dirs:
+        n = tokens_of(d)
+        lengths.append(n)
+        for r in rows_of(d, a.metric):
+            table.setdefault((float(r["memory"]), policy_name(r)), {})[n] = (
+                float(r["mean"]), float(r["ci_low"]), float(r["ci_high"]))
+    lengths = sorted(set(lengths))
+    memories = sorted({m for m, _ in table})
+    fig, axes = plt.subplots(1, len(memories), figsize=(4.2 * len(memories), 3.8), squeeze=False)
+    for ax, mem in zip(axes[0], memories):
+        print(f"\n{a.metric} at memory {mem:g} of n (mean over windows; rank among policies at that n)\n")
+        print("| policy | " + " | ".join(f"n = {n}" for n in lengths) + " |")
+        print("|---|" + "---|" * len(lengths))
+        pols = sorted(p for m, p in table if m == mem)
+        ranks = {}
+        for n in lengths:
+            order = sorted((table[(mem, p)][n][0], p) for p in pols if n in table[(mem, p)])
+            ranks[n] = {p: i + 1 for i, (_, p) in enumerate(order)}
+        for p in pols:
+            pts = table[(mem, p)]
+            cells = [f"{pts[n][0]:.3g} ({ranks[n][p]})" if n in pts else "—" for n in lengths]
+            print(f"| {p} | " + " | ".join(cells) + " |")
+            xs = [n for n in lengths if n in pts]
+            ys = [pts[n][0] for n in xs]
+            err = [[pts[n][0] - pts[n][1] for n in xs], [pts[n][2] - pts[n][0] for n in xs]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, label=p)
+        ax.set(xscale="log", yscale="log", xlabel="context length n (tokens)", ylabel=a.metric,
+               title=f"memory {mem:g} of n")
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    out = a.out or os.path.join(a.results_dirs[0], "length_sweep.png")
+    fig.savefig(out, dpi=120)
+    fig.savefig(os.path.splitext(out)[0] + ".pdf")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
