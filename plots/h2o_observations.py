@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""H2O's observations (seeds/004 §3, Fig. 2) measured: attention sparsity and accumulated-attention
+"""H2O's observations (H2O §3, Fig. 2) measured: attention sparsity and accumulated-attention
 power laws, from `kvsim run experiments/h2o_observations.toml` output.
 
 Usage: .venv/bin/python plots/h2o_observations.py RESULTS_DIR [RESULTS_DIR ...] [--out FIG.png]

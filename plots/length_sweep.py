@@ -14,11 +14,12 @@ import csv
 import os
 import sys
 
+import kvsim_deps  # noqa: F401  (exits with one line if numpy/h5py/matplotlib are missing)
 import h5py
-import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from kvsim_results import color
 
 
 def tokens_of(results_dir):
@@ -81,11 +82,14 @@ def main(argv=None):
             xs = [n for n in lengths if n in pts]
             ys = [pts[n][0] for n in xs]
             err = [[pts[n][0] - pts[n][1] for n in xs], [pts[n][2] - pts[n][0] for n in xs]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, label=p)
+            dashed = p.startswith("oracle") or " bits=" in p  # the bound, and kivi's second variant
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, label=p, color=color(p),
+                        ls="--" if dashed else "-")
         ax.set(xscale="log", yscale="log", xlabel="context length n (tokens)", ylabel=a.metric,
                title=f"memory {mem:g} of n")
         ax.set_xticks(lengths, [str(n) for n in lengths])
-    axes[0][-1].legend(fontsize=7, loc="best")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     out = a.out or os.path.join(a.results_dirs[0], "length_sweep.png")
     fig.savefig(out, dpi=120)

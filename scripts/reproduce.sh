@@ -161,7 +161,11 @@ for d in results/*/; do
   if [ -f "$d/results.h5" ] || [ -f "$d/sequences.csv" ] || [ -f "$d/clusters.csv" ] || [ -f "$d/closed_loop.csv" ]; then dirs+=("${d%/}"); fi
 done
 step figures null "$PY" plots/make_figures.py "${dirs[@]}" --report results/report.md
-obs=(); for d in results/h2o_observations*/; do obs+=("${d%/}"); done
+obs=()
+for d in results/h2o_observations*/; do
+  if [ "$QUICK" = 0 ] && [[ $d == *_quick/ ]]; then continue; fi  # a full run's figure leaves out --quick's folder
+  obs+=("${d%/}")
+done
 step h2o_observations_check results/h2o_observations_check.txt "$PY" plots/h2o_observations.py "${obs[@]}"
 if [ -f results/smollm2_length_1024/sequences.csv ]; then
   step smollm2_length_figure null "$PY" plots/length_sweep.py results/smollm2_length_1024 results/smollm2_length_2048 \

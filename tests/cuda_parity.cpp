@@ -1,6 +1,6 @@
 // CPU/GPU parity of the CUDA path (issue "GPU path"). The binary exits with 77 (ctest: SKIPPED, reason
 // printed) when no CUDA device is usable, so machines without a GPU never report these as passed.
-// Tolerance: ≤ 1e-4 relative on outputs and metrics (DESIGN §7: CPU vs CUDA), the GPU computing in fp32.
+// Tolerance: ≤ 1e-4 relative on outputs and metrics (CPU vs CUDA), the GPU computing in fp32.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cmath>

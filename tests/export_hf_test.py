@@ -86,7 +86,7 @@ def test_writer(kvsim, src, data_dir):
             out[h] = (p / p.sum(axis=1, keepdims=True)) @ vv
         return out
 
-    right = attention(lambda h: h // (H // Hkv))  # DESIGN §2: query head h uses KV head h / group
+    right = attention(lambda h: h // (H // Hkv))  # docs/recordings.md, the schema: query head h uses KV head h / group
     wrong = attention(lambda h: h % Hkv)          # the other common convention: must be caught
     with tempfile.TemporaryDirectory() as tmp:
         for dtype, tol in (("float32", 1e-5), ("float16", 2e-2)):

@@ -55,6 +55,26 @@ fi
 printf 'name="sq"\n[data]\nsynthetic="heavy_hitter"\nn=96\nd=8\nn_heads=2\nn_kv_heads=1\nsequences=3\n[eval]\nevery=8\n[[policy]]\nname="window"\nmemory=[0.2,0.5]\n[[policy]]\nname="subgen"\nmemory=[0.2,0.5]\nt=1\n' > "$TMP/sq.toml"
 run "$TMP/sq.toml" --out "$TMP/sq"
 "$PY" "$SRC/plots/sequences.py" "$TMP/sq" >/dev/null && check "$TMP/sq/rel_err_vs_memory_sequences"
+# The same at a longer n: error and rank vs n (plots/length_sweep.py), and the docs' tables
+# (plots/sequences_table.py) against the CSVs they are read from.
+run "$TMP/sq.toml" --out "$TMP/sq2" --set data.n=192
+out=$("$PY" "$SRC/plots/length_sweep.py" "$TMP/sq" "$TMP/sq2" --out "$TMP/len.png")
+grep -q "| window | .* (.) | .* (.) |" <<<"$out" && check "$TMP/len" || { echo "FAIL: length_sweep table: $out"; fails=$((fails+1)); }
+pick() {  # pick CSV KEY=VALUE... COLUMN: the first row matching every KEY=VALUE, its COLUMN as %.3g
+  "$PY" -c 'import csv, sys
+want = dict(a.split("=", 1) for a in sys.argv[2:-1])
+for r in csv.DictReader(open(sys.argv[1])):
+    if all(r.get(k) == v for k, v in want.items()):
+        print(f"{float(r[sys.argv[-1]]):.3g}"); break' "$@"
+}
+want=$(pick "$TMP/sq2/sequences.csv" policy=window metric=rel_err memory=0.2 mean)
+tab=$("$PY" "$SRC/plots/sequences_table.py" "$TMP/sq2" --memory 0.2 0.5)
+grep -q "^| window | $want \[" <<<"$tab" && passes=$((passes+1)) || { echo "FAIL: sequences_table window 0.2 != $want: $tab"; fails=$((fails+1)); }
+grp=$("$PY" "$SRC/plots/sequences_table.py" "$TMP/sq2" --memory 0.2 --groups a=0-0 b=1-2)
+want_a=$(pick "$TMP/sq2/seq_00/summary.csv" policy=window metric=rel_err all_layers=1 memory=0.2 mean)
+grep -q "^| window | $want_a | " <<<"$grp" && passes=$((passes+1)) || { echo "FAIL: sequences_table group a != $want_a: $grp"; fails=$((fails+1)); }
+"$PY" "$SRC/plots/sequences_table.py" "$TMP/none" 2>"$TMP/err" && { echo "FAIL: sequences_table accepted a missing folder"; fails=$((fails+1)); }
+grep -q "sequences.csv" "$TMP/err" && passes=$((passes+1)) || { echo "FAIL: sequences_table message: $(cat "$TMP/err")"; fails=$((fails+1)); }
 # One command for every figure + report.md over all the tiny runs.
 dirs="$TMP/q $TMP/s $TMP/s2 $TMP/h $TMP/m $TMP/b $TMP/c $TMP/sq"; [ -d "$TMP/cl2" ] && dirs="$dirs $TMP/cl2"
 rm -f "$TMP/q/rel_err_vs_step.png"

@@ -1,5 +1,5 @@
 // Test helpers: greedy and brute-force maximization of set functions, and an exhaustive
-// diminishing-returns (submodularity) check — for H2O's (1 − 1/e) guarantee (seeds/004 §4.1).
+// diminishing-returns (submodularity) check — for H2O's (1 − 1/e) guarantee (H2O §4.1).
 #pragma once
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// BUZZ (seeds/002): the simulated beehive body follows recurrence (10) exactly (odd and even
+// BUZZ (Zhao et al., 2024): the simulated beehive body follows recurrence (10) exactly (odd and even
 // stride), its tail respects the bounds (12), Theorem 3.1's T/w values, and Lemma 3.1's entropy
 // claim (λ ∝ log n keeps softmax entropy more stable than λ constant).
 #include <boost/random/normal_distribution.hpp>

@@ -1,4 +1,4 @@
-// H2O (seeds/004): Definition 2.1 invariants of the eviction policy at every step, eviction by
+// H2O (Zhang et al., 2023): Definition 2.1 invariants of the eviction policy at every step, eviction by
 // lowest accumulated score against an independent re-implementation, and the greedy (1 − 1/e)
 // guarantee for monotone submodular objectives built from attention (brute force, n ≤ 20, k ≤ 6),
 // with a non-submodular negative control.

@@ -1,5 +1,5 @@
 // Exact attention against a naive long-double reference, and the incremental operator norm
-// against Eigen's SelfAdjointEigenSolver (DESIGN §6 "Generic", §5).
+// against Eigen's SelfAdjointEigenSolver (docs/metrics.md).
 #include <boost/random/normal_distribution.hpp>
 #include <catch2/catch.hpp>
 #include <cmath>

@@ -1,4 +1,4 @@
-// Recording schema (DESIGN §2): round trip and every rejection the reader must make.
+// Recording schema (docs/recordings.md, the schema): round trip and every rejection the reader must make.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>

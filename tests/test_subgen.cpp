@@ -1,4 +1,4 @@
-// SubGen (seeds/000) Algorithm 1: Lemma 1, Lemma 2, Theorem 1 (Eq. 3, 5, 6), the pigeonhole bound
+// SubGen (Zandieh et al., 2024) Algorithm 1: Lemma 1, Lemma 2, Theorem 1 (Eq. 3, 5, 6), the pigeonhole bound
 // m' ≤ m, exact memory accounting and Corollary 1 — each randomized check with a stated false-alarm
 // rate ≤ 1e-3 and a negative control that the same check rejects.
 #include <boost/math/distributions/binomial.hpp>

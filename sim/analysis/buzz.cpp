@@ -1,4 +1,4 @@
-// BUZZ (seeds/002) theory helpers: the beehive body recurrence and Theorem 3.1's T/w rule.
+// BUZZ (Zhao et al., 2024) theory helpers: the beehive body recurrence and Theorem 3.1's T/w rule.
 #include "kvsim/analysis/buzz.hpp"
 
 namespace kvsim {

@@ -9,7 +9,7 @@ void bench_eps(const BenchOptions& o, BenchOut& b, double cheapest) {
   auto& out = b.out;
   auto& js = b.js;
   const int64_t n = o.quick ? 512 : 4096;
-  // eps_spectral bookkeeping (DESIGN §5): per step, the value row joins VᵀV (rank-16 GEMM updates)
+  // eps_spectral bookkeeping (docs/metrics.md): per step, the value row joins VᵀV (rank-16 GEMM updates)
   // and warm-started Lanczos finds ‖V_t‖_op, at the same n and head_dim, on two value streams:
   // isotropic uniform values (the worst case for Lanczos: the top eigenvalues cluster at the
   // Marchenko–Pastur edge) and the same values with a decaying spectrum, coordinate k scaled by

@@ -8,8 +8,8 @@
 //    block: the group's logits over the kept tokens (fp32), a block-merged hd::OnlineSoftmax in
 //    double (the CPU's policy_precision = "float32"), and the output (one thread per dimension).
 //  - fused state machines, one thread block per KV head over t = 0..n−1, for the policies whose
-//    eviction reads attention scores: h2o (seeds/004 §4.1 Algorithm 1: block arg-min under
-//    hd::h2o_prefer, a total order, so the CPU's serial scan picks the same slot) and buzz (seeds/002
+//    eviction reads attention scores: h2o (H2O §4.1 Algorithm 1: block arg-min under
+//    hd::h2o_prefer, a total order, so the CPU's serial scan picks the same slot) and buzz (BUZZ, Zhao et al. 2024
 //    §3.3: sink + beehive body + window, hd::buzz_evict run by thread 0 when the body reaches T;
 //    log-n scaled answers, §3.5). Each step: every query head's attention over the cache, combined by
 //    hd::group_combine into the accumulated scores; and subgen (SubGen Algorithm 1: online clustering

@@ -1,4 +1,4 @@
-// `buzz`: BUZZ (seeds/002) §3.3 Algorithms 1-2 — sink + beehive body + sliding window; see
+// `buzz`: BUZZ (Zhao et al., 2024) §3.3 Algorithms 1-2 — sink + beehive body + sliding window; see
 // include/kvsim/analysis/buzz.hpp (sim/analysis/buzz.cpp) for the body recurrence. `log_scale = true` multiplies the logits by
 // log_512(t) (BUZZ §3.5, Eq. 7-8; t = tokens so far), measured against the unscaled exact reference.
 #include "kvsim/analysis/buzz.hpp"

@@ -1,4 +1,4 @@
-// `h2o`: Heavy-Hitter Oracle (Zhang et al., seeds/004) — H2O §4.1 Algorithm 1, Definition 2.1, §5.1.
+// `h2o`: Heavy-Hitter Oracle (Zhang et al., 2023) — H2O §4.1 Algorithm 1, Definition 2.1, §5.1.
 // Budget B = B_heavy + B_recent (default half and half). Step t:
 //   observe(k_t, v_t): if the cache is full, evict the non-recent token with the lowest accumulated
 //     attention score (ties: the oldest), then add token t  →  |S_t| ≤ B and |S_t \ S_{t−1}| ≤ 1

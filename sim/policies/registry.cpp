@@ -113,7 +113,7 @@ std::string policies_markdown() {
     << "     tests/cli_test.sh fails when this file and the registry disagree. -->\n\n"
     << "Every policy is one file in `sim/policies/`. A token budget is an integer number of tokens or a float in\n"
     << "(0, 1], a fraction of the stream length n. `memory = M` replaces a policy's size parameters by its\n"
-    << "equal-memory rule (DESIGN §4).\n\n"
+    << "equal-memory rule (docs/policies.md).\n\n"
     << "| policy | keeps | parameters (default) | memory = M | GPU | source |\n|---|---|---|---|---|---|\n";
   auto cell = [](std::string s) {
     std::string out;

@@ -1,7 +1,7 @@
 // Internal: ScorerPolicy — the base of score-based eviction policies (kvpress's "ScorerPress" idea):
 // "score every cached token, keep the top B, protect sink and recent tokens".
 //
-// Step t (DESIGN §3 order): observe(k_t, v_t): while the cache holds fewer than B tokens the token
+// Step t (the stream order of docs/architecture.md): observe(k_t, v_t): while the cache holds fewer than B tokens the token
 // joins; otherwise the lowest-score token that is neither a sink (position < sink) nor among the
 // `recent` newest (position > t − recent) is evicted (ties: the oldest; hd::h2o_prefer, shared with
 // the GPU path) and token t takes its slot with initial_score(t). The cache that answers q_t thus

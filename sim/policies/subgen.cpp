@@ -1,4 +1,4 @@
-// `subgen`: SubGen Algorithm 1 (seeds/000, §2) as a cache policy. See include/kvsim/analysis/subgen.hpp.
+// `subgen`: SubGen Algorithm 1 (SubGen, Zandieh et al. 2024, §2) as a cache policy. See include/kvsim/analysis/subgen.hpp.
 #include <cmath>
 
 #include "factories.hpp"

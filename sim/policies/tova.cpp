@@ -3,7 +3,7 @@
 // current query is dropped: the cache is a multi-state RNN of fixed size whose state update keeps
 // the B tokens the latest query attends to most.
 //
-// Step t in kvsim's order (DESIGN §3: the cache that answers q_t holds ≤ B tokens): observe(k_t)
+// Step t in kvsim's order (docs/architecture.md, a replay step by step: the cache that answers q_t holds ≤ B tokens): observe(k_t)
 // evicts the cached token with the lowest weight under q_{t−1} (ties: the oldest) and k_t takes its
 // slot; q_t then attends over the B cached tokens and its weights become the scores. TOVA as
 // published attends with q_t over S_{t−1} ∪ {t} (B + 1 tokens) and drops after, so kvsim's `tova` at

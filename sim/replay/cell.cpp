@@ -5,7 +5,7 @@
 //      then every policy stepped to the block's end (observe every token; attend every step or only
 //      at evaluated ones) — or, for closed-form caches (window, sink), the block's answers at once by
 //      banded GEMMs — the equal-memory rule checked and the registry's metrics recorded.
-// Stream semantics (DESIGN §3): at step t token t−1 (0-based) joins the cache, then q_t is answered.
+// Stream semantics (docs/architecture.md, a replay step by step): at step t token t−1 (0-based) joins the cache, then q_t is answered.
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -261,7 +261,7 @@ class CellReplay {
     run.inst[0]->attend(t, qgroup_, is_eval ? &answers_ : nullptr, probs ? &probs_group_ : nullptr);
   }
 
-  /// The equal-memory rule (DESIGN §4): `memory = M` holds min(M, t) tokens' worth at every step
+  /// The equal-memory rule (docs/policies.md): `memory = M` holds min(M, t) tokens' worth at every step
   /// (±2%), or never more than M tokens' worth (+2%) for capacity-matched policies; `bytes` is what
   /// the policy is matched on (cache_bytes, or loaded_bytes for quest) and M is scaled by the cache's
   /// memory_share (PyramidKV's layer budgets).

@@ -1,4 +1,4 @@
-// The metric registry: one entry per metric, in results order. Notation (DESIGN §5): q̃_t =
+// The metric registry: one entry per metric, in results order. Notation (docs/metrics.md): q̃_t =
 // softmax_scale·q_t, a_t = softmax(K_t q̃_t), Attn_t = a_tᵀV_t, τ_t = Σ_{i≤t} exp(⟨k_i, q̃_t⟩), z the
 // policy's output, S its kept token set. To add a metric, add an entry to kMetrics below.
 #include "kvsim/replay/metrics.hpp"
@@ -90,7 +90,7 @@ bool fl_applies(const MetricContext& c) { return c.objectives && c.objectives_du
 
 const std::vector<Metric> kMetrics = {
     {"rel_err", "1", "‖z − Attn_t‖₂ / ‖Attn_t‖₂: relative error of the attention output",
-     "DESIGN §5",
+     "kvsim (the plain counterpart of SubGen Eq. 3)",
      [](MetricContext& c) { return ratio_or_inf(c.diff_norm(), Eigen::Map<const VecD>(c.exact_out, c.head_dim).norm()); }},
     {"eps_spectral", "1",
      "‖z − Attn_t‖₂ / (‖a_t‖₂·‖V_t‖_op): the ε of SubGen's spectral guarantee (‖V‖_op by Lanczos, warm-started)",
@@ -114,12 +114,12 @@ const std::vector<Metric> kMetrics = {
     {"attention_loss", "1", "1 − kept_mass: attention mass outside the cache", "H2O §5.1",
      [](MetricContext& c) { return c.has_kept() ? 1 - c.kept_mass() : NAN; }},
     {"cache_tokens", "tokens", "tokens in the cache answering this query head (subgen: stored vectors / 2)",
-     "DESIGN §4",
+     "kvsim's equal-memory rule (docs/policies.md)",
      [](MetricContext& c) { return c.has_kept() ? double(c.answer->kept.size()) : double(c.policy->cache_tokens()); }},
     {"cache_bytes", "bytes",
      "bytes the KV head's cache(s) store: stored vectors × head_dim × 4 (float32), or for a quantized cache (kivi) its "
      "codes, scales, zero points and float32 tokens; query_head mode adds the group's copies",
-     "DESIGN §4", [](MetricContext& c) { return c.cache_bytes; }},
+     "kvsim's equal-memory rule (docs/policies.md)", [](MetricContext& c) { return c.cache_bytes; }},
     {"clusters", "clusters", "key clusters the policy maintains (SubGen's m', k-center's centers); NaN otherwise",
      "SubGen Def. 1, Lemma 2", [](MetricContext& c) { return c.policy->clusters(); }},
     {"policy_ns", "ns/step", "wall time of the policy's observe + attend per step since the last evaluated step",

@@ -1,4 +1,4 @@
-// Incremental ‖V_t‖_op for eps_spectral (DESIGN §5; SubGen Eq. 3's ε): the Gram matrix VᵀV in
+// Incremental ‖V_t‖_op for eps_spectral (docs/metrics.md; SubGen Eq. 3's ε): the Gram matrix VᵀV in
 // rank-16 GEMM updates and restarted Lanczos warm-started from the previous top Ritz vector.
 #include <cmath>
 #include <Eigen/Eigenvalues>

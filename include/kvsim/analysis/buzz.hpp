@@ -1,4 +1,4 @@
-// kvsim: BUZZ (seeds/002) helpers — the beehive body-size recurrence and Theorem 3.1's T/w rule.
+// kvsim: BUZZ (Zhao et al., 2024) helpers — the beehive body-size recurrence and Theorem 3.1's T/w rule.
 //
 // BUZZ §3.3 (Algorithms 1-2): the cache is sink (k) + beehive body + sliding window (w). Tokens
 // leaving the window join the body as "new" tokens; when the body (old + new) reaches the threshold

@@ -1,4 +1,4 @@
-// kvsim: submodular attention objectives for H2O's guarantee (seeds/004 §4.1, Appendix D; DESIGN §5–6).
+// kvsim: submodular attention objectives for H2O's guarantee (H2O §4.1, Appendix D; docs/metrics.md, docs/theory.md).
 // H2O's own objective is F_score, the attention mass of the kept set (§4.1, Def. 4.3: the kept_mass
 // metric); the facility location below is kvsim's choice of a monotone submodular function over the
 // whole attention matrix to which Theorem 4.4's (1 − 1/e) greedy bound applies — H2O does not define it.
@@ -39,7 +39,7 @@ double theorem44_verdict(double f, double greedy, double opt, double alpha, doub
 /// bracket over OPT ∈ [greedy, greedy/(1 − 1/e)] (low from OPT = greedy). Within 1e-12 of 0 → 0.
 std::pair<double, double> theorem44_alpha(double f, double greedy, double opt);
 
-// H2O's observations (seeds/004 §3 "Sparsity" and "Heavy hitters", Fig. 2), measured rather than assumed.
+// H2O's observations (H2O §3 "Sparsity" and "Heavy hitters", Fig. 2), measured rather than assumed.
 
 /// Fraction of the t entries of an attention row p below `rel` times its maximum (H2O §3: "> 95%
 /// sparse", entries below 1% of the row maximum). 0 for t = 0.

@@ -1,5 +1,5 @@
 // kvsim: SubGen (Zandieh, Han, Mirrokni, Karbasi, "SubGen: Token Generation in Sublinear Time and
-// Memory", seeds/000) Algorithm 1, line by line, as an inspectable data structure.
+// Memory", Zandieh et al. 2024) Algorithm 1, line by line, as an inspectable data structure.
 //
 //   D = {(x_i, S_i, n_i)}: UPDATESOFTMAXNORMALIZER (lines 11-23) — online clustering of keys with
 //       radius δ around the first key of each cluster (its representative x_i), n_i members, and t

@@ -11,7 +11,7 @@ namespace kvsim {
 std::string inspect_recording(const std::string& path, int64_t max_tokens = 2048);
 
 /// Replay fidelity of a recording that carries `/layer_*/attn` (the recorder's or exporter's own
-/// attention output): kvsim's exact attention (DESIGN §3, double precision) of every stored query
+/// attention output): kvsim's exact attention (docs/architecture.md, a replay step by step, double precision) of every stored query
 /// head and step against it. `worst[i]` is max over heads and steps of ‖ref − attn‖ / ‖ref‖ for
 /// layers[i] (empty `layers` = all). Throws kvsim::Error naming the file and layer when a layer has
 /// no attn dataset or a layer index is out of range.

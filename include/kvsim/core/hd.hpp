@@ -4,12 +4,12 @@
 //
 //  - OnlineSoftmax: running max m, Σ e^{l−m} and Σ e^{2(l−m)} of a stream of logits (the
 //    flash-attention recurrence, Milakov & Gimelshein 2018), mergeable across threads; gives
-//    log τ = m + log s1 (DESIGN §3) and ‖a‖₂ = √s2 / s1 (the ‖softmax(Kq)‖ of SubGen Eq. 3).
+//    log τ = m + log s1 (docs/architecture.md, a replay step by step) and ‖a‖₂ = √s2 / s1 (the ‖softmax(Kq)‖ of SubGen Eq. 3).
 //  - philox4x32_10: the counter-based generator of Salmon et al. (SC'11, Random123), so CPU and GPU
 //    draw identical random numbers from (counter, key) without shared state.
 //  - sink_window_slot: where token t goes in a sink + ring-window cache (StreamingLLM / window), and
 //    sink_window_token: the same cache's content in closed form (the GPU answers any step directly).
-//  - h2o_evictable / h2o_prefer: H2O's eviction rule (seeds/004 §4.1 Algorithm 1): the victim is the
+//  - h2o_evictable / h2o_prefer: H2O's eviction rule (H2O §4.1 Algorithm 1): the victim is the
 //    lowest accumulated score outside the recent window, ties to the oldest. A total order, so a
 //    parallel arg-min on the GPU picks exactly the CPU's victim.
 //  - group_combine: group_agg (mean | max | sum) of a KV group's per-query-head attention.
@@ -22,7 +22,7 @@
 //    algorithm, SubGen ref. [3]) over token ids, with squared key distances summed in a fixed order
 //    with explicit fma, so CPU and GPU make bit-identical join/merge decisions.
 //  - philox_u01: SubGen Algorithm 1's coin flips as pure functions of (stream seed, token, slot).
-//  - buzz_evict: BUZZ's eviction (seeds/002 §3.3, Algorithm 2: local max sampling of new tokens,
+//  - buzz_evict: BUZZ's eviction (BUZZ §3.3, Algorithm 2: local max sampling of new tokens,
 //    interval sampling of old ones), and buzz_log_scale (§3.5, Eq. 7-8).
 #pragma once
 #include <cmath>
@@ -143,7 +143,7 @@ KVSIM_HD double uniform_log_tau(double log_sum, int64_t t, int64_t m) { return l
 /// BUZZ §3.5 (Eq. 7-8): the logit scale λ = log_512(t) after t tokens (t ≥ 1; 1 when off).
 KVSIM_HD double buzz_log_scale(int64_t t, bool on) { return on ? log(double(t > 1 ? t : 1)) / log(512.0) : 1.0; }
 
-/// BUZZ's eviction (seeds/002 §3.3, Algorithms 1-2), run when the body (old + new) reaches the
+/// BUZZ's eviction (BUZZ §3.3, Algorithms 1-2), run when the body (old + new) reaches the
 /// threshold T. `Tok` has a `score` member (accumulated attention). Old tokens are kept every
 /// ŝ = ⌊(s+1)/2⌋ positions (indices ŝ−1, 2ŝ−1, ...: interval sampling); the new tokens are cut into
 /// segments of stride s and each full segment keeps its highest score (the first on ties: local max

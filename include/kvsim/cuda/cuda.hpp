@@ -19,7 +19,7 @@ void require_device();
 /// "NAME (sm_XY, N GiB)" of device 0.
 std::string device_description();
 
-/// Exact causal attention of `heads` query heads at once (DESIGN §3; fp32 arithmetic, online softmax
+/// Exact causal attention of `heads` query heads at once (docs/architecture.md, a replay step by step; fp32 arithmetic, online softmax
 /// from include/kvsim/core/hd.hpp), for the evaluated steps `steps` (1-based, increasing, ≤ n).
 /// Q: [heads][n][d] unscaled, K, V: [kv_heads][n][d] (query head h uses KV head h / (heads/kv_heads)),
 /// all row-major float32 on the host. Outputs (host, resized): out [heads][rows][d],

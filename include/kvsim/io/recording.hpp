@@ -1,4 +1,4 @@
-// kvsim: the recording schema (DESIGN §2) — reader, writer, and the StreamSource interface that the
+// kvsim: the recording schema (docs/recordings.md, the schema) — reader, writer, and the StreamSource interface that the
 // replay engine reads one (layer, head) at a time from (a recording file or a synthetic preset).
 //
 // Schema (kvsim_schema = 1), one HDF5 file per recorded sequence:

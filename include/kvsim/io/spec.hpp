@@ -24,7 +24,7 @@ struct DataSpec {
   std::vector<int> layers;       ///< empty = all
   std::vector<int> heads;        ///< query heads; empty = all
   int64_t tokens = 0;            ///< replay only the first `tokens` (0 = all)
-  /// Prefill then decode (`[data] prefill = P`, DESIGN §3): tokens 1..P are the prompt, which every
+  /// Prefill then decode (`[data] prefill = P`, docs/architecture.md, a replay step by step): tokens 1..P are the prompt, which every
   /// policy receives at once (Policy::prefill); decoding streams t = P+1..n and `eval.from` defaults
   /// to P+1. 0 = no prompt.
   int64_t prefill = 0;
@@ -43,7 +43,7 @@ struct EvalSpec {
   /// (Policy::gpu_replay: all but subgen_kcenter prefill and h2o oracle scores) run there
   /// too (sim/policies/gpu_replay.cpp).
   std::string device = "cpu";
-  /// "float64" (default; ≤ 1e-6 of long double, DESIGN §6) or "float32": arithmetic of the CPU exact
+  /// "float64" (default; ≤ 1e-6 of long double, docs/theory.md) or "float32": arithmetic of the CPU exact
   /// reference (include/kvsim/replay/reference.hpp, exact_attention_f32: ~2x faster, ~1e-5 relative error,
   /// which the exact policy's metrics then show). Metrics and τ's sum stay double.
   std::string reference_precision = "float64";

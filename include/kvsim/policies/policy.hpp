@@ -1,4 +1,4 @@
-// kvsim: the KV-cache policy interface (DESIGN §4) and the parameter map policies are built from.
+// kvsim: the KV-cache policy interface (docs/policies.md) and the parameter map policies are built from.
 //
 // Stream protocol per (layer, cache) cell, for t = 1..n (SubGen Algorithm 1 order: update, then query):
 //   observe(t, k_t, v_t)               token t joins the stream (every policy sees every token)
@@ -38,7 +38,7 @@ struct StreamInfo {
   /// A config-time check of the parameters (the stream is not open yet, `n` is a stand-in): checks
   /// that depend on the real n (SubGen's sample bounds) wait for the replay.
   bool config_check = false;
-  /// `[data] prefill = P` (DESIGN §3, prefill then decode): tokens 1..P are the prompt, handed to
+  /// `[data] prefill = P` (docs/architecture.md, a replay step by step, prefill then decode): tokens 1..P are the prompt, handed to
   /// Policy::prefill at once; decoding streams t = P+1..n. 0 = no prompt (every token streams).
   int64_t prefill = 0;
   int layer = 0;     ///< this cache's layer (0-based) ...
@@ -87,10 +87,10 @@ class Policy {
   virtual int64_t cache_tokens() const = 0;
   /// Stored vectors of dimension head_dim now (keys + values + representatives...).
   virtual int64_t cache_vectors() const { return 2 * cache_tokens(); }
-  /// Bytes held now (cache_bytes, DESIGN §4): stored vectors × head_dim × 4 (float32, kvsim's full
+  /// Bytes held now (cache_bytes, docs/policies.md): stored vectors × head_dim × 4 (float32, kvsim's full
   /// precision); quantized caches (kivi) count their codes, scales and zero points instead.
   virtual double cache_bytes(int head_dim) const { return double(cache_vectors()) * head_dim * sizeof(float); }
-  /// Bytes read to answer one query (loaded_bytes, DESIGN §4): the whole cache for every policy but
+  /// Bytes read to answer one query (loaded_bytes, docs/policies.md): the whole cache for every policy but
   /// those that load part of what they store (quest: the page metadata and the selected pages).
   virtual double loaded_bytes(int head_dim) const { return cache_bytes(head_dim); }
   /// True when `memory = M` is matched on loaded_bytes instead of cache_bytes (quest stores the
@@ -132,7 +132,7 @@ std::unique_ptr<Policy> make_gpu_replay(std::unique_ptr<Policy> cpu, std::vector
                                         const MatF& V, double scale, std::vector<int64_t> steps,
                                         PolicyReplayFn replay = {});
 
-/// Combines a KV group's per-query-head vectors (attention, scores) by `group_agg` (DESIGN §4):
+/// Combines a KV group's per-query-head vectors (attention, scores) by `group_agg` (docs/policies.md):
 /// "sum" and "mean" add them ("mean" divides by the count in result()), "max" takes the elementwise
 /// maximum. ranking() is the undivided accumulator, ordered like result(). The element rule is
 /// hd::group_combine / hd::group_result, shared with the CUDA path.
@@ -162,7 +162,7 @@ class GroupAggregate {
 
 /// Builds the registered policy `name` (include/kvsim/policies/registry.hpp) for one stream. A
 /// `memory = M` parameter (tokens, or a fraction of n) is first replaced by the policy's equal-memory
-/// rule (DESIGN §4: exact min(M, t) tokens' worth at every step, or a capacity for policies whose
+/// rule (docs/policies.md: exact min(M, t) tokens' worth at every step, or a capacity for policies whose
 /// size oscillates by design — Policy::capacity_matched); the engine checks the rule at every
 /// evaluated step. Throws kvsim::Error naming the policy and parameter on bad input (unknown
 /// parameters included).

@@ -28,7 +28,7 @@ struct ParamInfo {
   std::string doc;  ///< meaning and unit
 };
 
-/// Equal-memory matching (DESIGN §4): how `memory = M` tokens sizes the policy. `refuses` are the
+/// Equal-memory matching (docs/policies.md): how `memory = M` tokens sizes the policy. `refuses` are the
 /// parameters `memory` replaces (giving one of them together with it is an error); `apply` adds the
 /// derived ones to `out` (which already holds every other given parameter). A policy without a rule refuses
 /// `memory`. Whether the size is exact at every step or a capacity is Policy::capacity_matched().

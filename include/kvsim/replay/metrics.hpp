@@ -1,4 +1,4 @@
-// kvsim: the metric registry (DESIGN §5). Every metric the engine reports is one entry of the list
+// kvsim: the metric registry (docs/metrics.md). Every metric the engine reports is one entry of the list
 // in sim/replay/metrics.cpp: its name (the results.h5 dataset and CSV `metric` value), unit,
 // one-line description, source (paper, section, equation) and a small function computing it for one
 // evaluated (policy, query head, step) from a MetricContext. Results files, summary tables and the
@@ -37,7 +37,7 @@ class MetricContext {
   double cache_bytes = 0;            ///< the cell's stored vectors × head_dim × 4 bytes (all instances)
   double loaded_bytes = 0;           ///< bytes read to answer the query (all instances; Policy::loaded_bytes)
   double policy_ns = 0;              ///< mean policy time per step since the last evaluated step
-  // H2O objectives (seeds/004 §4.1): on when `objectives`; the facility-location triple only at steps
+  // H2O objectives (H2O §4.1): on when `objectives`; the facility-location triple only at steps
   // `objectives_due`. `attn_all` is [T_obj, T_obj] full causal attention; `greedy_cache` memoizes
   // (greedy, OPT) per (query head, t, |S|) across policies of a cell.
   bool objectives = false, objectives_due = false;

@@ -1,4 +1,4 @@
-// kvsim: the exact attention reference (DESIGN §3), computed for a block of evaluated steps at once
+// kvsim: the exact attention reference (docs/architecture.md, a replay step by step), computed for a block of evaluated steps at once
 // with blocked matrix products (Eigen GEMM) and a log-domain softmax, in double precision.
 //
 // For step t (1-based: tokens 1..t are in the stream) and scaled query q̃_t = scale·q_t:
@@ -42,7 +42,7 @@ void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, 
 /// is float rounding of the logits: with Δ = max_i |δl_i| ≤ γ_{d+1}·Σ_j |q̃_j k_ij| (u = 2^-24),
 /// |δ log τ| ≤ Δ + O(t·u) and ‖δ Attn‖₂ ≤ (e^{2Δ} − 1 + O(t·u))·Σ_i a_i‖v_i‖₂ — ~1e-5 relative at
 /// real-model logits (tests/test_reference.cpp checks both bounds against long double). Use it for
-/// large sweeps of approximate policies, whose errors are 1e-3 and up; keep float64 (1e-6, DESIGN §6)
+/// large sweeps of approximate policies, whose errors are 1e-3 and up; keep float64 (1e-6, docs/theory.md)
 /// for anything compared against the exact policy.
 void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double scale, const std::vector<int64_t>& steps,
                          ReferenceBlock& out);
@@ -56,10 +56,10 @@ size_t reference_block_end(const std::vector<int64_t>& steps, size_t begin, size
 inline constexpr size_t kReferenceRowsF32 = 128;
 
 /// Column sums of the full causal attention matrix: g(j) = Σ_{t ≥ j} a_t(j) over all n queries of
-/// Q ([n, d], unscaled) — H2O's "global" heavy-hitter score (seeds/004 §3, Fig. 2). O(n²d), blocked.
+/// Q ([n, d], unscaled) — H2O's "global" heavy-hitter score (H2O §3, Fig. 2). O(n²d), blocked.
 VecD global_attention_scores(const MatF& Q, const MatD& K, double scale);
 
-/// Incremental operator norm ‖V_t‖_op = sqrt(λ_max(V_tᵀV_t)) (DESIGN §5, for SubGen Eq. 3's ε;
+/// Incremental operator norm ‖V_t‖_op = sqrt(λ_max(V_tᵀV_t)) (docs/metrics.md, for SubGen Eq. 3's ε;
 /// sim/replay/operator_norm.cpp). `add` appends a value row to a pending block; every kPending rows
 /// the d×d Gram matrix takes them in one rank-kPending GEMM (products with G in between add the
 /// pending rows' term Pᵀ(Px)). `op_norm` runs restarted Lanczos (≤ 24 O(d²) products per restart)

@@ -55,7 +55,7 @@ def run(config, *, threads=None, out=None, overrides=None):
 
 
 class Recording:
-    """A recording (DESIGN §2's HDF5 schema) or a synthetic stream, read one head at a time.
+    """A recording (the HDF5 schema of docs/recordings.md) or a synthetic stream, read one head at a time.
 
     meta: dict with model, source, rope, n_layers, n_heads, n_kv_heads, head_dim, n_tokens,
       softmax_scale. Arrays are float32 [n_tokens, head_dim] copies; query heads index q (and attn,

@@ -34,7 +34,7 @@ class Answer:
 
 
 class Policy:
-    """Base class of a KV-cache policy written in Python (DESIGN §4's stream protocol).
+    """Base class of a KV-cache policy written in Python (docs/policies.md's stream protocol).
 
     The engine builds one instance per cache: `cls(stream, **params)`, where `stream` is a
     kvsim.Stream (n, head_dim, n_queries, group_agg, seed, prefill, layer, n_layers) and params are

@@ -1,5 +1,5 @@
 """Example policies written in Python: twins of two built-in policies, using the public kvsim.Policy
-API only — a ring `window` (H2O §5.1 "Local") and H2O (seeds/004 §4.1 Algorithm 1 with the built-in's
+API only — a ring `window` (H2O §5.1 "Local") and H2O (H2O §4.1 Algorithm 1 with the built-in's
 eviction order: lowest accumulated score outside the recent part, ties to the oldest). Each keeps its
 cache in the C++ policy's slot order and answers with kvsim.attend, so its metric rows equal the
 built-in's bit for bit (tests/python/test_policies.py); `.venv/bin/python -m kvsim.bench` times them against
