@@ -3,26 +3,28 @@
 # all figures and results/report.md with plots/make_figures.py. Needs ../shared/data beside the
 # checkout for the small real models and models/ (scripts/setup.sh) for SmolLM2.
 #
-# Usage: bash scripts/reproduce.sh [--quick] [--only small|smollm2] [--fresh] [THREADS]
+# Usage: bash scripts/reproduce.sh [--quick] [--only small|smollm2] [--fresh] [--no-figures] [THREADS]
 #   --quick   a subset in minutes: the single-window small-model experiments and SmolLM2 on one
 #             2048-token window of code (what CI's slow `reproduce` test runs)
 #   --only    just the small models (stories260K, aidreams260K, shakespeare-q80, synthetic) or just SmolLM2
 #   --fresh   forget earlier steps; without it the script resumes: a step whose stamp in
 #             results/.reproduce holds the same command line is skipped
+#   --no-figures  run the experiments only (no make_figures, no report, no copies into docs/figures)
 # Every step's wall time and peak memory go to results/.reproduce/times.tsv (docs/experiments.md).
 # The embedded figures are copied into $KVSIM_FIGURES (default docs/figures; tests point it elsewhere
 # so that no test writes a tracked file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-QUICK=0; ONLY=all; T=$(nproc)
+QUICK=0; ONLY=all; FIGURES=1; T=$(nproc)
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --only) ONLY=${2:-}; shift
             case "$ONLY" in small|smollm2) ;; *) echo "reproduce.sh: --only takes small or smollm2, not '$ONLY'" >&2; exit 2;; esac ;;
     --fresh) rm -rf results/.reproduce ;;
+    --no-figures) FIGURES=0 ;;
     [0-9]*) T=$1 ;;
-    *) echo "reproduce.sh: unknown argument '$1' (usage: reproduce.sh [--quick] [--only small|smollm2] [--fresh] [THREADS])" >&2; exit 2 ;;
+    *) echo "reproduce.sh: unknown argument '$1' (usage: reproduce.sh [--quick] [--only small|smollm2] [--fresh] [--no-figures] [THREADS])" >&2; exit 2 ;;
   esac
   shift
 done
@@ -152,6 +154,7 @@ smollm2() {
 
 [ "$ONLY" = smollm2 ] || small_models
 [ "$ONLY" = small ] || smollm2
+if [ "$FIGURES" = 0 ]; then echo "reproduce.sh: done, figures not drawn (--no-figures; step times in $ST/times.tsv)"; exit 0; fi
 
 # Figures and results/report.md from every results folder in results/ (make_figures skips what a
 # folder cannot draw), then the H2O observations figure and its numpy cross-check.
