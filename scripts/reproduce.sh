@@ -8,7 +8,8 @@
 #             2048-token window of code (what CI's slow `reproduce` test runs)
 #   --only    just the small models (stories260K, aidreams260K, shakespeare-q80, synthetic) or just SmolLM2
 #   --fresh   forget earlier steps; without it the script resumes: a step whose stamp in
-#             results/.reproduce holds the same command line is skipped
+#             results/.reproduce holds the same command line (and the same kvsim binary, configs and
+#             scripts, by sha1) is skipped
 #   --no-figures  run the experiments only (no make_figures, no report, no copies into docs/figures)
 # Every step's wall time and peak memory go to results/.reproduce/times.tsv (docs/experiments.md).
 # The embedded figures are copied into $KVSIM_FIGURES (default docs/figures; tests point it elsewhere
@@ -41,7 +42,14 @@ TIMER=(); [ -x /usr/bin/time ] && TIMER=(/usr/bin/time -o "$ST/last.time" -f "%e
 # unless NAME's stamp holds the same command line (resume). Appends NAME, seconds, peak RSS (KiB).
 step() {
   local name=$1 out=$2; shift 2
-  local sig="$*"
+  local sig="$*" a
+  # The stamp also holds the sha1 of the kvsim binary and of every config or script the step reads, so a
+  # rebuilt kvsim or an edited config re-runs the step; --fresh forgets every stamp.
+  for a in "$@"; do
+    case "$a" in
+      *.toml|*.py|*/kvsim) if [ -f "$a" ]; then sig+=" [$(sha1sum < "$a" | cut -c1-12)]"; fi ;;
+    esac
+  done
   if [ -f "$ST/$name" ] && [ "$(cat "$ST/$name")" = "$sig" ]; then echo "reproduce: $name: done earlier, skipped"; return 0; fi
   rm -f "$ST/$name" "$ST/last.time"
   local t0=$SECONDS rc=0
