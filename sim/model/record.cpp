@@ -23,6 +23,15 @@ namespace {
 
 /// Recorded tensors [layer][head] of [n, head_dim]: q and the model's attention output per query
 /// head, k and v per KV head.
+/// The whole text file at `path`; throws naming it when it cannot be opened.
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open text file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 struct Trace {
   std::vector<std::vector<MatF>> Q, A, K, V;
   Trace(int L, int H, int KVH, int n, int hs)
@@ -111,11 +120,7 @@ RecordingMeta recording_meta(const RecordOptions& opt, const LlamaConfig& cfg, i
 /// The exact text source of a teacher-forced recording: the file, its sha256, the held-out tail share
 /// and the first token's index in that text's token stream (the stored tokens follow from these).
 void write_text_source(RecordingWriter& w, const RecordOptions& opt) {
-  std::ifstream in(opt.text_path, std::ios::binary);
-  if (!in) throw Error(opt.text_path + ": cannot open text file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = read_text_file(opt.text_path);
   w.set_attr("text_file", opt.text_path);
   w.set_attr("text_sha256", gguf::hex_sha256(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
   w.set_attr("text_tail", opt.text_tail);
@@ -265,11 +270,7 @@ RecordResult record_model(const RecordOptions& opt) {
 std::vector<int> text_tokens(const std::string& path, const Tokenizer& tok, int64_t want, double tail,
                              const std::string& need_name) {
   if (!(tail >= 0 && tail < 1)) throw Error("the text tail fraction must be in [0, 1), got " + std::to_string(tail));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open text file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
+  std::string text = read_text_file(path);
   if (text.empty()) throw Error(path + ": text file is empty");
   // Encoding is O(L log L); from the start, cap the text at a generous multiple of the tokens wanted
   // (a token covers at least one byte, and llama2.c vocabularies average 3-4 bytes per token).
