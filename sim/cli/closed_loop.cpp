@@ -44,40 +44,150 @@ RunResult open_loop(const ClosedLoopConfig& c, const std::vector<int>& win, cons
   return run_experiment(ex, rec, threads);
 }
 
-/// Closed loop of one policy on one window: teacher-forced cross-entropy through the policy's cache,
-/// and with `generate` the first greedy token that differs from the exact cache's. A policy that
-/// drives the activations to NaN, or a non-causal oracle, gets NaN (with the reason on stderr).
-void closed_loop_policy(const ClosedLoopConfig& c, LlamaModel& model, const PolicySpec& spec, const std::vector<int>& win,
-                        const std::vector<int>& prompt, const std::vector<int>& gen_exact, ClosedLoopRow& r) {
+/// One sequence's cache behind a guard: a policy that drives the activations to inf/NaN (kvsim::Error
+/// naming a non-finite value) is stopped there — its attention reads zeros from then on and its
+/// cross-entropy is reported as NaN with the reason — while the other sequences of the batch go on.
+class GuardedAttention final : public KVAttention {
+ public:
+  GuardedAttention(std::unique_ptr<PolicyKVAttention> a, int out_size) : a_(std::move(a)), out_size_(out_size) {}
+  void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override {
+    if (broken_.empty()) {
+      try {
+        return a_->attend(layer, pos, q, k, v, out);
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("non-finite") == std::string::npos) throw;
+        broken_ = e.what();
+      }
+    }
+    std::fill(out, out + out_size_, 0.0f);
+  }
+  PolicyKVAttention& policy() { return *a_; }
+  const std::string& broken() const { return broken_; }
+
+ private:
+  std::unique_ptr<PolicyKVAttention> a_;
+  int out_size_;
+  std::string broken_;
+};
+
+/// The batch of one window: the exact cache first, then every policy of the config that can run in a
+/// closed loop (`row[p]` = its place in the batch, −1 for a non-causal oracle: open-loop only).
+struct Batch {
+  std::vector<std::unique_ptr<GuardedAttention>> caches;
+  std::vector<int> row;
+  std::vector<KVAttention*> attn() const {
+    std::vector<KVAttention*> a;
+    for (const auto& c : caches) a.push_back(c.get());
+    return a;
+  }
+};
+
+Batch make_batch(const ClosedLoopConfig& c, const LlamaModel& model, const PromptTensors* prompt) {
   const auto& cfg = model.config();
-  try {
-    PolicyKVAttention attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg, c.prefill);
-    r.ce_policy = teacher_forced_ce(model, win, &attn, c.prefill);
-    r.ce_increase = r.ce_policy - r.ce_exact;
-    r.cache_tokens = attn.mean_cache_tokens();
-    if (c.generate > 0) {
-      // Same stream length (and so the same token budgets) as the teacher-forced run.
-      PolicyKVAttention gen_attn(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg, c.prefill);
-      auto gen = greedy_tokens(model, prompt, int(gen_exact.size()), &gen_attn);
-      for (size_t i = 0; i < gen.size(); ++i)
-        if (gen[i] != gen_exact[i]) {
-          r.diverge_at = int(i);
-          break;
-        }
+  Batch b;
+  auto add = [&](const PolicySpec& spec) {
+    auto a = std::make_unique<PolicyKVAttention>(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg, c.prefill);
+    if (prompt) a->load_prompt(*prompt);
+    b.caches.push_back(std::make_unique<GuardedAttention>(std::move(a), cfg.n_heads * cfg.head_dim()));
+  };
+  add(PolicySpec{"exact", "exact", Params{}});
+  for (const auto& spec : c.policies) {
+    try {
+      add(spec);
+      b.row.push_back(int(b.caches.size()) - 1);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("non-causal oracle") == std::string::npos) throw;
+      b.row.push_back(-1);  // oracles are open-loop only
     }
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    if (what.find("non-finite") != std::string::npos) {
-      // The policy drove the model's activations to inf/NaN: its closed loop has no finite
-      // cross-entropy. Reported as NaN with the reason, not as a number.
-      std::cerr << "kvsim closed-loop: " << spec.label << ", window " << r.window << ": the model broke down (" << what
-                << "); ce = nan\n";
+  }
+  return b;
+}
+
+/// Teacher-forced mean cross-entropy (nats/token) of every sequence of the batch over the window's
+/// positions from `from` on (predicting win[i+1] at position i), all sequences decoded together
+/// (LlamaModel::decode_step); NaN for a sequence whose guard stopped it.
+std::vector<double> batched_ce(const LlamaModel& model, const std::vector<int>& win, int from, Batch& batch, int threads) {
+  const size_t B = batch.caches.size();
+  const auto attn = batch.attn();
+  std::vector<double> sum(B, 0.0);
+  MatF logits;
+  int count = 0;
+  for (int pos = from; pos + 1 < int(win.size()); ++pos, ++count) {
+    model.decode_step(std::vector<int>(B, win[size_t(pos)]), pos, attn, threads, logits);
+    for (size_t b = 0; b < B; ++b)
+      sum[b] += token_cross_entropy(logits.row(Eigen::Index(b)).data(), int(logits.cols()), win[size_t(pos) + 1]);
+  }
+  for (size_t b = 0; b < B; ++b) sum[b] = batch.caches[b]->broken().empty() ? sum[b] / std::max(1, count) : NAN;
+  return sum;
+}
+
+/// Greedy generation of every sequence of the batch from `prompt` up to `total` tokens. With a
+/// loaded prompt (`last_logits` set) the first new token is the prompt's own prediction and decoding
+/// starts at position P; without, the prompt is fed through each sequence's cache from position 0.
+std::vector<std::vector<int>> batched_generate(const LlamaModel& model, const std::vector<int>& prompt, int total,
+                                               const std::vector<float>* last_logits, Batch& batch, int threads) {
+  const size_t B = batch.caches.size();
+  const auto attn = batch.attn();
+  std::vector<std::vector<int>> seq(B, prompt);
+  int start = 0;
+  if (last_logits) {
+    const int first = int(std::max_element(last_logits->begin(), last_logits->end()) - last_logits->begin());
+    for (auto& s : seq) s.push_back(first);
+    start = int(prompt.size());
+  }
+  MatF logits;
+  std::vector<int> tok(B);
+  for (int pos = start; pos + 1 < total; ++pos) {
+    for (size_t b = 0; b < B; ++b) tok[b] = seq[b][size_t(pos)];
+    model.decode_step(tok, pos, attn, threads, logits);
+    if (pos + 1 < int(prompt.size())) continue;
+    for (size_t b = 0; b < B; ++b) {
+      const float* r = logits.row(Eigen::Index(b)).data();
+      seq[b].push_back(int(std::max_element(r, r + logits.cols()) - r));
+    }
+  }
+  return seq;
+}
+
+/// Closed loop of every policy on one window, all policies and the exact cache decoded as one batch:
+/// with a prompt (`[model] prefill = P`) the prompt runs once through the model's batched prefill and
+/// every cache receives it at once (Policy::prefill), then positions P.. are decoded; without, every
+/// position streams through the caches. Fills ce_exact, ce_policy, ce_increase, cache_tokens and
+/// (with `generate`) diverge_at of rows[p] for each config policy p; a non-causal oracle gets NaN.
+void closed_loop_window(const ClosedLoopConfig& c, const LlamaModel& model, const std::vector<int>& win, int threads,
+                        std::vector<ClosedLoopRow>& rows) {
+  const int prompt_len = c.prefill > 0 ? c.prefill : std::min(16, c.tokens);
+  const std::vector<int> prompt(win.begin(), win.begin() + prompt_len);
+  PromptTensors pt;
+  if (c.prefill > 0) pt = prompt_tensors(model, prompt, threads);
+  const PromptTensors* loaded = c.prefill > 0 ? &pt : nullptr;
+  Batch batch = make_batch(c, model, loaded);
+  const std::vector<double> ce = batched_ce(model, win, c.prefill, batch, threads);
+  std::vector<std::vector<int>> gen;
+  if (c.generate > 0) {
+    Batch fresh = make_batch(c, model, loaded);  // same stream length, so the same token budgets
+    gen = batched_generate(model, prompt, prompt_len + c.generate, loaded ? &pt.last_logits : nullptr, fresh, threads);
+  }
+  for (size_t p = 0; p < rows.size(); ++p) {
+    ClosedLoopRow& r = rows[p];
+    r.ce_exact = ce[0];
+    const int b = batch.row[p];
+    if (b < 0) {
       r.ce_policy = r.ce_increase = NAN;
-    } else if (what.find("non-causal oracle") != std::string::npos) {
-      r.ce_policy = r.ce_increase = NAN;  // oracles are open-loop only
-    } else {
-      throw;
+      continue;
     }
+    if (!batch.caches[size_t(b)]->broken().empty())
+      std::cerr << "kvsim closed-loop: " << r.label << ", window " << r.window << ": the model broke down ("
+                << batch.caches[size_t(b)]->broken() << "); ce = nan\n";
+    r.ce_policy = ce[size_t(b)];
+    r.ce_increase = r.ce_policy - r.ce_exact;
+    r.cache_tokens = batch.caches[size_t(b)]->policy().mean_cache_tokens();
+    if (gen.empty() || std::isnan(r.ce_policy)) continue;
+    for (size_t i = 0; i < gen[size_t(b)].size(); ++i)
+      if (gen[size_t(b)][i] != gen[0][i]) {
+        r.diverge_at = int(i);
+        break;
+      }
   }
 }
 
@@ -116,6 +226,8 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
   if (c.tokens < 2 || c.tokens > cfg.seq_len)
     throw Error("model.tokens must be in [2, " + std::to_string(cfg.seq_len) + "] (the model's seq_len)");
   const int prompt_len = c.prefill > 0 ? c.prefill : std::min(16, c.tokens);
+  if (c.prefill < 0 || c.prefill >= c.tokens)
+    throw Error("model.prefill (" + std::to_string(c.prefill) + ") must be in [0, model.tokens = " + std::to_string(c.tokens) + ")");
   if (c.generate > 0 && prompt_len + c.generate > c.tokens)
     throw Error("model.generate (" + std::to_string(c.generate) + ") + the " + std::to_string(prompt_len) +
                 "-token prompt must fit in model.tokens (" +
@@ -131,18 +243,14 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
   std::vector<ClosedLoopRow> rows;
   for (int w = 0; w < c.windows; ++w) {
     std::vector<int> win(all.begin() + size_t(w) * c.tokens, all.begin() + size_t(w + 1) * c.tokens);
-    const double ce_exact = teacher_forced_ce(model, win, nullptr, c.prefill);
-    std::vector<int> gen_exact;
-    const std::vector<int> prompt(win.begin(), win.begin() + prompt_len);
-    if (c.generate > 0) gen_exact = greedy_tokens(model, prompt, prompt_len + c.generate, nullptr);
     const std::string rec_path = (fs::path(out_dir) / ("window_" + std::to_string(w) + ".h5")).string();
     const RunResult open = open_loop(c, win, rec_path, threads);
+    std::vector<ClosedLoopRow> wrows(c.policies.size());
     for (size_t p = 0; p < c.policies.size(); ++p) {
-      ClosedLoopRow r;
+      ClosedLoopRow& r = wrows[p];
       r.name = c.policies[p].name;
       r.label = c.policies[p].label;
       r.window = w;
-      r.ce_exact = ce_exact;
       std::vector<double> re, ep;
       for (const auto& row : open.policies[p].rows) {
         re.push_back(row[kRelErr]);
@@ -150,9 +258,9 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
       }
       r.open_rel_err = summarize(re).mean;
       r.open_eps = summarize(ep).mean;
-      closed_loop_policy(c, model, c.policies[p], win, prompt, gen_exact, r);
-      rows.push_back(r);
     }
+    closed_loop_window(c, model, win, threads, wrows);
+    rows.insert(rows.end(), wrows.begin(), wrows.end());
     fs::remove(rec_path, ec);
   }
   write_closed_loop_csv(c, rows, (fs::path(out_dir) / "closed_loop.csv").string());

@@ -221,7 +221,70 @@ void causal_attention(const MatF& Q, const MatF& K, const MatF& V, MatF& A, int 
   });
 }
 
+/// Y[B, rows] = X[B, cols] · W^T with the threads splitting W's rows (the output features): a
+/// decode step's GEMM has few rows of X, so each thread reads its own contiguous share of W.
+void linear_features(MatF& Y, const MatF& X, const float* W, int64_t rows, int64_t cols, int threads) {
+  Y.resize(X.rows(), rows);
+  Eigen::Map<const MatF> Wm(W, rows, cols);
+  parallel_rows(rows, threads, [&](int64_t a, int64_t b) {
+    Y.middleCols(a, b - a).noalias() = X * Wm.middleRows(a, b - a).transpose();
+  });
+}
+
 }  // namespace
+
+void LlamaModel::decode_step(const std::vector<int>& tokens, int pos, const std::vector<KVAttention*>& attn, int threads,
+                             MatF& logits) const {
+  const int D = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim(), hd = cfg_.head_dim();
+  const int64_t B = int64_t(tokens.size());
+  if (attn.size() != tokens.size()) throw Error("decode_step: " + std::to_string(B) + " tokens but " + std::to_string(attn.size()) + " attentions");
+  if (pos < 0 || pos >= cfg_.seq_len)
+    throw Error(path_ + ": position " + std::to_string(pos) + " is beyond the model's seq_len " + std::to_string(cfg_.seq_len));
+  threads = std::max(1, threads);
+  MatF X(B, D), XB(B, D), Q, K, V, A(B, D), O, H1, H3;
+  for (int64_t b = 0; b < B; ++b) {
+    const int tok = tokens[size_t(b)];
+    if (tok < 0 || tok >= cfg_.vocab_size) throw Error(path_ + ": token id " + std::to_string(tok) + " out of range");
+    if (!attn[size_t(b)]) throw Error("decode_step: sequence " + std::to_string(b) + " has no attention");
+    std::copy(emb_ + int64_t(tok) * D, emb_ + int64_t(tok + 1) * D, X.row(b).data());
+  }
+  std::vector<float> cs(size_t(hd / 2)), sn(size_t(hd / 2));  // prefill()'s rotary formula at `pos`
+  for (int k = 0; k < hd / 2; ++k) {
+    const double val = double(pos) * (1.0 / std::pow(cfg_.rope_theta, double(2 * k) / hd));
+    cs[size_t(k)] = static_cast<float>(std::cos(val));
+    sn[size_t(k)] = static_cast<float>(std::sin(val));
+  }
+  auto norm_rows = [&](const float* w) {
+    for (int64_t b = 0; b < B; ++b) rmsnorm(XB.row(b).data(), X.row(b).data(), w, D, cfg_.rms_eps);
+  };
+  std::atomic<int64_t> next{0};
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    norm_rows(rms_att_ + int64_t(l) * D);
+    linear_features(Q, XB, wq_ + int64_t(l) * D * D, D, D, threads);
+    linear_features(K, XB, wk_ + int64_t(l) * D * KV, KV, D, threads);
+    linear_features(V, XB, wv_ + int64_t(l) * D * KV, KV, D, threads);
+    for (int64_t b = 0; b < B; ++b) {
+      rope_rows(Q.row(b).data(), D, hd, cs.data(), sn.data(), cfg_.rope_halves);
+      rope_rows(K.row(b).data(), KV, hd, cs.data(), sn.data(), cfg_.rope_halves);
+    }
+    next = 0;  // each sequence's attention on one thread, sequences handed out in turn
+    parallel_rows(threads, threads, [&](int64_t, int64_t) {
+      for (int64_t b; (b = next.fetch_add(1)) < B;)
+        attn[size_t(b)]->attend(l, pos, Q.row(b).data(), K.row(b).data(), V.row(b).data(), A.row(b).data());
+    });
+    linear_features(O, A, wo_ + int64_t(l) * D * D, D, D, threads);
+    X += O;
+    norm_rows(rms_ffn_ + int64_t(l) * D);
+    linear_features(H1, XB, w1_ + int64_t(l) * D * F, F, D, threads);
+    linear_features(H3, XB, w3_ + int64_t(l) * D * F, F, D, threads);
+    auto g = H1.array();
+    g = g / (1.0f + (-g).exp()) * H3.array();
+    linear_features(O, H1, w2_ + int64_t(l) * D * F, D, F, threads);
+    X += O;
+  }
+  norm_rows(rms_final_);
+  linear_features(logits, XB, wcls_, cfg_.vocab_size, D, threads);
+}
 
 void LlamaModel::prefill(const std::vector<int>& tokens, int threads,
                          const std::function<void(int, const MatF&, const MatF&, const MatF&, const MatF&)>& on_layer,

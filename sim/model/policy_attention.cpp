@@ -70,8 +70,54 @@ void PolicyKVAttention::attend_prompt(int layer, int pos, const float* q, const 
   }
 }
 
+PromptTensors prompt_tensors(const LlamaModel& model, const std::vector<int>& prompt, int threads) {
+  const auto& cfg = model.config();
+  if (prompt.empty()) throw Error("prompt_tensors: empty prompt");
+  const int hd = cfg.head_dim();
+  const double scale = 1.0 / std::sqrt(double(hd));
+  PromptTensors pt;
+  pt.P = int64_t(prompt.size());
+  pt.k.resize(size_t(cfg.n_layers) * cfg.n_kv_heads);
+  pt.v.resize(pt.k.size());
+  pt.q.resize(size_t(cfg.n_layers) * cfg.n_heads);
+  auto on_layer = [&](int l, const MatF& Q, const MatF& K, const MatF& V, const MatF&) {
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+      pt.k[size_t(l) * cfg.n_kv_heads + h] = K.middleCols(int64_t(h) * hd, hd);
+      pt.v[size_t(l) * cfg.n_kv_heads + h] = V.middleCols(int64_t(h) * hd, hd);
+    }
+    for (int h = 0; h < cfg.n_heads; ++h)
+      pt.q[size_t(l) * cfg.n_heads + h] = Q.middleCols(int64_t(h) * hd, hd).cast<double>() * scale;
+  };
+  auto on_logits = [&](int row0, const MatF& L) {
+    if (row0 + L.rows() == pt.P) pt.last_logits.assign(L.row(L.rows() - 1).data(), L.row(L.rows() - 1).data() + L.cols());
+  };
+  model.prefill(prompt, threads, on_layer, on_logits);
+  return pt;
+}
+
+void PolicyKVAttention::load_prompt(const PromptTensors& prompt) {
+  if (prompt.P != prefill_)
+    throw Error("load_prompt: a " + std::to_string(prompt.P) + "-token prompt for caches built with prefill = " + std::to_string(prefill_));
+  const int G = cfg_.n_heads / cfg_.n_kv_heads, caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (int c = 0; c < caches; ++c) {
+      const int kvh = per_query_ ? c / G : c, first = per_query_ ? c : c * G, count = per_query_ ? 1 : G;
+      std::vector<const MatD*> qs;
+      for (int g = 0; g < count; ++g) qs.push_back(&prompt.q[size_t(l) * cfg_.n_heads + first + g]);
+      const size_t kv = size_t(l) * cfg_.n_kv_heads + kvh;
+      pol_[size_t(l) * caches + c]->prefill(prefill_, prompt.k[kv], prompt.v[kv], qs);
+    }
+  pk_.clear();  // the per-token prompt buffers are not needed any more
+  pv_.clear();
+  pq_.clear();
+  loaded_ = true;
+}
+
 void PolicyKVAttention::attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) {
-  if (pos < prefill_) return attend_prompt(layer, pos, q, k, v, out);
+  if (pos < prefill_) {
+    if (loaded_) throw Error("PolicyKVAttention: position " + std::to_string(pos) + " is inside the prompt that load_prompt gave");
+    return attend_prompt(layer, pos, q, k, v, out);
+  }
   const int hs = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads;
   const double scale = 1.0 / std::sqrt(double(hs));
   const int caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;

@@ -56,6 +56,15 @@ class LlamaModel {
   void prefill(const std::vector<int>& tokens, int threads,
                const std::function<void(int, const MatF&, const MatF&, const MatF&, const MatF&)>& on_layer,
                const std::function<void(int, const MatF&)>& on_logits) const;
+  /// One decoding position for B independent sequences at once (a batched decode): sequence b feeds
+  /// tokens[b] at position `pos` and its attention goes through attn[b] (its own cache, e.g. one
+  /// PolicyKVAttention per policy; all non-null). The linear layers run as GEMMs over the B rows
+  /// ([B, dim] · Wᵀ), so the weights are read once per position for all B sequences instead of once
+  /// each — the closed loop's cost. `threads` threads split each GEMM's output features and the B
+  /// attention calls (attn[b] is only ever called from one thread at a time). logits → [B, vocab].
+  /// Same float32 arithmetic as prefill()'s linear layers; throws kvsim::Error on a bad token or pos.
+  void decode_step(const std::vector<int>& tokens, int pos, const std::vector<KVAttention*>& attn, int threads,
+                   MatF& logits) const;
   /// Install (or with nullptr remove) an attention override; not owned. Positions restart at 0
   /// with a fresh exact cache whenever forward(·, 0) is called.
   void set_attention(KVAttention* a) { override_ = a; }

@@ -12,6 +12,19 @@
 
 namespace kvsim {
 
+/// A prompt's tensors per head, in the form Policy::prefill takes them: built once from the model's
+/// batched prefill and handed to every policy's cache (PolicyKVAttention::load_prompt).
+struct PromptTensors {
+  int64_t P = 0;
+  std::vector<MatF> k, v;          ///< [layer · n_kv_heads + kvh] → [P, head_dim], post-RoPE keys; values
+  std::vector<MatD> q;             ///< [layer · n_heads + h] → [P, head_dim], post-RoPE queries · 1/√head_dim
+  std::vector<float> last_logits;  ///< [vocab], the prompt's prediction of token P
+};
+
+/// Runs LlamaModel::prefill over `prompt` (exact causal attention, `threads` threads) and splits its
+/// per-layer Q, K, V into PromptTensors. Throws kvsim::Error on an empty prompt or a bad token.
+PromptTensors prompt_tensors(const LlamaModel& model, const std::vector<int>& prompt, int threads);
+
 /// A KVAttention that routes each layer's attention through one policy per KV head (gqa = kv_head)
 /// or per query head (query_head). Non-causal oracles (oracle_topk, h2o score = "oracle") are
 /// refused: they need the future. Seeds derive from (seed, layer, head, 0) like the replay engine.
@@ -24,6 +37,10 @@ class PolicyKVAttention final : public KVAttention {
   PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
                     const std::string& gqa = "kv_head", const std::string& group_agg = "mean", int64_t prefill = 0);
   void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override;
+  /// The prompt at once (instead of feeding positions 0..P−1 through attend): every cache receives
+  /// Policy::prefill with the prompt's keys, values and scaled queries; decoding then starts at
+  /// position P. Requires prompt.P = the constructor's `prefill`; throws kvsim::Error otherwise.
+  void load_prompt(const PromptTensors& prompt);
   /// Mean cached tokens per (layer, cache) now.
   double mean_cache_tokens() const;
 
@@ -34,6 +51,7 @@ class PolicyKVAttention final : public KVAttention {
   LlamaConfig cfg_;
   bool per_query_;
   int64_t prefill_ = 0;
+  bool loaded_ = false;  // load_prompt ran: positions < prefill_ are done
   std::vector<MatF> pk_, pv_;  // prompt keys / values [layer · n_kv_heads + kvh], [P, head_dim]
   std::vector<MatD> pq_;       // prompt scaled queries [layer · n_heads + head], [P, head_dim]
   std::vector<std::unique_ptr<Policy>> pol_;  // [layer][kv head or query head]
