@@ -134,6 +134,8 @@ smollm2() {
       --out results/h2o_observations_smollm2_quick --set data.path=$w
     step clusterability_smollm2_quick results/clusterability_smollm2_quick.txt $K clusters experiments/clusterability.toml \
       --out results/clusterability_smollm2_quick --set data.path=$w
+    step smollm2_quick_closed_loop results/smollm2_quick_closed_loop.txt $K closed-loop experiments/smollm2_closed_loop.toml \
+      --threads "$T" --out results/smollm2_quick_closed_loop --set model.tokens=512 --set model.prefill=448 --set model.windows=1
     return 0
   fi
   step rec_smollm2_shakespeare null "${rec[@]}" --text "$D/tinyshakespeare/input.txt" --text-tail 0.05 --tokens 2048 \
@@ -152,6 +154,9 @@ smollm2() {
     step "smollm2_length_$n" "results/smollm2_length_$n.txt" $K run experiments/smollm2_length_sweep.toml --threads "$T" \
       --out "results/smollm2_length_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
   done
+  step smollm2_closed_loop results/smollm2_closed_loop.txt $K closed-loop experiments/smollm2_closed_loop.toml --threads "$T"
+  step smollm2_h2o_theorem44 results/smollm2_h2o_theorem44.txt $K run experiments/smollm2_h2o_theorem44.toml --threads "$T"
+  step smollm2_buzz_tw_sweep results/smollm2_buzz_tw_sweep.txt $K run experiments/smollm2_buzz_tw_sweep.toml --threads "$T"
   for g in shakespeare tinystories code; do
     step "h2o_observations_smollm2_$g" "results/h2o_observations_smollm2_$g.txt" $K run $obs --threads "$T" \
       --out "results/h2o_observations_smollm2_$g" --set "data.path=results/recordings/smollm2_${g}_2048_w00.h5"
@@ -204,4 +209,6 @@ fig results/smollm2_budget_sweep/rel_err_vs_memory_sequences.png smollm2_budget_
 fig results/smollm2_prefill_sweep/rel_err_vs_memory_sequences.png smollm2_prefill_sweep.png
 fig results/smollm2_length_sweep.png smollm2_length_sweep.png
 fig results/clusterability_smollm2_code/clusterability.png clusterability_smollm2.png
+fig results/smollm2_closed_loop/closed_loop.png smollm2_closed_loop.png
+fig results/smollm2_buzz_tw_sweep/buzz_tw_sweep.png smollm2_buzz_tw_sweep.png
 echo "reproduce.sh: done (step times in $ST/times.tsv)"

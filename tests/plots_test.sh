@@ -104,6 +104,23 @@ out=$("$PY" "$SRC/plots/closed_loop.py" "$TMP/cl3")
 grep -q "off-scale panel: 1 points" <<<"$out" && check "$TMP/cl3/closed_loop" || { echo "FAIL: closed-loop off-scale panel: $out"; fails=$((fails+1)); }
 out=$("$PY" "$SRC/plots/closed_loop.py" "$TMP/cl4")
 grep -q "off-scale" <<<"$out" && { echo "FAIL: off-scale panel without off-scale points"; fails=$((fails+1)); } || check "$TMP/cl4/closed_loop"
+# The rank correlation over policy entries' means: 4 entries × 3 windows whose CE increase grows with
+# rel_err give ρ = 1 with a degenerate interval; reversing the CE order gives ρ = −1 (negative control);
+# an entry with a NaN window (a broken model) is left out.
+"$PY" - "$SRC/plots" <<'PYEOF' && passes=$((passes+1)) || { echo "FAIL: closed-loop rank correlation"; fails=$((fails+1)); }
+import sys
+sys.path.insert(0, sys.argv[1])
+from closed_loop import rank_correlation
+def rows(sign):
+    out = [{"label": f"p{k}", "window": str(w), "open_rel_err": str(0.1 * (k + 1) + 0.01 * w),
+            "ce_increase": str(sign * (k + 1) + 0.001 * w)} for k in range(4) for w in range(3)]
+    out.append({"label": "broken", "window": "0", "open_rel_err": "0.5", "ce_increase": "nan"})
+    out.append({"label": "broken", "window": "1", "open_rel_err": "0.5", "ce_increase": "0.1"})
+    return out
+up, down = rank_correlation(rows(1)), rank_correlation(rows(-1))
+assert up[0] == 1.0 and up[1] == up[2] == 1.0 and up[3] == 4, up
+assert down[0] == -1.0 and down[3] == 4, down
+PYEOF
 # A missing results folder is a clear error, not a traceback.
 "$PY" "$SRC/plots/error_vs_step.py" "$TMP/none" 2>"$TMP/err" && { echo "FAIL: no error for a missing folder"; fails=$((fails+1)); }
 grep -q "results.h5 not found" "$TMP/err" && passes=$((passes+1)) || { echo "FAIL: message: $(cat "$TMP/err")"; fails=$((fails+1)); }
