@@ -124,6 +124,8 @@ def main():
             table = summary_table(d)
         if os.path.exists(os.path.join(d, "sequences.csv")):  # a multi-sequence run: intervals over sequences
             figs.append(try_figure(sequences, [d]))
+            if not os.path.exists(os.path.join(d, "results.h5")):
+                figs.append(try_figure(buzz_tw_sweep, [d]))
             table = sequences_table(d)
         if os.path.exists(os.path.join(d, "clusters.csv")):
             figs.append(try_figure(clusterability, [d]))

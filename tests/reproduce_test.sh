@@ -22,6 +22,15 @@ for d in smollm2_quick_budget smollm2_quick_prefill h2o_observations_smollm2_qui
   [ -s "results/$d/results.h5" ] || { echo "FAIL: results/$d/results.h5 missing"; exit 1; }
 done
 [ -s results/clusterability_smollm2_quick/clusters.csv ] || { echo "FAIL: SmolLM2 clusterability missing"; exit 1; }
+# The SmolLM2 closed loop: a row per policy entry, finite cross-entropies, the window losing more than H2O.
+"$PY" - results/smollm2_quick_closed_loop/closed_loop.csv <<'EOF' || { echo "FAIL: SmolLM2 closed loop"; exit 1; }
+import csv, math, sys
+rows = {r["label"]: r for r in csv.DictReader(open(sys.argv[1]))}
+assert len(rows) == 28, len(rows)
+assert all(math.isfinite(float(r["ce_increase"])) for r in rows.values())
+assert float(rows["window(memory=0.2)"]["ce_increase"]) > float(rows["h2o(memory=0.2)"]["ce_increase"])
+EOF
+grep -q "smollm2_quick_closed_loop" results/report.md || { echo "FAIL: report.md lacks the SmolLM2 closed loop"; exit 1; }
 [ -s results/report.md ] || { echo "FAIL: results/report.md missing"; exit 1; }
 grep -q "smollm2_quick_budget" results/report.md || { echo "FAIL: results/report.md does not cover SmolLM2"; exit 1; }
 # The SmolLM2 window is traceable to its text: file, sha256 and token offset are recorded.
