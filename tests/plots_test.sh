@@ -104,6 +104,15 @@ out=$("$PY" "$SRC/plots/closed_loop.py" "$TMP/cl3")
 grep -q "off-scale panel: 1 points" <<<"$out" && check "$TMP/cl3/closed_loop" || { echo "FAIL: closed-loop off-scale panel: $out"; fails=$((fails+1)); }
 out=$("$PY" "$SRC/plots/closed_loop.py" "$TMP/cl4")
 grep -q "off-scale" <<<"$out" && { echo "FAIL: off-scale panel without off-scale points"; fails=$((fails+1)); } || check "$TMP/cl4/closed_loop"
+# BUZZ T/w from a multi-sequence run (sequences.csv, no results.h5): the best T/w is the lowest rel_err's.
+mkdir -p "$TMP/bz"
+{ echo "policy,label,metric,sequences,mean,ci_low,ci_high,interval,sink,stride,threshold,window"
+  for tw in "100 100 0.12" "150 50 0.10" "180 20 0.14"; do set -- $tw
+    echo "buzz,buzz $1/$2,rel_err,3,$3,0.09,0.15,b,4,5,$1,$2"
+    echo "buzz,buzz $1/$2,eps_spectral,3,0.01,0.009,0.011,b,4,5,$1,$2"; done; } > "$TMP/bz/sequences.csv"
+out=$("$PY" "$SRC/plots/buzz_tw_sweep.py" "$TMP/bz")
+grep -q "best measured T/w = 3.00; Theorem 3.1: 4.33 (s = 5)" <<<"$out" && check "$TMP/bz/buzz_tw_sweep" \
+  || { echo "FAIL: buzz_tw_sweep over sequences: $out"; fails=$((fails+1)); }
 # The rank correlation over policy entries' means: 4 entries × 3 windows whose CE increase grows with
 # rel_err give ρ = 1 with a degenerate interval; reversing the CE order gives ρ = −1 (negative control);
 # an entry with a NaN window (a broken model) is left out.
