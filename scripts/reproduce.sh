@@ -135,7 +135,7 @@ smollm2() {
     step clusterability_smollm2_quick results/clusterability_smollm2_quick.txt $K clusters experiments/clusterability.toml \
       --out results/clusterability_smollm2_quick --set data.path=$w
     step smollm2_quick_closed_loop results/smollm2_quick_closed_loop.txt $K closed-loop experiments/smollm2_closed_loop.toml \
-      --threads "$T" --out results/smollm2_quick_closed_loop --set model.tokens=512 --set model.prefill=448 --set model.windows=1
+      --threads "$T" --out results/smollm2_quick_closed_loop --set model.tokens=512 --set model.prefill=448 --set model.windows=1 --set policy.memory=0.3
     return 0
   fi
   step rec_smollm2_shakespeare null "${rec[@]}" --text "$D/tinyshakespeare/input.txt" --text-tail 0.05 --tokens 2048 \

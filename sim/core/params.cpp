@@ -18,6 +18,11 @@ std::string Params::where(const std::string& key) const {
   return (it == where_.end() || it->second.empty()) ? "" : " (" + it->second + ")";
 }
 
+std::string Params::origin(const std::string& key) const {
+  auto it = where_.find(key);
+  return it == where_.end() ? "" : it->second;
+}
+
 int64_t Params::get_int(const std::string& key, int64_t def) const {
   auto it = values_.find(key);
   note(key, it == values_.end() ? std::optional<std::string>(std::to_string(def)) : std::nullopt);

@@ -182,7 +182,7 @@ void buzz_memory(int64_t M, const Params& given, Params& out, const std::string&
   if (w < 1)
     throw Error("'memory' = " + std::to_string(M) + " tokens is too small for buzz: sink (" + std::to_string(sink) +
                 ") + window (≥ 1) + threshold (≥ stride " + std::to_string(s) + ") needs at least " +
-                std::to_string(sink + 1 + s) + where);
+                std::to_string(sink + 1 + s) + given.where("memory"));
   out.set("window", w, where);
   out.set("threshold", T, where);
 }

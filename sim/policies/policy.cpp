@@ -76,16 +76,15 @@ namespace {
 Params translate_memory(const PolicyInfo& info, const Params& params, const StreamInfo& stream) {
   if (!params.has("memory")) return params;
   const int64_t M = memory_target_tokens(params, stream.n);
-  const std::string where = params.where("memory");
   if (!info.memory)
-    throw Error("'memory' cannot be matched for '" + info.name + "': it has no equal-memory rule" + where);
+    throw Error("'memory' cannot be matched for '" + info.name + "': it has no equal-memory rule" + params.where("memory"));
   Params out;
   for (const auto& [k, v] : params.values())
-    if (k != "memory") out.set(k, v, params.where(k));
+    if (k != "memory") out.set(k, v, params.origin(k));
   for (const auto& key : info.memory->refuses)
     if (params.has(key))
       throw Error("give 'memory' (matched cache size) or '" + key + "', not both" + params.where(key));
-  info.memory->apply(M, params, out, where);
+  info.memory->apply(M, params, out, params.origin("memory"));
   return out;
 }
 

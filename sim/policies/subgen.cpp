@@ -97,7 +97,7 @@ void subgen_memory(int64_t M, const Params& given, Params& out, const std::strin
   const int64_t cap = M / (1 + t);
   if (s < 1 || cap < 1)
     throw Error("'memory' = " + std::to_string(M) + " tokens is too small for subgen with t = " + std::to_string(t) +
-                " (needs s = ⌊M/2⌋ ≥ 1 and ⌊M/(1+t)⌋ ≥ 1 clusters)" + where);
+                " (needs s = ⌊M/2⌋ ≥ 1 and ⌊M/(1+t)⌋ ≥ 1 clusters)" + given.where("memory"));
   out.set("s", s, where);
   out.set("t", t, where);
   out.set("max_clusters", cap, where);

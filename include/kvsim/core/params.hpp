@@ -29,6 +29,8 @@ class Params {
   int64_t get_budget(const std::string& key, int64_t n, int64_t def = -1) const;
   void check_all_used(const std::string& owner) const;
   std::string where(const std::string& key) const;
+  /// Where `key` was set, unformatted ("file:line"; empty if unknown): for copying it to another Params.
+  std::string origin(const std::string& key) const;
   /// "key=value, ..." in key order (for labels and result attributes).
   std::string to_string() const;
   const std::map<std::string, ParamValue>& values() const { return values_; }
