@@ -24,6 +24,19 @@ def predicted(s):
     return (s * s + 1) / (s + 1) if s % 2 else s - 1
 
 
+def finish(ax, strides, best_x, best_y, ylabel, data):
+    """Theorem 3.1's T/w per stride, the best measured T/w, axes, title and legend."""
+    for s in sorted(strides):
+        ax.axvline(predicted(s), color="k", ls="--", lw=1, label=f"Theorem 3.1: T/w = {predicted(s):.2f} (s = {s})")
+    ax.plot([best_x], [best_y], "r*", ms=14, label=f"best measured T/w = {best_x:.2f}")
+    ax.set_xlabel("T / w (eviction threshold / sliding window)")
+    ax.set_ylabel(ylabel)
+    ax.set_yscale("log")
+    ax.set_title(f"BUZZ at fixed stride and cache size: {data}", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+
+
 def draw_sequences(results_dir, seq_csv, out):
     """A multi-sequence run: mean over sequences with its 95% bootstrap interval (sequences.csv)."""
     rows, strides = {}, set()
@@ -43,16 +56,8 @@ def draw_sequences(results_dir, seq_csv, out):
     for metric, marker in (("rel_err", "o-"), ("eps_spectral", "s-")):
         m, lo, hi = (np.array([rows[x][metric][i] for x in xs]) for i in range(3))
         ax.errorbar(xs, m, yerr=[m - lo, hi - m], fmt=marker, capsize=3, label=f"{metric} (mean, 95% interval)")
-    for s in sorted(strides):
-        ax.axvline(predicted(s), color="k", ls="--", lw=1, label=f"Theorem 3.1: T/w = {predicted(s):.2f} (s = {s})")
     best = min(xs, key=lambda x: rows[x]["rel_err"][0])
-    ax.plot([best], [rows[best]["rel_err"][0]], "r*", ms=14, label=f"best measured T/w = {best:.2f}")
-    ax.set_xlabel("T / w (eviction threshold / sliding window)")
-    ax.set_ylabel("error (mean over sequences)")
-    ax.set_yscale("log")
-    ax.set_title(f"BUZZ at fixed stride and cache size: {n_seq} sequences", fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    finish(ax, strides, best, rows[best]["rel_err"][0], "error (mean over sequences)", f"{n_seq} sequences")
     print(f"best measured T/w = {best:.2f}; Theorem 3.1: " + ", ".join(f"{predicted(s):.2f} (s = {s})" for s in sorted(strides)))
     return save(fig, results_dir, out, "buzz_tw_sweep.png")
 
@@ -86,16 +91,8 @@ def main(argv=None):
     x = [r[0] for r in rows]
     ax.plot(x, [r[1] for r in rows], "o-", label="rel_err (mean)")
     ax.plot(x, [r[2] for r in rows], "s-", label="eps_spectral (mean)")
-    for s in sorted(strides):
-        ax.axvline(predicted(s), color="k", ls="--", lw=1, label=f"Theorem 3.1: T/w = {predicted(s):.2f} (s = {s})")
     best = min(rows, key=lambda r: r[1])
-    ax.plot([best[0]], [best[1]], "r*", ms=14, label=f"best measured T/w = {best[0]:.2f}")
-    ax.set_xlabel("T / w (eviction threshold / sliding window)")
-    ax.set_ylabel("error (mean over layers, heads, steps)")
-    ax.set_yscale("log")
-    ax.set_title(f"BUZZ at fixed stride and cache size: {data}", fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    finish(ax, strides, best[0], best[1], "error (mean over layers, heads, steps)", data)
     return save(fig, a.results_dir, a.out, "buzz_tw_sweep.png")
 
 

@@ -23,9 +23,10 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
   info.prefill = prefill;
   info.n_layers = cfg.n_layers;
   if (prefill > 0) {
-    pk_.assign(size_t(cfg.n_layers) * cfg.n_kv_heads, MatF::Zero(prefill, cfg.head_dim()));
-    pv_ = pk_;
-    pq_.assign(size_t(cfg.n_layers) * cfg.n_heads, MatD::Zero(prefill, cfg.head_dim()));
+    prompt_.P = prefill;
+    prompt_.k.assign(size_t(cfg.n_layers) * cfg.n_kv_heads, MatF::Zero(prefill, cfg.head_dim()));
+    prompt_.v = prompt_.k;
+    prompt_.q.assign(size_t(cfg.n_layers) * cfg.n_heads, MatD::Zero(prefill, cfg.head_dim()));
   }
   for (int l = 0; l < cfg.n_layers; ++l)
     for (int h = 0; h < caches; ++h) {
@@ -44,14 +45,14 @@ void PolicyKVAttention::attend_prompt(int layer, int pos, const float* q, const 
   const int hs = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads;
   const double scale = 1.0 / std::sqrt(double(hs));
   for (int kvh = 0; kvh < cfg_.n_kv_heads; ++kvh) {
-    MatF& K = pk_[size_t(layer) * cfg_.n_kv_heads + kvh];
-    MatF& V = pv_[size_t(layer) * cfg_.n_kv_heads + kvh];
+    MatF& K = prompt_.k[size_t(layer) * cfg_.n_kv_heads + kvh];
+    MatF& V = prompt_.v[size_t(layer) * cfg_.n_kv_heads + kvh];
     K.row(pos) = Eigen::Map<const VecF>(k + kvh * hs, hs).transpose();
     V.row(pos) = Eigen::Map<const VecF>(v + kvh * hs, hs).transpose();
     const MatD Kd = K.topRows(pos + 1).cast<double>(), Vd = V.topRows(pos + 1).cast<double>();
     for (int g = 0; g < G; ++g) {  // exact causal attention of each query head of the group
       const int h = kvh * G + g;
-      MatD& Q = pq_[size_t(layer) * cfg_.n_heads + h];
+      MatD& Q = prompt_.q[size_t(layer) * cfg_.n_heads + h];
       Q.row(pos) = Eigen::Map<const VecF>(q + h * hs, hs).cast<double>().transpose() * scale;
       VecD z;
       double ls;
@@ -59,14 +60,17 @@ void PolicyKVAttention::attend_prompt(int layer, int pos, const float* q, const 
       Eigen::Map<VecF>(out + h * hs, hs) = z.cast<float>();
     }
   }
-  if (pos + 1 < prefill_) return;
-  const int caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;
-  for (int c = 0; c < caches; ++c) {  // the prompt's end: every cache compresses it at once
+  if (pos + 1 == prefill_) prefill_layer(layer, prompt_);  // the prompt's end: every cache compresses it at once
+}
+
+void PolicyKVAttention::prefill_layer(int layer, const PromptTensors& prompt) {
+  const int G = cfg_.n_heads / cfg_.n_kv_heads, caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;
+  for (int c = 0; c < caches; ++c) {
     const int kvh = per_query_ ? c / G : c, first = per_query_ ? c : c * G, count = per_query_ ? 1 : G;
     std::vector<const MatD*> qs;
-    for (int g = 0; g < count; ++g) qs.push_back(&pq_[size_t(layer) * cfg_.n_heads + first + g]);
-    pol_[size_t(layer) * caches + c]->prefill(prefill_, pk_[size_t(layer) * cfg_.n_kv_heads + kvh],
-                                              pv_[size_t(layer) * cfg_.n_kv_heads + kvh], qs);
+    for (int g = 0; g < count; ++g) qs.push_back(&prompt.q[size_t(layer) * cfg_.n_heads + first + g]);
+    const size_t kv = size_t(layer) * cfg_.n_kv_heads + kvh;
+    pol_[size_t(layer) * caches + c]->prefill(prefill_, prompt.k[kv], prompt.v[kv], qs);
   }
 }
 
@@ -98,18 +102,8 @@ PromptTensors prompt_tensors(const LlamaModel& model, const std::vector<int>& pr
 void PolicyKVAttention::load_prompt(const PromptTensors& prompt) {
   if (prompt.P != prefill_)
     throw Error("load_prompt: a " + std::to_string(prompt.P) + "-token prompt for caches built with prefill = " + std::to_string(prefill_));
-  const int G = cfg_.n_heads / cfg_.n_kv_heads, caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;
-  for (int l = 0; l < cfg_.n_layers; ++l)
-    for (int c = 0; c < caches; ++c) {
-      const int kvh = per_query_ ? c / G : c, first = per_query_ ? c : c * G, count = per_query_ ? 1 : G;
-      std::vector<const MatD*> qs;
-      for (int g = 0; g < count; ++g) qs.push_back(&prompt.q[size_t(l) * cfg_.n_heads + first + g]);
-      const size_t kv = size_t(l) * cfg_.n_kv_heads + kvh;
-      pol_[size_t(l) * caches + c]->prefill(prefill_, prompt.k[kv], prompt.v[kv], qs);
-    }
-  pk_.clear();  // the per-token prompt buffers are not needed any more
-  pv_.clear();
-  pq_.clear();
+  for (int l = 0; l < cfg_.n_layers; ++l) prefill_layer(l, prompt);
+  prompt_ = PromptTensors{};  // the per-token prompt buffer is not needed any more
   loaded_ = true;
 }
 

@@ -47,13 +47,14 @@ class PolicyKVAttention final : public KVAttention {
  private:
   /// A prompt position: exact attention over the buffered prompt, then Policy::prefill at its end.
   void attend_prompt(int layer, int pos, const float* q, const float* k, const float* v, float* out);
+  /// Policy::prefill of every cache of `layer` with the prompt's tensors (the prompt's end).
+  void prefill_layer(int layer, const PromptTensors& prompt);
 
   LlamaConfig cfg_;
   bool per_query_;
   int64_t prefill_ = 0;
   bool loaded_ = false;  // load_prompt ran: positions < prefill_ are done
-  std::vector<MatF> pk_, pv_;  // prompt keys / values [layer · n_kv_heads + kvh], [P, head_dim]
-  std::vector<MatD> pq_;       // prompt scaled queries [layer · n_heads + head], [P, head_dim]
+  PromptTensors prompt_;  // the prompt buffered position by position (attend_prompt); last_logits unused
   std::vector<std::unique_ptr<Policy>> pol_;  // [layer][kv head or query head]
   std::vector<Answer> answers_;
 };
