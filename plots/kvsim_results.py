@@ -70,13 +70,16 @@ def save(fig, results_dir, out, default_name):
     return out
 
 
-# One colour per policy, the same in every figure (matplotlib's tab10 order, then tab20b).
-POLICY_COLORS = {
-    "exact": "#7f7f7f", "window": "#9467bd", "sink": "#ff7f0e", "h2o": "#1f77b4", "buzz": "#8c564b",
-    "subgen": "#e377c2", "subgen_kcenter": "#2ca02c", "uniform": "#d62728", "oracle_topk": "#17becf",
-    "tova": "#bcbd22", "scissorhands": "#393b79", "knorm": "#8c6d31", "kivi": "#637939",
-    "snapkv": "#e7298a", "pyramidkv": "#fb9a99", "quest": "#000000",
-}
+def _policy_colors():
+    """One colour per policy, the same in every figure: each policy's PolicyInfo::color, written by
+    `kvsim policies --colors` into policy_colors.json beside this file (tests/cli_test.sh keeps the
+    two equal)."""
+    import json
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "policy_colors.json")) as f:
+        return json.load(f)
+
+
+POLICY_COLORS = _policy_colors()
 
 
 def bootstrap_ci(values, seed=1, resamples=4000):

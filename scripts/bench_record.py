@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
 """Recording a real LLM at length: `kvsim record` (batched prefill, written layer by layer) beside
-transformers' CPU forward pass of the same tokens, in one run (issue "Real LLMs: kvsim record reads
-GGUF checkpoints").
+transformers' CPU forward pass of the same tokens, in one run.
 
   .venv/bin/python scripts/bench_record.py [--tokens 8192] [--threads 2] [--model GGUF] [--text FILE]
                                            [--kvsim build/kvsim] [--keep OUT.h5]

@@ -15,4 +15,12 @@ if [ ! -f build/asan/build.ninja ]; then
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1" > build/asan.configure.log
 fi
 cmake --build build/asan -j "$(nproc)" --target kvsim > build/asan.build.log || { tail -20 build/asan.build.log; exit 1; }
+# The sanitizer build has no MPI: under a launcher of 3 ranks it must refuse in one line (exit 2)
+# instead of running three copies of the same run; with 1 rank it runs (the negative control).
+rc=0; out=$(OMPI_COMM_WORLD_SIZE=3 build/asan/kvsim --version 2>&1) || rc=$?
+if [ $rc -ne 2 ] || ! grep -q "built without MPI" <<<"$out" || [ "$(wc -l <<<"$out")" -ne 1 ]; then
+  echo "FAIL: a build without MPI under a 3-rank launcher: rc $rc, output: $out"; exit 1
+fi
+OMPI_COMM_WORLD_SIZE=1 build/asan/kvsim --version > /dev/null || { echo "FAIL: a 1-rank launcher was refused"; exit 1; }
+echo "ok: a build without MPI refuses a 3-rank launcher: $out"
 exec "$PY" tests/fuzz_inputs.py build/asan/kvsim --count "$COUNT" --seed "$SEED" --keep build/asan/fuzz_findings

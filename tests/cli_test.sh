@@ -26,6 +26,8 @@ for reg in policies metrics; do
   if diff -q <("$KVSIM" $reg --markdown) "$SRC/docs/$reg.md" >/dev/null; then ok
   else bad "docs/$reg.md differs from 'kvsim $reg --markdown' (regenerate it: ./build/kvsim $reg --markdown > docs/$reg.md)"; fi
 done
+if diff -q <("$KVSIM" policies --colors) "$SRC/plots/policy_colors.json" >/dev/null; then ok
+else bad "plots/policy_colors.json differs from 'kvsim policies --colors' (regenerate it: ./build/kvsim policies --colors > plots/policy_colors.json)"; fi
 "$KVSIM" policies | grep -q "^h2o  —  H2O §4.1" && ok || bad "kvsim policies does not list h2o with its source"
 expect_fail "$TMP/none.toml: cannot open" "$KVSIM" run "$TMP/none.toml"
 printf 'name="x"\n[data]\nsynthetic="gaussian"\nn=64\n[eval]\neverry=2\n[[policy]]\nname="exact"\n' > "$TMP/typo.toml"
@@ -84,7 +86,7 @@ expect_fail "kvsim: error: rel.h5: no such recording" env -C / "$KVSIM" run "$TM
   && [ -s "$TMP/cl/clusters.csv" ] && [ -s "$TMP/cl/clusters_fit.csv" ] && [ -s "$TMP/cl/pca.csv" ] && ok || bad "kvsim clusters"
 [ "$(awk -F, 'NR>1 && $6==1' "$TMP/cl/pca.csv" | wc -l)" -eq 16 ] && ok || bad "pca.csv should flag 4 centers x 2 tensors x 2 layers"
 
-# Provenance (issue "results"): results.h5 names kvsim's version and commit and the recording by
+# Provenance: results.h5 names kvsim's version and commit and the recording by
 # absolute path, size and SHA-1 (checked against sha1sum); metric datasets carry unit/description.
 attr() { h5dump -a "$2" "$1" 2>/dev/null | sed -n 's/.*(0): "\(.*\)".*/\1/p; s/.*(0): \([0-9][0-9]*\)$/\1/p' | head -1; }
 [ "$(attr "$TMP/run/results.h5" /recording_sha1)" = "$(sha1sum "$TMP/c.h5" | cut -d' ' -f1)" ] && ok || bad "recording_sha1 attribute"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`kvsim closed-loop` on SmolLM2-135M-Instruct against transformers running the same cache as an
-attention mask (issue "results on a real LLM", item 4: the closed loop on a real LLM).
+attention mask (the closed loop on a real LLM).
 
   closed_loop_hf_test.py KVSIM MODELS_DIR DATA_DIR
 

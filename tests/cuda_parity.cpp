@@ -1,4 +1,4 @@
-// CPU/GPU parity of the CUDA path (issue "GPU path"). The binary exits with 77 (ctest: SKIPPED, reason
+// CPU/GPU parity of the CUDA path. The binary exits with 77 (ctest: SKIPPED, reason
 // printed) when no CUDA device is usable, so machines without a GPU never report these as passed.
 // Tolerance: ≤ 1e-4 relative on outputs and metrics (CPU vs CUDA), the GPU computing in fp32.
 #define CATCH_CONFIG_RUNNER
@@ -195,7 +195,7 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
     info.n = n;
     info.head_dim = d;
     info.n_queries = G;
-    info.group_agg = agg;
+    info.group_agg = *parse_choice<GroupAgg>(agg);
     info.policy_f32 = true;
     info.seed = gp.seeds.empty() ? 0 : gp.seeds.at(size_t(kvh));  // uniform: the same Philox stream
     auto pol = make_policy(name, params, info);
@@ -260,7 +260,7 @@ TEST_CASE("cuda: subgen replayed on the GPU matches the CPU policy", "[cuda]") {
       if (cap > 0) sp.set("max_clusters", cap);
       else sp.set("delta", 8.0);
       cuda::PolicyReplay gs;
-      gs.name = "subgen";
+      gs.kind = cuda::ReplayKind::subgen;
       gs.s = 48;
       gs.t = 4;
       gs.max_clusters = cap;
@@ -281,7 +281,7 @@ TEST_CASE("cuda: uniform buzz and k-center replayed on the GPU match the CPU pol
     Params u;
     u.set("budget", int64_t(96));
     cuda::PolicyReplay gu;
-    gu.name = "uniform";
+    gu.kind = cuda::ReplayKind::uniform;
     gu.budget = 96;
     for (int kvh = 0; kvh < 2; ++kvh) gu.seeds.push_back(derive_seed({77, uint64_t(kvh)}));
     compare_policy(src, "uniform", u, gu, "mean", steps);
@@ -292,7 +292,7 @@ TEST_CASE("cuda: uniform buzz and k-center replayed on the GPU match the CPU pol
       kc.set("mode", std::string("streaming"));
       kc.set("weighted", weighted);
       cuda::PolicyReplay gk;
-      gk.name = "subgen_kcenter";
+      gk.kind = cuda::ReplayKind::subgen_kcenter;
       gk.recent = 64;
       gk.budget = 32;
       gk.weighted = weighted;
@@ -306,7 +306,7 @@ TEST_CASE("cuda: uniform buzz and k-center replayed on the GPU match the CPU pol
         b.set("stride", int64_t(5));
         b.set("log_scale", log_scale);
         cuda::PolicyReplay gb;
-        gb.name = "buzz";
+        gb.kind = cuda::ReplayKind::buzz;
         gb.sink = 4;
         gb.window = 40;
         gb.threshold = 60;
@@ -329,12 +329,12 @@ TEST_CASE("cuda: window sink and h2o replayed on the GPU match the CPU policies"
     w.set("budget", int64_t(96));
     s.set("budget", int64_t(96));
     s.set("sink", int64_t(4));
-    cuda::PolicyReplay gw{"window", 0, 96, 0, 0, 0}, gs{"sink", 4, 92, 0, 0, 0};
+    cuda::PolicyReplay gw{cuda::ReplayKind::window, 0, 96, 0, 0, 0}, gs{cuda::ReplayKind::sink, 4, 92, 0, 0, 0};
     compare_policy(src, "window", w, gw, "mean", steps);
     compare_policy(src, "sink", s, gs, "mean", steps);
     for (auto [agg, code] : {std::pair{"mean", int(hd::kAggMean)}, std::pair{"max", int(hd::kAggMax)}}) {
       h.set("budget", int64_t(96));  // heavy_ratio 0.5: 48 heavy + 48 recent
-      cuda::PolicyReplay gh{"h2o", 0, 0, 96, 48, code};
+      cuda::PolicyReplay gh{cuda::ReplayKind::h2o, 0, 0, 96, 48, code};
       compare_policy(src, "h2o", h, gh, agg, steps);
     }
   }

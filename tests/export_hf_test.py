@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of datasets/export_hf.py (issue "Export q/k/v from Hugging Face models").
+"""Tests of datasets/export_hf.py.
 
   export_hf_test.py writer KVSIM SRC DATA   the recording writer against kvsim's reader and exact replay
                                             (needs numpy + h5py)
@@ -247,8 +247,7 @@ def test_refusals(ex, torch, transformers, ids, common, tmp):
 
 def test_two_roads(kvsim_bin, src, data_dir, models_dir):
     """SmolLM2's GGUF through transformers + datasets/export_hf.py and through `kvsim record`: the same
-    q, k, v and attention output over the same 128 token ids (issue "The Hugging Face exporter against
-    real transformers")."""
+    q, k, v and attention output over the same 128 token ids."""
     gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not os.path.exists(os.path.join(models_dir, gguf_name)):
         print(f"SKIPPED: {os.path.join(models_dir, gguf_name)} absent (bash scripts/setup.sh fetches it)")

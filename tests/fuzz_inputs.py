@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz campaign over kvsim's untrusted inputs (issue "untrusted inputs").
+"""Fuzz campaign over kvsim's untrusted inputs.
 
 Usage: fuzz_inputs.py KVSIM [--count N] [--seed S] [--jobs J] [--timeout SEC] [--keep DIR]
                             [--corpus DIR] [--report FILE]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The house rules of kvsim's layout (issue "A house a newcomer can live in"), checked on the tree:
+"""The house rules of kvsim's layout, checked on the tree:
 
   1. no source file over 450 lines (C++, CUDA, Python, shell) and README.md at most 250 lines;
   2. no function over 80 lines (C++/CUDA: brace matching of namespace- and class-level bodies;

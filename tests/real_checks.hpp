@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "submodular.hpp"
-#include "kvsim/analysis/subgen.hpp"
+#include "kvsim/analysis/subgen_algorithm.hpp"
 #include "kvsim/io/recording.hpp"
 #include "kvsim/replay/reference.hpp"
 

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""SmolLM2-135M-Instruct (GGUF, Q4_1) in kvsim against transformers loading the same file
-(issue "Real LLMs: kvsim record reads GGUF checkpoints").
+"""SmolLM2-135M-Instruct (GGUF, Q4_1) in kvsim against transformers loading the same file.
 
   smollm2_test.py KVSIM MODELS_DIR DATA_DIR
 

@@ -7,7 +7,7 @@
 
 #include "../sim/policies/factories.hpp"
 #include "helpers.hpp"
-#include "kvsim/analysis/buzz.hpp"
+#include "kvsim/analysis/buzz_theorem.hpp"
 #include "kvsim/core/rng.hpp"
 
 using namespace kvsim;

@@ -122,7 +122,7 @@ TEST_CASE("config: sweeps expand and labels are unique and overrides apply", "[c
   CHECK(ex.data.synth.seed == 5);
   Experiment o = parse_experiment(kConfig, "inline", {"eval.every=7", "policy.2.sink=3", "eval.gqa=query_head"});
   CHECK(o.eval.every == 7);
-  CHECK(o.eval.gqa == "query_head");
+  CHECK(o.eval.gqa == GqaMode::query_head);
   CHECK(o.policies[3].label == "sink(budget=0.25,sink=3)");
 }
 
@@ -367,7 +367,7 @@ TEST_CASE("results: rows streamed to disk cell by cell give the in-memory writer
 TEST_CASE("engine: the float32 reference gives the float64 run's metrics within float rounding", "[engine][reference]") {
   Experiment ex = parse_experiment(kConfig, "inline");
   Experiment ex32 = parse_experiment(kConfig, "inline", {"eval.reference_precision=\"float32\""});
-  REQUIRE(ex32.eval.reference_precision == "float32");
+  REQUIRE(ex32.eval.reference_precision == Precision::float32);
   auto src = open_source(ex.data);
   RunResult a = run_experiment(ex, *src, 2), b = run_experiment(ex32, *src, 2);
   REQUIRE(a.policies.size() == b.policies.size());
@@ -392,5 +392,12 @@ TEST_CASE("engine: the float32 reference gives the float64 run's metrics within 
   CHECK(worst_exact < 1e-4);
   CHECK(worst_exact > 0);
   CHECK_THROWS_WITH(parse_experiment(kConfig, "inline", {"eval.reference_precision=\"half\""}),
-                    Contains("eval.reference_precision"));
+                    Contains("eval.reference_precision must be \"float64\" or \"float32\", not \"half\""));
+  // Every enumerated [eval] choice is checked once, at config load, naming the key and the choices.
+  CHECK_THROWS_WITH(parse_experiment(kConfig, "inline", {"eval.group_agg=\"median\""}),
+                    Contains("eval.group_agg must be \"mean\", \"max\" or \"sum\""));
+  CHECK_THROWS_WITH(parse_experiment(kConfig, "inline", {"eval.gqa=\"mqa\""}), Contains("eval.gqa must be \"kv_head\" or \"query_head\""));
+  CHECK_THROWS_WITH(parse_experiment(kConfig, "inline", {"eval.device=\"tpu\""}), Contains("eval.device must be \"cpu\" or \"cuda\""));
+  CHECK_THROWS_WITH(parse_experiment(kConfig, "inline", {"eval.closed_form=\"banded\""}),
+                    Contains("eval.closed_form must be \"blocked\" or \"per_step\""));
 }

@@ -59,7 +59,7 @@ TEST_CASE("policies: the GPU replay adapter hands a replay's answers to the engi
   auto cpu = make_policy("sink", prm, info);
   const auto spec = cpu->gpu_replay();
   REQUIRE(spec.has_value());
-  CHECK(spec->name == "sink");
+  CHECK(spec->kind == cuda::ReplayKind::sink);
   CHECK(spec->sink == 4);
   CHECK(spec->window == 36);
   auto gpu = make_gpu_replay(make_policy("sink", prm, info), {&Q0, &Q1}, K, V, meta.softmax_scale, steps, sink_window_stand_in);
@@ -104,7 +104,7 @@ TEST_CASE("policies: h2o's GPU replay spec carries its sizes and group_agg and i
   info.n_queries = 2;
   Params hp;
   hp.set("budget", int64_t(40));
-  info.group_agg = "max";
+  info.group_agg = GroupAgg::max;
   const auto hs = make_policy("h2o", hp, info)->gpu_replay();
   REQUIRE(hs.has_value());
   CHECK((hs->budget == 40 && hs->recent == 20 && hs->group_agg == hd::kAggMax));

@@ -10,6 +10,7 @@
 
 #include "helpers.hpp"
 #include "submodular.hpp"
+#include "kvsim/core/error.hpp"
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/policies/policy.hpp"
 #include "kvsim/analysis/objectives.hpp"
@@ -276,7 +277,7 @@ TEST_CASE("h2o objectives: engine reports them per evaluated step", "[h2o][engin
   Experiment ex;
   ex.eval.every = 4;
   ex.eval.from = 4;  // evaluated steps 4, 8, ..., 96; objectives at the multiples of 8
-  ex.eval.gqa = "query_head";
+  ex.eval.gqa = GqaMode::query_head;
   ex.eval.objectives = true;
   ex.eval.objectives_every = 8;
   ex.policies = {PolicySpec{"h2o", "h2o", h2o(12)}, PolicySpec{"oracle_topk", "oracle", [] {
@@ -314,4 +315,36 @@ TEST_CASE("h2o objectives: engine reports them per evaluated step", "[h2o][engin
     }
   }
   CHECK(due == 3 * 2 * 12);  // 3 policies × 2 heads × steps {8, 16, ..., 96}
+}
+
+TEST_CASE("h2o objectives: settings whose evaluated steps never meet an objective step are refused", "[h2o][engine]") {
+  SynthSource src(test::small_synth("heavy_hitter", 96, 8, 1, 2, 1));
+  Experiment ex;
+  ex.eval.every = 16;  // evaluated steps 1, 17, 33, 49, 65, 81 and the last, 96
+  ex.eval.objectives = true;
+  ex.eval.objectives_every = 32;
+  ex.eval.objectives_max_t = 64;  // the last step is past it: no objective step at all
+  ex.policies = {PolicySpec{"h2o", "h2o", h2o(12)}};
+  try {
+    run_experiment(ex, src, 1);
+    FAIL("expected an error naming eval.every and eval.objectives_every");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("eval.every = 16") != std::string::npos);
+    CHECK(msg.find("eval.objectives_every = 32") != std::string::npos);
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+  CHECK_THROWS_AS(check_objective_steps(ex.eval, 96), Error);
+  // Negative controls: a step that meets a multiple (from = 32 evaluates 32, 48, 64), or the last
+  // step within objectives_max_t, or objectives off, runs.
+  EvalSpec ok = ex.eval;
+  ok.from = 32;
+  CHECK_NOTHROW(check_objective_steps(ok, 96));
+  CHECK_NOTHROW(check_objective_steps(ex.eval, 64));
+  ok = ex.eval;
+  ok.objectives = false;
+  CHECK_NOTHROW(check_objective_steps(ok, 96));
+  ok.objectives = true;
+  ok.every = 1;  // every step evaluated: 32 and 64 are objective steps
+  CHECK_NOTHROW(run_experiment([&] { Experiment e = ex; e.eval = ok; return e; }(), src, 1));
 }

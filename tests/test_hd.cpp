@@ -167,7 +167,7 @@ TEST_CASE("hd: GroupAggregate equals folding group_combine element by element", 
   boost::random::normal_distribution<double> nd(0, 1);
   for (const char* name : {"mean", "max", "sum"}) {
     const int agg = std::string(name) == "max" ? hd::kAggMax : std::string(name) == "sum" ? hd::kAggSum : hd::kAggMean;
-    GroupAggregate ga(name, 37);
+    GroupAggregate ga(*parse_choice<GroupAgg>(name), 37);
     std::vector<double> fold(37, 0.0);
     for (int g = 0; g < 4; ++g) {
       VecD p(37);

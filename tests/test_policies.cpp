@@ -117,7 +117,7 @@ Experiment experiment_for(const std::string& gqa) {
   Experiment ex;
   ex.seed = 3;
   ex.eval.every = 3;
-  ex.eval.gqa = gqa;
+  ex.eval.gqa = *parse_choice<GqaMode>(gqa);
   auto add = [&](const std::string& name, Params p) { ex.policies.push_back(PolicySpec{name, name, std::move(p)}); };
   add("exact", Params{});
   add("window", params({{"budget", int64_t(12)}}));
@@ -222,7 +222,7 @@ TEST_CASE("policies: float32 policy arithmetic stays within 1e-5 of float64 with
   ex.policies.push_back({"window", "window_all", Params()});
   ex.policies.back().params.set("budget", int64_t(160));  // keeps everything: rel_err is pure rounding
   RunResult d = run_experiment(ex, src, 1);
-  ex.eval.policy_precision = "float32";
+  ex.eval.policy_precision = Precision::float32;
   RunResult f = run_experiment(ex, src, 1);
   double worst = 0;
   for (size_t p = 0; p < d.policies.size(); ++p) {

@@ -10,6 +10,7 @@
 #include "helpers.hpp"
 #include "kvsim/cli/config.hpp"
 #include "kvsim/core/error.hpp"
+#include "../sim/policies/factories.hpp"
 #include "kvsim/policies/registry.hpp"
 #include "kvsim/replay/engine.hpp"
 

@@ -168,12 +168,12 @@ TEST_CASE("real: closed loop with a prompt: prompt positions are exact and the p
     return s;
   };
   // The exact policy through a prefill is the exact model on the decoded positions, bit for bit.
-  PolicyKVAttention exact(m.config(), policy("exact", {}), 256, 1, "kv_head", "mean", P);
+  PolicyKVAttention exact(m.config(), policy("exact", {}), 256, 1, GqaMode::kv_head, GroupAgg::mean, P);
   const double ce_exact = teacher_forced_ce(m, win, nullptr, P);
   CHECK(teacher_forced_ce(m, win, &exact, P) == ce_exact);
   // snapkv at 32 tokens: logits at every prompt position equal the exact model's (a prefill attends
   // exactly); decoded positions differ (the loop is closed through the compressed cache).
-  PolicyKVAttention snap(m.config(), policy("snapkv", {{"memory", int64_t(32)}}), 256, 1, "kv_head", "mean", P);
+  PolicyKVAttention snap(m.config(), policy("snapkv", {{"memory", int64_t(32)}}), 256, 1, GqaMode::kv_head, GroupAgg::mean, P);
   std::vector<std::vector<float>> ref;
   for (int pos = 0; pos < 256; ++pos) ref.push_back(m.forward(win[size_t(pos)], pos));
   m.set_attention(&snap);

@@ -94,6 +94,37 @@ TEST_CASE("registry: memory rules replace size parameters, and a policy without 
   CHECK_THROWS_AS(policy_info("no_such_policy"), Error);
 }
 
+TEST_CASE("registry: every policy file's KVSIM_POLICY definition is registered, in name order", "[registry]") {
+  // The list is generated at build time from sim/policies/*.cpp (cmake/policy_list.cmake); this is
+  // the set of policy files today, so a definition the scan missed (or a stray one) fails here.
+  const std::vector<std::string> expected = {"buzz", "exact", "h2o", "kivi", "knorm", "oracle_topk", "pyramidkv", "quest",
+                                             "scissorhands", "sink", "snapkv", "subgen", "subgen_kcenter", "tova",
+                                             "uniform", "window"};
+  CHECK(policy_names() == expected);
+}
+
+TEST_CASE("registry: figure colours are distinct #rrggbb, and bench entries construct", "[registry]") {
+  std::set<std::string> colors;
+  int benched = 0;
+  for (const auto* info : policy_registry()) {
+    INFO(info->name);
+    REQUIRE(info->color.size() == 7);
+    CHECK(info->color[0] == '#');
+    CHECK(info->color.find_first_not_of("0123456789abcdef", 1) == std::string::npos);
+    CHECK(colors.insert(info->color).second);
+    if (info->bench.params.values().empty()) continue;
+    ++benched;
+    StreamInfo s = small_stream();  // at the shape `kvsim bench --quick` runs: n = 512, head_dim 128
+    s.n = 512;
+    s.head_dim = 128;
+    s.prefill = info->bench.after_prefill ? 256 : 0;
+    CHECK(make_policy(info->name, info->bench.params, s) != nullptr);
+  }
+  CHECK(benched >= 14);  // every policy but the two references (exact, oracle_topk)
+  const std::string json = policy_colors_json();
+  CHECK(json.find("\"h2o\": \"" + policy_info("h2o").color + "\"") != std::string::npos);
+}
+
 TEST_CASE("registry: metrics have unique names, units, descriptions and sources", "[registry]") {
   std::set<std::string> names;
   for (const auto& m : metric_registry()) {

@@ -1,4 +1,4 @@
-// Results over several sequences (issue "results"): the bootstrap interval and the sequence specs.
+// Results over several sequences: the bootstrap interval and the sequence specs.
 #include <boost/random/normal_distribution.hpp>
 #include <catch2/catch.hpp>
 #include <cmath>

@@ -15,7 +15,7 @@
 #include <sstream>
 #include "kvsim/replay/reference.hpp"
 #include "kvsim/core/rng.hpp"
-#include "kvsim/analysis/subgen.hpp"
+#include "kvsim/analysis/subgen_algorithm.hpp"
 
 using namespace kvsim;
 

@@ -8,7 +8,7 @@
 
 #include "helpers.hpp"
 #include "kvsim/analysis/clustering.hpp"
-#include "kvsim/analysis/subgen.hpp"
+#include "kvsim/analysis/subgen_algorithm.hpp"
 
 using namespace kvsim;
 

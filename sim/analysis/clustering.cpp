@@ -12,7 +12,7 @@
 #include "kvsim/core/error.hpp"
 #include "kvsim/io/files.hpp"
 #include "kvsim/io/recording.hpp"
-#include "kvsim/analysis/subgen.hpp"
+#include "kvsim/analysis/subgen_algorithm.hpp"
 
 namespace kvsim {
 

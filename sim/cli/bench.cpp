@@ -15,15 +15,16 @@
 
 #include "kvsim/cuda/cuda.hpp"
 #include "kvsim/core/error.hpp"
+#include "kvsim/policies/registry.hpp"
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/replay/reference.hpp"
 #include "kvsim/io/synth.hpp"
-#include "kvsim/analysis/subgen.hpp"
+#include "kvsim/analysis/subgen_algorithm.hpp"
 
 namespace kvsim {
 using namespace bench;
 
-/// `kvsim bench --device cuda`, end to end (issue "GPU path"): a synthetic 7B-shaped recording (32
+/// `kvsim bench --device cuda`, end to end: a synthetic 7B-shaped recording (32
 /// layers × 32 heads, MHA, n = 8192, head_dim 128; quick: 2 layers, n = 2048) through every policy at
 /// 20% memory, every 16th step evaluated, with `[eval] device = "cuda"` (exact reference and the
 /// policies with a GPU replay on the GPU; subgen, exact and the metrics on the CPU) against the CPU
@@ -34,7 +35,7 @@ std::string e2e_bench(const BenchOptions& o, int threads) {
   const int L = o.quick ? 2 : 32;
   Experiment ex = synthetic_experiment(n, L, 32, 32);
   ex.eval.every = 16;
-  ex.eval.policy_precision = "float32";  // the GPU replays mirror the CPU's float32 policy arithmetic
+  ex.eval.policy_precision = Precision::float32;  // the GPU replays mirror the CPU's float32 policy arithmetic
   const auto P = make_params;
   ex.policies = {
       {"exact", "exact", P({})},
@@ -49,7 +50,7 @@ std::string e2e_bench(const BenchOptions& o, int threads) {
   };
   SynthSource src(ex.data.synth);
   Experiment gpu = ex;
-  gpu.eval.device = "cuda";
+  gpu.eval.device = Device::cuda;
   auto t0 = Clock::now();
   run_experiment(gpu, src, threads);
   const double g = seconds_since(t0);
@@ -103,36 +104,23 @@ double bench_policies(const BenchOptions& o, BenchOut& b, Experiment& ex) {
   const int64_t n = o.quick ? 512 : 4096;
   ex = synthetic_experiment(n, 1, 2, 1);
   ex.eval.every = 1;  // every policy answers every step, so the per-step bound below is uniform
-  const auto P = make_params;
-  ex.policies = {
-      {"window", "window", P({{"budget", 0.25}})},
-      {"sink", "sink", P({{"budget", 0.25}})},
-      {"h2o", "h2o", P({{"budget", 0.25}})},
-      {"buzz", "buzz", P({{"window", 0.05}, {"threshold", 0.2}})},
-      {"uniform", "uniform", P({{"budget", 0.25}})},
-      {"subgen", "subgen", P({{"delta", 8.0}, {"s", int64_t(256)}, {"t", int64_t(4)}})},
-      {"subgen_kcenter", "subgen_kcenter", P({{"recent", 0.125}, {"centers", 0.125}, {"mode", std::string("streaming")}})},
-      {"tova", "tova", P({{"budget", 0.25}})},
-      {"scissorhands", "scissorhands", P({{"budget", 0.25}})},
-      {"knorm", "knorm", P({{"budget", 0.25}})},
-      {"quest", "quest", P({{"budget", 0.25}})},
-      {"kivi", "kivi", P({{"memory", 0.5}, {"bits", int64_t(4)}})},
-  };
-  SynthSource src(ex.data.synth);
-  RunResult r = run_experiment(ex, src, 1);
-  // The prompt-compressing policies decode after a prefill of n/2 tokens (its cost spread over them).
+  // Every registered policy with a bench entry (PolicyInfo::bench, in its own file): the
+  // prompt-compressing ones decode after a prefill of n/2 tokens (its cost spread over them); those
+  // whose arithmetic follows `[eval] policy_precision` are timed again in float32.
   Experiment expf = ex;
   expf.data.prefill = n / 2;
   expf.eval.from = n / 2 + 1;
-  expf.policies = {{"snapkv", "snapkv", P({{"memory", 0.25}})}, {"pyramidkv", "pyramidkv", P({{"memory", 0.25}})}};
-  RunResult rpf = run_experiment(expf, src, 1);
-  // The same subset policies with `[eval] policy_precision = "float32"` (float32 products).
   Experiment ex32 = ex;
-  ex32.eval.policy_precision = "float32";
-  ex32.policies.clear();  // the subset policies: all but subgen and subgen_kcenter
-  for (const auto& ps : ex.policies)
-    if (ps.name.rfind("subgen", 0) != 0 && ps.name != "quest" && ps.name != "kivi") ex32.policies.push_back(ps);
-  for (auto& ps : ex32.policies) ps.label = ps.name + " f32";
+  ex32.eval.policy_precision = Precision::float32;
+  for (const PolicyInfo* info : policy_registry()) {
+    const PolicyInfo::Bench& bench = info->bench;
+    if (bench.params.values().empty()) continue;
+    (bench.after_prefill ? expf : ex).policies.push_back({info->name, info->name, bench.params});
+    if (bench.float32) ex32.policies.push_back({info->name, info->name + " f32", bench.params});
+  }
+  SynthSource src(ex.data.synth);
+  RunResult r = run_experiment(ex, src, 1);
+  RunResult rpf = run_experiment(expf, src, 1);
   RunResult r32 = run_experiment(ex32, src, 1);
   std::snprintf(buf, sizeof buf, "\npolicy steps (n = %lld, head_dim 128, GQA group of 2, kv_head mode, answer every step, 1 thread):\n",
                 (long long)n);

@@ -1,4 +1,4 @@
-// `kvsim bench` sections on the replay's own costs (issue "Performance"): closed-form caches
+// `kvsim bench` sections on the replay's own costs: closed-form caches
 // replayed in blocks vs per step, and the ‖V_t‖_op bookkeeping of eps_spectral.
 #include "bench_detail.hpp"
 #include "kvsim/cli/config.hpp"
@@ -56,7 +56,7 @@ void bench_closed_form(const BenchOptions& o, BenchOut& b) {
   const int64_t n = o.quick ? 1024 : 8192;
   Experiment ex = synthetic_experiment(n, 1, 2, 1);
   ex.eval.every = 1;
-  ex.eval.reference_precision = "float32";  // not timed here: keeps the run short
+  ex.eval.reference_precision = Precision::float32;  // not timed here: keeps the run short
   ex.policies = {{"window", "window", make_params({{"budget", 0.25}})}, {"sink", "sink", make_params({{"budget", 0.25}})}};
   SynthSource src(ex.data.synth);
   std::snprintf(b.buf, sizeof b.buf,
@@ -69,8 +69,8 @@ void bench_closed_form(const BenchOptions& o, BenchOut& b) {
     for (int mode = 0; mode < 2; ++mode)
       for (int rep = 0; rep < (mode == 0 && !o.quick ? 3 : 1); ++rep) {  // blocked: best of 3 (a run is ~1 s)
         Experiment e = ex;
-        e.eval.policy_precision = prec;
-        e.eval.closed_form = mode == 0 ? "blocked" : "per_step";
+        e.eval.policy_precision = *parse_choice<Precision>(prec);
+        e.eval.closed_form = mode == 0 ? ClosedFormMode::blocked : ClosedFormMode::per_step;
         const RunResult r = run_experiment(e, src, 1);
         const std::vector<double> m = policy_means(r, "policy_ns");
         if (ns[mode].empty()) ns[mode] = m;

@@ -140,6 +140,17 @@ void eval_after_prompt(const TV& root, int64_t P, const std::string& key, EvalSp
                                             std::to_string(P) + "): the prompt's steps are not decoded");
 }
 
+/// `[eval] key` as a choice of E (include/kvsim/core/choices.hpp), left at `out` when absent; any
+/// other value fails naming the key and the allowed values.
+template <class E>
+void get_choice(const TV& table, const std::string& key, E& out) {
+  if (!table.contains(key)) return;
+  const std::string text = get_string(table, key, to_string(out), "eval.");
+  const std::optional<E> v = parse_choice<E>(text);
+  if (!v) fail_at(table.at(key), "eval." + key + " must be " + choice_names<E>() + ", not \"" + text + "\"");
+  out = *v;
+}
+
 void parse_eval(const TV& root, EvalSpec& e) {
   if (root.contains("eval")) {
     const TV& ev = root.at("eval");
@@ -164,22 +175,12 @@ void parse_eval(const TV& root, EvalSpec& e) {
     if (e.every < 1) fail_at(ev.at("every"), "eval.every must be ≥ 1");
     e.from = get_int(ev, "from", 1, "eval.");
     if (e.from < 1) fail_at(ev.at("from"), "eval.from must be ≥ 1");
-    e.gqa = get_string(ev, "gqa", "kv_head", "eval.");
-    if (e.gqa != "kv_head" && e.gqa != "query_head") fail_at(ev.at("gqa"), "eval.gqa must be \"kv_head\" or \"query_head\"");
-    e.group_agg = get_string(ev, "group_agg", "mean", "eval.");
-    if (e.group_agg != "mean" && e.group_agg != "max" && e.group_agg != "sum")
-      fail_at(ev.at("group_agg"), "eval.group_agg must be \"mean\", \"max\" or \"sum\"");
-    e.policy_precision = get_string(ev, "policy_precision", "float64", "eval.");
-    if (e.policy_precision != "float64" && e.policy_precision != "float32")
-      fail_at(ev.at("policy_precision"), "eval.policy_precision must be \"float64\" or \"float32\"");
-    e.device = get_string(ev, "device", "cpu", "eval.");
-    if (e.device != "cpu" && e.device != "cuda") fail_at(ev.at("device"), "eval.device must be \"cpu\" or \"cuda\"");
-    e.reference_precision = get_string(ev, "reference_precision", "float64", "eval.");
-    if (e.reference_precision != "float64" && e.reference_precision != "float32")
-      fail_at(ev.at("reference_precision"), "eval.reference_precision must be \"float64\" or \"float32\"");
-    e.closed_form = get_string(ev, "closed_form", "blocked", "eval.");
-    if (e.closed_form != "blocked" && e.closed_form != "per_step")
-      fail_at(ev.at("closed_form"), "eval.closed_form must be \"blocked\" or \"per_step\"");
+    get_choice(ev, "gqa", e.gqa);
+    get_choice(ev, "group_agg", e.group_agg);
+    get_choice(ev, "policy_precision", e.policy_precision);
+    get_choice(ev, "device", e.device);
+    get_choice(ev, "reference_precision", e.reference_precision);
+    get_choice(ev, "closed_form", e.closed_form);
   }
 
 }

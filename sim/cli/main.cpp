@@ -121,7 +121,9 @@ void add_record(CLI::App& app) {
   static std::vector<std::string> policy_params;
   record->add_option("--policy", ro.policy, "closed loop: a policy manages every (layer, KV head) cache");
   record->add_option("--param", policy_params, "policy parameter key=value (repeatable), e.g. --param budget=0.25");
-  record->add_option("--gqa", ro.gqa, "closed loop: kv_head (default) or query_head")->check(CLI::IsMember({"kv_head", "query_head"}));
+  record->add_option("--gqa", "closed loop: kv_head (default) or query_head")
+      ->check(CLI::IsMember({"kv_head", "query_head"}))
+      ->each([&ro](const std::string& s) { ro.gqa = *parse_choice<GqaMode>(s); });
   record->add_option("--seed", ro.seed, "closed loop: policy seed");
   record->add_option("--prefill", ro.prefill,
                      "teacher-forced without --policy: batched (GEMM prefill, written layer by layer), per-token, or "
@@ -225,9 +227,11 @@ void add_inspect(CLI::App& app) {
 
 void add_policies(CLI::App& app) {
   auto* pol = app.add_subcommand("policies", "every policy with its parameters, defaults, memory rule and paper source");
-  static bool markdown = false;
+  static bool markdown = false, colors = false;
   pol->add_flag("--markdown", markdown, "print docs/policies.md (the Markdown table generated from the registry)");
-  pol->callback([] { std::cout << (markdown ? policies_markdown() : policies_text()); });
+  pol->add_flag("--colors", colors, "print plots/policy_colors.json (each policy's figure colour, from the registry)")
+      ->excludes("--markdown");
+  pol->callback([] { std::cout << (colors ? policy_colors_json() : markdown ? policies_markdown() : policies_text()); });
 }
 
 void add_metrics(CLI::App& app) {
@@ -254,7 +258,7 @@ std::string error_prefix() {
 int run_main(int argc, char** argv) {
   // glibc serves blocks ≥ 128 KiB-32 MiB by mmap and trims freed heap tops, so every reference block
   // (probabilities of 256 rows × t columns, t changing block to block) came back as fresh pages: page
-  // faults cost as much as the block's second GEMM (issue "Performance", measured with kvsim bench).
+  // faults cost as much as the block's second GEMM (measured with kvsim bench).
   // Keep freed memory for reuse instead; peak memory is unchanged.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);

@@ -121,7 +121,7 @@ int cmd_run(const RunOptions& opt) {
   std::vector<std::string> sets = opt.sets;
   if (!opt.device.empty()) sets.push_back("eval.device=\"" + opt.device + "\"");
   Experiment ex = load_experiment(opt.config, sets);
-  if (ex.eval.device == "cuda") {
+  if (ex.eval.device == Device::cuda) {
     if (mpi::size() > 1) mpi::pin_gpu();  // rank r: GPU local_rank mod visible
     cuda::require_device();  // a clear error before anything is computed or written
     if (!opt.quiet) std::cerr << "kvsim run: exact reference and policy replays on " << cuda::device_description() << "\n";
@@ -135,7 +135,7 @@ int cmd_run(const RunOptions& opt) {
     const RunResult& r = s.result;
     if (!opt.quiet && !s.table.empty())
       std::cout << "experiment " << ex.name << ": " << r.n_tokens << " tokens, " << r.layers.size() << " layers, "
-                << r.meta.n_heads << " query heads (" << r.meta.n_kv_heads << " kv), gqa=" << ex.eval.gqa << "; "
+                << r.meta.n_heads << " query heads (" << r.meta.n_kv_heads << " kv), gqa=" << to_string(ex.eval.gqa) << "; "
                 << r.wall_seconds << " s\n"
                 << "means over every evaluated (layer, head, step); p95 likewise\n\n"
                 << s.table << "\nwrote " << out << "/results.h5 and " << out << "/summary.csv\n";

@@ -47,26 +47,27 @@ struct ReplayBuffers {
 /// The kept-slot capacity of `p` after checking its sizes and the shapes; throws kvsim::Error.
 long long validate_replay(const cuda::PolicyReplay& p, int kv_heads, int group, int64_t n, int d,
                           const std::vector<int64_t>& steps) {
-  const std::string& name = p.name;
-  if (name != "window" && name != "sink" && name != "h2o" && name != "uniform" && name != "buzz" &&
-      name != "oracle_topk" && name != "subgen_kcenter" && name != "subgen")
-    throw Error("cuda::replay_policy: policy '" + name +
-                "' has no GPU replay (window, sink, h2o, uniform, buzz, oracle_topk, subgen_kcenter, subgen)");
+  using cuda::ReplayKind;
+  const std::string name = cuda::to_string(p.kind);
   if (steps.empty() || kv_heads < 1 || group < 1 || d < 1 || n < 1 || steps.front() < 1 || steps.back() > n)
     throw Error("cuda::replay_policy: bad shapes or steps");
   for (size_t i = 1; i < steps.size(); ++i)
     if (steps[i] <= steps[i - 1]) throw Error("cuda::replay_policy: steps must increase");
   const long long cap = cuda::replay_capacity(p);
   bool ok = cap >= 1;
-  if (name == "h2o") ok = ok && p.recent >= 0 && p.recent < p.budget;
-  else if (name == "oracle_topk") ok = ok && p.group_agg >= 0 && p.group_agg <= 2;
-  else if (name == "subgen_kcenter") ok = ok && p.recent >= 1 && p.budget >= 0;
-  else if (name == "subgen")
-    ok = ok && p.s >= 1 && p.t >= 1 && p.max_clusters >= 0 && p.delta >= 0 && (p.delta > 0 || p.max_clusters > 0) &&
-         p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
-  else if (name == "uniform") ok = ok && p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
-  else if (name == "buzz") ok = ok && p.sink >= 0 && p.window >= 1 && p.stride >= 2 && p.threshold >= p.stride;
-  else ok = ok && p.sink >= 0 && p.window >= 1;
+  switch (p.kind) {
+    case ReplayKind::h2o: ok = ok && p.recent >= 0 && p.recent < p.budget; break;
+    case ReplayKind::oracle_topk: ok = ok && p.group_agg >= 0 && p.group_agg <= 2; break;
+    case ReplayKind::subgen_kcenter: ok = ok && p.recent >= 1 && p.budget >= 0; break;
+    case ReplayKind::subgen:
+      ok = ok && p.s >= 1 && p.t >= 1 && p.max_clusters >= 0 && p.delta >= 0 && (p.delta > 0 || p.max_clusters > 0) &&
+           p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
+      break;
+    case ReplayKind::uniform: ok = ok && p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32); break;
+    case ReplayKind::buzz: ok = ok && p.sink >= 0 && p.window >= 1 && p.stride >= 2 && p.threshold >= p.stride; break;
+    case ReplayKind::window:
+    case ReplayKind::sink: ok = ok && p.sink >= 0 && p.window >= 1; break;
+  }
   if (!ok) throw Error("cuda::replay_policy: bad sizes for policy '" + name + "'");
   return cap;
 }
@@ -74,13 +75,13 @@ long long validate_replay(const cuda::PolicyReplay& p, int kv_heads, int group, 
 /// Selection kernel of window/sink/uniform/oracle_topk/subgen_kcenter, then kept-list attention.
 void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d,
                       double scale, int rows, long long cap) {
-  const std::string& name = p.name;
+  using cuda::ReplayKind;
   auto &dq = b.dq, &dk = b.dk, &dv = b.dv, &dz = b.dz;
   auto& dls = b.dls;
   auto &dkept = b.dkept, &dst = b.dst;
   const size_t qbytes = size_t(d) * sizeof(float);
   std::unique_ptr<DeviceBuffer<double>> bias;
-  if (name == "subgen_kcenter") {
+  if (p.kind == ReplayKind::subgen_kcenter) {
     bias = std::make_unique<DeviceBuffer<double>>(size_t(kv_heads) * rows * cap);
     DeviceBuffer<int64_t> ids(size_t(kv_heads) * (p.budget + 1));
     DeviceBuffer<double> counts(size_t(kv_heads) * (p.budget + 1));
@@ -88,7 +89,7 @@ void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_head
                                                         ids.p, counts.p, dkept.p, bias->p);
     check(cudaGetLastError(), "kcenter_select_kernel launch");
     sync("kcenter_select_kernel");
-  } else if (name == "oracle_topk") {
+  } else if (p.kind == ReplayKind::oracle_topk) {
     // Rows in chunks so the per-row scratch (score, logit, index: 24 bytes × n_pad) stays ≤ ~1 GiB.
     long long n_pad = 1;
     while (n_pad < n) n_pad <<= 1;
@@ -103,7 +104,7 @@ void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_head
       check(cudaGetLastError(), "oracle_select_kernel launch");
     }
     sync("oracle_select_kernel");
-  } else if (name == "uniform") {
+  } else if (p.kind == ReplayKind::uniform) {
     DeviceBuffer<unsigned long long> seeds(p.seeds.size());
     const std::vector<unsigned long long> sd(p.seeds.begin(), p.seeds.end());
     seeds.upload(sd.data(), sd.size(), "copy seeds");
@@ -194,7 +195,6 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
   require_device();
   const long long cap = validate_replay(p, kv_heads, group, n, d, steps);
-  const std::string& name = p.name;
   kept_cap = cap;
   const int rows = int(steps.size()), H = kv_heads * group;
   ReplayBuffers b(H, kv_heads, n, d, rows, cap);
@@ -203,11 +203,16 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   b.dv.upload(V, size_t(kv_heads) * n * d, "copy V");
   const std::vector<long long> st(steps.begin(), steps.end());
   b.dst.upload(st.data(), st.size(), "copy steps");
-  if (name == "window" || name == "sink" || name == "uniform" || name == "oracle_topk" || name == "subgen_kcenter")
-    replay_selection(p, b, kv_heads, group, n, d, scale, rows, cap);
-  else if (name == "h2o") replay_h2o(p, b, kv_heads, group, n, d, scale, rows, cap);
-  else if (name == "subgen") replay_subgen(p, b, kv_heads, group, n, d, scale, rows);
-  else replay_buzz(p, b, kv_heads, group, n, d, scale, rows, cap);
+  switch (p.kind) {  // no default: every ReplayKind has its kernel
+    case cuda::ReplayKind::window:
+    case cuda::ReplayKind::sink:
+    case cuda::ReplayKind::uniform:
+    case cuda::ReplayKind::oracle_topk:
+    case cuda::ReplayKind::subgen_kcenter: replay_selection(p, b, kv_heads, group, n, d, scale, rows, cap); break;
+    case cuda::ReplayKind::h2o: replay_h2o(p, b, kv_heads, group, n, d, scale, rows, cap); break;
+    case cuda::ReplayKind::subgen: replay_subgen(p, b, kv_heads, group, n, d, scale, rows); break;
+    case cuda::ReplayKind::buzz: replay_buzz(p, b, kv_heads, group, n, d, scale, rows, cap); break;
+  }
   z.resize(size_t(H) * rows * d);
   b.dz.download(z.data(), z.size(), "copy z");
   log_sum.resize(size_t(H) * rows);

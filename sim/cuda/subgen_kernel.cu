@@ -135,7 +135,7 @@ __device__ void subgen_answer(const float* Q, const float* Kh, const float* Vh, 
   }
 }
 
-/// subgen (SubGen Algorithm 1, SubGen §2; include/kvsim/analysis/subgen.hpp), one block per KV head over
+/// subgen (SubGen Algorithm 1, SubGen §2; include/kvsim/analysis/subgen_algorithm.hpp), one block per KV head over
 /// the stream, the CPU's SubGen::update step by step: the nearest representative by a block arg-min
 /// of hd::key_sqdist under (distance, index) order (the CPU's first minimum); each sample slot's coin
 /// hd::philox_u01 at (seed, token, slot) — the CPU's flips; merge rounds (max_clusters > 0) run by

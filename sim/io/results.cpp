@@ -91,11 +91,11 @@ void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
   f.set_attr("/", "n_kv_heads", int64_t(r.meta.n_kv_heads));
   f.set_attr("/", "head_dim", int64_t(r.meta.head_dim));
   f.set_attr("/", "model", r.meta.model);
-  f.set_attr("/", "gqa", ex.eval.gqa);
-  f.set_attr("/", "device", ex.eval.device);
-  f.set_attr("/", "reference_precision", ex.eval.reference_precision);
-  f.set_attr("/", "policy_precision", ex.eval.policy_precision);
-  f.set_attr("/", "closed_form", ex.eval.closed_form);
+  f.set_attr("/", "gqa", std::string(to_string(ex.eval.gqa)));
+  f.set_attr("/", "device", std::string(to_string(ex.eval.device)));
+  f.set_attr("/", "reference_precision", std::string(to_string(ex.eval.reference_precision)));
+  f.set_attr("/", "policy_precision", std::string(to_string(ex.eval.policy_precision)));
+  f.set_attr("/", "closed_form", std::string(to_string(ex.eval.closed_form)));
   f.set_attr("/", "threads", int64_t(r.threads));
   f.set_attr("/", "wall_seconds", r.wall_seconds);
 }

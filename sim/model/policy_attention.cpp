@@ -9,8 +9,8 @@
 namespace kvsim {
 
 PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
-                                     const std::string& gqa, const std::string& group_agg, int64_t prefill)
-    : cfg_(cfg), per_query_(gqa == "query_head"), prefill_(prefill) {
+                                     GqaMode gqa, GroupAgg group_agg, int64_t prefill)
+    : cfg_(cfg), per_query_(gqa == GqaMode::query_head), prefill_(prefill) {
   if (prefill < 0 || prefill >= n_tokens)
     throw Error("model.prefill (" + std::to_string(prefill) + ") must be in [0, model.tokens = " + std::to_string(n_tokens) + ")");
   const int G = cfg.n_heads / cfg.n_kv_heads;

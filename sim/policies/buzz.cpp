@@ -1,7 +1,7 @@
 // `buzz`: BUZZ (Zhao et al., 2024) §3.3 Algorithms 1-2 — sink + beehive body + sliding window; see
-// include/kvsim/analysis/buzz.hpp (sim/analysis/buzz.cpp) for the body recurrence. `log_scale = true` multiplies the logits by
+// include/kvsim/analysis/buzz_theorem.hpp (sim/analysis/buzz_theorem.cpp) for the body recurrence. `log_scale = true` multiplies the logits by
 // log_512(t) (BUZZ §3.5, Eq. 7-8; t = tokens so far), measured against the unscaled exact reference.
-#include "kvsim/analysis/buzz.hpp"
+#include "kvsim/analysis/buzz_theorem.hpp"
 
 #include <cmath>
 #include <deque>
@@ -99,13 +99,13 @@ class BuzzPolicy final : public Policy {
   int64_t cache_tokens() const override { return int64_t(sink_tokens_.size() + old_.size() + new_.size() + window_.size()); }
   std::optional<cuda::PolicyReplay> gpu_replay() const override {
     cuda::PolicyReplay r;
-    r.name = "buzz";
+    r.kind = cuda::ReplayKind::buzz;
     r.sink = sink_;
     r.window = w_;
     r.threshold = T_;
     r.stride = s_;
     r.log_scale = log_scale_;
-    r.group_agg = group_agg_code(agg_);
+    r.group_agg = static_cast<int>(agg_);
     return r;
   }
 
@@ -137,7 +137,7 @@ class BuzzPolicy final : public Policy {
 
   int64_t sink_, w_, T_, s_;
   bool log_scale_;
-  std::string agg_;
+  GroupAgg agg_;
   int d_;
   SlotCache store_;             // contiguous keys/values (float64 or float32), indexed by slot
   VecD logits_, shifted_, p_, ps_, mask_;  // attend() scratch (no allocation per step)
@@ -191,7 +191,7 @@ void buzz_memory(int64_t M, const Params& given, Params& out, const std::string&
 
 const std::vector<int64_t>& buzz_body_history(const Policy& p) { return BuzzPolicy::history_of(p); }
 
-const PolicyInfo& buzz_info() {
+KVSIM_POLICY(buzz) {
   static const PolicyInfo info{
       "buzz",
       "`sink` + beehive body + `window`: tokens leaving the window join the body as \"new\"; when the body reaches "
@@ -208,7 +208,9 @@ const PolicyInfo& buzz_info() {
                  {"window", "threshold"},
                  buzz_memory},
       "yes",
-      {example_params({{"window", 0.1}, {"threshold", 0.15}})}};
+      {example_params({{"window", 0.1}, {"threshold", 0.15}})},
+      "#8c564b",  // figure colour
+      {example_params({{"window", 0.05}, {"threshold", 0.2}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

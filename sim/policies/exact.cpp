@@ -36,10 +36,12 @@ std::unique_ptr<Policy> make_exact(const Params&, const StreamInfo& s) { return 
 
 }  // namespace
 
-const PolicyInfo& exact_info() {
+KVSIM_POLICY(exact) {
   static const PolicyInfo info{
       "exact", "every token: exact attention and exact log τ (the pipeline's reference check, error ~1e-15)", "—",
-      {}, make_exact, std::nullopt, "yes (the GPU exact reference)", {Params{}}};
+      {}, make_exact, std::nullopt, "yes (the GPU exact reference)", {Params{}},
+      "#7f7f7f",  // figure colour
+      {}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

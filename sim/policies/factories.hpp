@@ -12,12 +12,6 @@
 
 namespace kvsim::policies {
 
-/// `group_agg` ("mean" | "max" | "sum", validated by the engine) as the hd::GroupAgg code the GPU
-/// replays take.
-inline int group_agg_code(const std::string& agg) {
-  return agg == "max" ? hd::kAggMax : agg == "sum" ? hd::kAggSum : hd::kAggMean;
-}
-
 /// The equal-memory rule of fixed-size policies: budget = M tokens, exact at every step.
 inline MemoryRule budget_memory_rule() {
   return {"budget = M (min(M, t) tokens at every step)", {"budget"},
@@ -30,6 +24,10 @@ inline Params example_params(std::initializer_list<std::pair<std::string, ParamV
   for (const auto& [k, v] : kv) p.set(k, v, "example");
   return p;
 }
+
+/// PyramidKV's budget per layer (sim/policies/pyramidkv.cpp): window + the selected part, which falls
+/// arithmetically with depth and sums to n_layers·(budget − window).
+std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, double beta, int n_layers);
 
 /// Body sizes after each eviction of a `buzz` policy instance (tests).
 const std::vector<int64_t>& buzz_body_history(const Policy& p);

@@ -20,7 +20,7 @@ class GpuReplayPolicy final : public Policy {
       : cpu_(std::move(cpu)), spec_(std::move(spec)), Q_(std::move(Q)), K_(K), V_(V), scale_(scale),
         steps_(std::move(steps)), replay_fn_(replay ? std::move(replay) : PolicyReplayFn(cuda::replay_policy)) {
     cap_ = cuda::replay_capacity(spec_);
-    fixed_size_ = spec_.name != "buzz" && spec_.name != "subgen_kcenter" && spec_.name != "subgen";
+    fixed_size_ = spec_.kind != cuda::ReplayKind::buzz && spec_.kind != cuda::ReplayKind::subgen_kcenter && spec_.kind != cuda::ReplayKind::subgen;
   }
 
   void observe(int64_t t, const float*, const float*) override {
@@ -35,7 +35,7 @@ class GpuReplayPolicy final : public Policy {
     const int G = int(Q_.size()), d = int(K_.cols());
     if (q.rows() != G) throw Error("gpu replay: query group size changed");
     const size_t rows = steps_.size();
-    const bool subgen = spec_.name == "subgen";
+    const bool subgen = spec_.kind == cuda::ReplayKind::subgen;
     std::vector<int64_t> kept;
     if (subgen) {  // no token subset: the row holds the cluster count m
       const int64_t m = kept_[row_ * size_t(kept_cap_)];
@@ -47,13 +47,13 @@ class GpuReplayPolicy final : public Policy {
         if (const int64_t x = kept_[row_ * size_t(kept_cap_) + size_t(s)]; x >= 0) kept.push_back(x);
       last_count_ = int64_t(kept.size());
       last_vectors_ = 2 * last_count_;
-      if (spec_.name == "subgen_kcenter") last_clusters_ = double(last_count_ - std::min(t, spec_.recent));
+      if (spec_.kind == cuda::ReplayKind::subgen_kcenter) last_clusters_ = double(last_count_ - std::min(t, spec_.recent));
     }
     for (int g = 0; g < G; ++g) {
       Answer& a = (*out)[g];
       a.z = Eigen::Map<const VecF>(z_.data() + (size_t(g) * rows + row_) * d, d).cast<double>();
       const double ls = log_sum_[size_t(g) * rows + row_];
-      if (spec_.name == "uniform") a.log_tau = hd::uniform_log_tau(ls, t, last_count_);  // as UniformPolicy
+      if (spec_.kind == cuda::ReplayKind::uniform) a.log_tau = hd::uniform_log_tau(ls, t, last_count_);  // as UniformPolicy
       if (subgen) {
         a.log_tau = ls;  // log τ̂ (SubGen line 30)
         a.has_kept = false;
@@ -73,7 +73,7 @@ class GpuReplayPolicy final : public Policy {
   /// subgen_kcenter: its centers (the kept tokens beyond the window); subgen: its clusters; at the
   /// last answered step. NaN for the others (as their CPU policies).
   double clusters() const override {
-    if (spec_.name != "subgen_kcenter" && spec_.name != "subgen") return cpu_->clusters();
+    if (spec_.kind != cuda::ReplayKind::subgen_kcenter && spec_.kind != cuda::ReplayKind::subgen) return cpu_->clusters();
     return last_clusters_;
   }
 

@@ -38,10 +38,10 @@ class H2OPolicy final : public ScorerPolicy {
   std::optional<cuda::PolicyReplay> gpu_replay() const override {
     if (global_) return std::nullopt;  // the non-causal oracle form stays on the CPU
     cuda::PolicyReplay r;
-    r.name = "h2o";
+    r.kind = cuda::ReplayKind::h2o;
     r.budget = budget_;
     r.recent = recent_;
-    r.group_agg = group_agg_code(agg_);
+    r.group_agg = static_cast<int>(agg_);
     return r;
   }
 
@@ -74,7 +74,7 @@ std::unique_ptr<Policy> make_h2o(const Params& p, const StreamInfo& s) {
 
 }  // namespace
 
-const PolicyInfo& h2o_info() {
+KVSIM_POLICY(h2o) {
   static const PolicyInfo info{
       "h2o",
       "heavy hitters + recent tokens: every step q_t's attention over the cache is added to each cached token's "
@@ -88,7 +88,9 @@ const PolicyInfo& h2o_info() {
       make_h2o,
       budget_memory_rule(),
       "yes (score = \"accumulated\")",
-      {example_params({{"budget", 0.25}}), example_params({{"budget", 0.25}, {"score", std::string("oracle")}})}};
+      {example_params({{"budget", 0.25}}), example_params({{"budget", 0.25}, {"score", std::string("oracle")}})},
+      "#1f77b4",  // figure colour
+      {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -144,7 +144,7 @@ std::unique_ptr<Policy> make_kivi(const Params& p, const StreamInfo& s) {
 
 }  // namespace
 
-const PolicyInfo& kivi_info() {
+KVSIM_POLICY(kivi) {
   static const PolicyInfo info{
       "kivi",
       "every token kept, old ones quantized to b bits: keys per channel over groups of G tokens, values per token "
@@ -161,7 +161,9 @@ const PolicyInfo& kivi_info() {
                  {"residual", "memory_tokens"},
                  [](int64_t M, const Params&, Params& out, const std::string& where) { out.set("memory_tokens", M, where); }},
       "no",
-      {example_params({{"bits", int64_t(2)}}), example_params({{"bits", int64_t(4)}, {"residual", 0.1}})}};
+      {example_params({{"bits", int64_t(2)}}), example_params({{"bits", int64_t(4)}, {"residual", 0.1}})},
+      "#637939",  // figure colour
+      {example_params({{"memory", 0.5}, {"bits", int64_t(4)}}), false, false}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -39,7 +39,7 @@ std::unique_ptr<Policy> make_knorm(const Params& p, const StreamInfo& s) {
 
 }  // namespace
 
-const PolicyInfo& knorm_info() {
+KVSIM_POLICY(knorm) {
   static const PolicyInfo info{
       "knorm",
       "keep the tokens with the lowest key L2 norm: when full, the largest-‖k‖ token outside the `recent_ratio · B` "
@@ -50,7 +50,9 @@ const PolicyInfo& knorm_info() {
       make_knorm,
       budget_memory_rule(),
       "no",
-      {example_params({{"budget", 0.25}}), example_params({{"budget", 0.25}, {"recent_ratio", 0.5}})}};
+      {example_params({{"budget", 0.25}}), example_params({{"budget", 0.25}, {"recent_ratio", 0.5}})},
+      "#8c6d31",  // figure colour
+      {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

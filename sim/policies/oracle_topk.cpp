@@ -51,15 +51,15 @@ class OracleTopK final : public Policy {
   int64_t cache_tokens() const override { return std::min(budget_, all_.size()); }
   std::optional<cuda::PolicyReplay> gpu_replay() const override {
     cuda::PolicyReplay r;
-    r.name = "oracle_topk";
+    r.kind = cuda::ReplayKind::oracle_topk;
     r.budget = budget_;
-    r.group_agg = group_agg_code(agg_);
+    r.group_agg = static_cast<int>(agg_);
     return r;
   }
 
  private:
   int64_t budget_;
-  std::string agg_;
+  GroupAgg agg_;
   SlotCache all_;
 };
 
@@ -71,7 +71,7 @@ std::unique_ptr<Policy> make_oracle_topk(const Params& p, const StreamInfo& s) {
 
 }  // namespace
 
-const PolicyInfo& oracle_topk_info() {
+KVSIM_POLICY(oracle_topk) {
   static const PolicyInfo info{
       "oracle_topk",
       "per evaluated query, the `budget` tokens of largest exact attention (not causal: the best any eviction of "
@@ -81,7 +81,9 @@ const PolicyInfo& oracle_topk_info() {
       make_oracle_topk,
       budget_memory_rule(),
       "yes",
-      {example_params({{"budget", 0.25}})}};
+      {example_params({{"budget", 0.25}})},
+      "#17becf",  // figure colour
+      {}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

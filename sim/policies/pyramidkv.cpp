@@ -54,7 +54,7 @@ std::vector<ParamInfo> params() {
 
 }  // namespace
 
-const PolicyInfo& pyramidkv_info() {
+KVSIM_POLICY(pyramidkv) {
   static const PolicyInfo info{
       "pyramidkv",
       "snapkv with layer budgets B_l falling arithmetically with depth from 2(B − w) − (B − w)/β + w to (B − w)/β + w, "
@@ -68,7 +68,9 @@ const PolicyInfo& pyramidkv_info() {
       "no",
       {example_params({{"budget", 0.25}}),
        example_params({{"budget", 0.25}, {"beta", 4.0}, {"window", int64_t(4)}, {"kernel", int64_t(3)},
-                       {"pooling", std::string("avg")}, {"decode_window", int64_t(4)}})}};
+                       {"pooling", std::string("avg")}, {"decode_window", int64_t(4)}})},
+                       "#fb9a99",  // figure colour
+                       {example_params({{"memory", 0.25}}), true, false}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

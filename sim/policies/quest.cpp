@@ -102,7 +102,7 @@ class QuestPolicy final : public Policy {
 
  private:
   const int64_t budget_, memory_, S_;
-  const std::string agg_;
+  const GroupAgg agg_;
   const int d_;
   SlotCache cache_;  // double storage: slot j holds token j
   std::vector<VecD> lo_, hi_;
@@ -133,7 +133,7 @@ std::unique_ptr<Policy> make_quest(const Params& p, const StreamInfo& s) {
 
 }  // namespace
 
-const PolicyInfo& quest_info() {
+KVSIM_POLICY(quest) {
   static const PolicyInfo info{
       "quest",
       "stores every token in pages of `page_size` with per-page min/max keys; each query loads the current page and "
@@ -149,7 +149,9 @@ const PolicyInfo& quest_info() {
                  {"budget", "memory_tokens"},
                  [](int64_t M, const Params&, Params& out, const std::string& where) { out.set("memory_tokens", M, where); }},
       "no",
-      {example_params({{"budget", 0.5}}), example_params({{"memory_tokens", int64_t(40)}, {"page_size", int64_t(4)}})}};
+      {example_params({{"budget", 0.5}}), example_params({{"memory_tokens", int64_t(40)}, {"page_size", int64_t(4)}})},
+      "#000000",  // figure colour
+      {example_params({{"budget", 0.25}}), false, false}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -1,6 +1,7 @@
-// The policy registry: one line per policy file. To add a policy, write sim/policies/<name>.cpp with
-// its class, factory and PolicyInfo (see include/kvsim/policies/registry.hpp), declare its *_info()
-// in registry.hpp, and add it here.
+// The policy registry. The built-in policies are the KVSIM_POLICY(name) definitions of
+// sim/policies/*.cpp, listed at build time in policy_list.inc (cmake/policy_list.cmake); to add a
+// policy, write sim/policies/<name>.cpp with its class, factory and PolicyInfo
+// (include/kvsim/policies/registry.hpp) and rebuild.
 #include "kvsim/policies/registry.hpp"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "kvsim/core/error.hpp"
+#include "policy_list.inc"  // generated: policies::kBuiltinPolicies
 
 namespace kvsim {
 
@@ -18,24 +20,11 @@ namespace {
 /// `user` holds the added descriptions at stable addresses; `mu` guards both lists.
 struct Registry {
   std::mutex mu;
-  std::vector<const PolicyInfo*> list{
-      &policies::exact_info(),
-      &policies::window_info(),
-      &policies::sink_info(),
-      &policies::oracle_topk_info(),
-      &policies::uniform_info(),
-      &policies::subgen_info(),
-      &policies::subgen_kcenter_info(),
-      &policies::h2o_info(),
-      &policies::buzz_info(),
-      &policies::tova_info(),
-      &policies::scissorhands_info(),
-      &policies::knorm_info(),
-      &policies::kivi_info(),
-      &policies::snapkv_info(),
-      &policies::pyramidkv_info(),
-      &policies::quest_info(),
-  };
+  std::vector<const PolicyInfo*> list = [] {
+    std::vector<const PolicyInfo*> v;
+    for (const auto info : policies::kBuiltinPolicies) v.push_back(&info());
+    return v;
+  }();
   size_t builtin = list.size();
   std::deque<PolicyInfo> user;
 };
@@ -129,6 +118,19 @@ std::string policies_markdown() {
     o << "| `" << p->name << "` | " << cell(p->summary) << " | " << cell(params) << " | " << cell(memory_doc(*p))
       << " | " << cell(p->gpu) << " | " << cell(p->source) << " |\n";
   }
+  return o.str();
+}
+
+std::string policy_colors_json() {
+  std::ostringstream o;
+  o << "{";
+  bool first = true;
+  for (const auto* p : policy_registry()) {
+    if (p->color.empty()) continue;
+    o << (first ? "\n" : ",\n") << "  \"" << p->name << "\": \"" << p->color << "\"";
+    first = false;
+  }
+  o << "\n}\n";
   return o.str();
 }
 

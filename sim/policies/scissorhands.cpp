@@ -58,7 +58,7 @@ std::unique_ptr<Policy> make_scissorhands(const Params& p, const StreamInfo& s) 
 
 }  // namespace
 
-const PolicyInfo& scissorhands_info() {
+KVSIM_POLICY(scissorhands) {
   static const PolicyInfo info{
       "scissorhands",
       "persistence of importance: when full, evict the token whose attention fell below the cache average 1/m most "
@@ -70,7 +70,9 @@ const PolicyInfo& scissorhands_info() {
       make_scissorhands,
       budget_memory_rule(),
       "no",
-      {example_params({{"budget", 0.25}})}};
+      {example_params({{"budget", 0.25}})},
+      "#393b79",  // figure colour
+      {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

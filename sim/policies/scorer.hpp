@@ -74,7 +74,7 @@ class ScorerPolicy : public Policy {
 
   const std::string name_;
   const int64_t budget_, sink_, recent_;
-  const std::string agg_;  ///< group_agg: how the group's attention combines into one score
+  const GroupAgg agg_;  ///< group_agg: how the group's attention combines into one score
   SlotCache cache_;
   std::vector<double> score_;
 };

@@ -22,7 +22,7 @@ std::vector<ParamInfo> params() {
 
 }  // namespace
 
-const PolicyInfo& snapkv_info() {
+KVSIM_POLICY(snapkv) {
   static const PolicyInfo info{
       "snapkv",
       "prefill: the last `window` prompt queries' attention, pooled over positions, picks B − window prompt tokens, "
@@ -35,7 +35,9 @@ const PolicyInfo& snapkv_info() {
       "no",
       {example_params({{"budget", 0.25}}),
        example_params({{"budget", 0.25}, {"window", int64_t(4)}, {"kernel", int64_t(5)}, {"pooling", std::string("avg")},
-                       {"decode_window", int64_t(4)}})}};
+                       {"decode_window", int64_t(4)}})},
+                       "#e7298a",  // figure colour
+                       {example_params({{"memory", 0.25}}), true, false}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -136,7 +136,7 @@ class SnapKVPolicy final : public Policy {
   const bool maxpool_;
   const int64_t D_;
   const double share_;
-  const std::string agg_;
+  const GroupAgg agg_;
   SlotCache cache_;
   std::vector<Kind> kind_;
   std::vector<double> score_;

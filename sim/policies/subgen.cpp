@@ -1,9 +1,9 @@
-// `subgen`: SubGen Algorithm 1 (SubGen, Zandieh et al. 2024, §2) as a cache policy. See include/kvsim/analysis/subgen.hpp.
+// `subgen`: SubGen Algorithm 1 (SubGen, Zandieh et al. 2024, §2) as a cache policy. See include/kvsim/analysis/subgen_algorithm.hpp.
 #include <cmath>
 
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
-#include "kvsim/analysis/subgen.hpp"
+#include "kvsim/analysis/subgen_algorithm.hpp"
 
 namespace kvsim::policies {
 namespace {
@@ -28,7 +28,7 @@ class SubGenPolicy final : public Policy {
     const SubGenConfig& c = sg_.config();
     if (c.sample_by_key) return std::nullopt;  // Lemma 1's negative control stays on the CPU
     cuda::PolicyReplay r;
-    r.name = "subgen";
+    r.kind = cuda::ReplayKind::subgen;
     r.delta = c.delta;
     r.s = c.s;
     r.t = c.t;
@@ -105,7 +105,7 @@ void subgen_memory(int64_t M, const Params& given, Params& out, const std::strin
 
 }  // namespace
 
-const PolicyInfo& subgen_info() {
+KVSIM_POLICY(subgen) {
   static const PolicyInfo info{
       "subgen",
       "SubGen Algorithm 1 verbatim: online key clustering with radius `delta` (t uniform reservoir samples per "
@@ -128,7 +128,9 @@ const PolicyInfo& subgen_info() {
                  subgen_memory},
       "yes (not sample_by_key)",
       {example_params({{"delta", 1.0}, {"s", int64_t(16)}, {"t", int64_t(4)}}),
-       example_params({{"delta", 1.0}, {"eps", 0.5}, {"r", 1.0}})}};
+       example_params({{"delta", 1.0}, {"eps", 0.5}, {"r", 1.0}})},
+       "#e377c2",  // figure colour
+       {example_params({{"delta", 8.0}, {"s", int64_t(256)}, {"t", int64_t(4)}}), false, false}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

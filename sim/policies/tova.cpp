@@ -37,7 +37,7 @@ std::unique_ptr<Policy> make_tova(const Params& p, const StreamInfo& s) {
 
 }  // namespace
 
-const PolicyInfo& tova_info() {
+KVSIM_POLICY(tova) {
   static const PolicyInfo info{
       "tova",
       "keep the B tokens the latest query attends to most: when full, the token with the lowest attention weight "
@@ -47,7 +47,9 @@ const PolicyInfo& tova_info() {
       make_tova,
       budget_memory_rule(),
       "no",
-      {example_params({{"budget", 0.25}})}};
+      {example_params({{"budget", 0.25}})},
+      "#bcbd22",  // figure colour
+      {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -34,7 +34,7 @@ class UniformPolicy final : public Policy {
   int64_t cache_tokens() const override { return cache_.size(); }
   std::optional<cuda::PolicyReplay> gpu_replay() const override {
     cuda::PolicyReplay r;
-    r.name = "uniform";
+    r.kind = cuda::ReplayKind::uniform;
     r.budget = budget_;
     r.seeds = {seed_};
     return r;
@@ -54,7 +54,7 @@ std::unique_ptr<Policy> make_uniform(const Params& p, const StreamInfo& s) {
 
 }  // namespace
 
-const PolicyInfo& uniform_info() {
+KVSIM_POLICY(uniform) {
   static const PolicyInfo info{
       "uniform",
       "`budget` tokens by reservoir sampling (Philox draw per token, shared with the GPU); "
@@ -64,7 +64,9 @@ const PolicyInfo& uniform_info() {
       make_uniform,
       budget_memory_rule(),
       "yes",
-      {example_params({{"budget", 0.25}})}};
+      {example_params({{"budget", 0.25}})},
+      "#d62728",  // figure colour
+      {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

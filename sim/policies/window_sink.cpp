@@ -31,7 +31,7 @@ class SinkWindowPolicy final : public Policy {
   int64_t cache_tokens() const override { return cache_.size(); }
   std::optional<cuda::PolicyReplay> gpu_replay() const override {
     cuda::PolicyReplay r;
-    r.name = sink_ > 0 ? "sink" : "window";
+    r.kind = sink_ > 0 ? cuda::ReplayKind::sink : cuda::ReplayKind::window;
     r.sink = sink_;
     r.window = window_;
     return r;
@@ -61,7 +61,7 @@ std::unique_ptr<Policy> make_sink(const Params& p, const StreamInfo& s) {
 
 }  // namespace
 
-const PolicyInfo& window_info() {
+KVSIM_POLICY(window) {
   static const PolicyInfo info{"window",
                                "the `budget` most recent tokens (local attention)",
                                "H2O §5.1 \"Local\"; BUZZ Fig. 1(b)",
@@ -69,11 +69,13 @@ const PolicyInfo& window_info() {
                                make_window,
                                budget_memory_rule(),
                                "yes",
-                               {example_params({{"budget", 0.25}})}};
+                               {example_params({{"budget", 0.25}})},
+                               "#9467bd",  // figure colour
+                               {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 
-const PolicyInfo& sink_info() {
+KVSIM_POLICY(sink) {
   static const PolicyInfo info{"sink",
                                "the first `sink` tokens plus the most recent `budget − sink` (StreamingLLM)",
                                "StreamingLLM; BUZZ §2; SubGen §3.2",
@@ -81,7 +83,9 @@ const PolicyInfo& sink_info() {
                                make_sink,
                                budget_memory_rule(),
                                "yes",
-                               {example_params({{"budget", 0.25}})}};
+                               {example_params({{"budget", 0.25}})},
+                               "#ff7f0e",  // figure colour
+                               {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -251,7 +251,9 @@ void bind_policies(py::module_& m) {
       .def_readonly("n", &StreamInfo::n, "tokens in the stream (budgets given as fractions are of n)")
       .def_readonly("head_dim", &StreamInfo::head_dim)
       .def_readonly("n_queries", &StreamInfo::n_queries, "query heads this cache answers (the GQA group size in kv_head mode)")
-      .def_readonly("group_agg", &StreamInfo::group_agg, "\"mean\", \"max\" or \"sum\": how the group's scores combine")
+      .def_property_readonly(
+          "group_agg", [](const StreamInfo& s) { return std::string(to_string(s.group_agg)); },
+          "\"mean\", \"max\" or \"sum\": how the group's scores combine")
       .def_readonly("seed", &StreamInfo::seed, "this instance's seed (config seed, layer, head, policy)")
       .def_readonly("prefill", &StreamInfo::prefill, "prompt tokens handed over before decoding (0: none)")
       .def_readonly("layer", &StreamInfo::layer)

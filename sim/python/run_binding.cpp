@@ -43,7 +43,7 @@ struct PyRun {
 /// Replays `ex` (all sequences) on `threads` workers with the GIL released (Python policies take it
 /// back for each call; C++ policies run in parallel).
 std::unique_ptr<PyRun> run_experiment_in_memory(Experiment ex, int threads) {
-  if (ex.eval.device == "cuda") cuda::require_device();
+  if (ex.eval.device == Device::cuda) cuda::require_device();
   struct InFlight {
     InFlight() { ++runs_in_flight(); }
     ~InFlight() { --runs_in_flight(); }

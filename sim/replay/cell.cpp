@@ -40,7 +40,7 @@ class CellReplay {
  public:
   CellReplay(const Experiment& ex, const StreamSource& src, const Cell& cell, int64_t n)
       : ex_(ex), cell_(cell), n_(n), d_(src.meta().head_dim), G_(int(cell.heads.size())),
-        scale_(src.meta().softmax_scale), per_query_(ex.eval.gqa == "query_head"), n_layers_(src.meta().n_layers),
+        scale_(src.meta().softmax_scale), per_query_(ex.eval.gqa == GqaMode::query_head), n_layers_(src.meta().n_layers),
         opn_(d_) {
     load(src);
   }
@@ -51,7 +51,7 @@ class CellReplay {
     objective_attention();
     const std::vector<int64_t> steps = eval_steps(ex_.eval, n_);
     for (size_t p = 0; p < runs_.size(); ++p) out[p].reserve(size_t(G_) * steps.size());  // exact: no growth slack
-    const bool ref_f32 = ex_.eval.reference_precision == "float32";
+    const bool ref_f32 = ex_.eval.reference_precision == Precision::float32;
     for (size_t b0 = 0; b0 < steps.size();) {
       // Block of evaluated steps so that rows × t_max stays ≤ 4M doubles per query head.
       const size_t b1 = reference_block_end(steps, b0, ref_f32 ? kReferenceRowsF32 : 256);
@@ -92,7 +92,7 @@ class CellReplay {
       info.n = n_;
       info.head_dim = d_;
       info.group_agg = ex_.eval.group_agg;
-      info.policy_f32 = ex_.eval.policy_precision == "float32";
+      info.policy_f32 = ex_.eval.policy_precision == Precision::float32;
       info.n_queries = per_query_ ? 1 : G_;
       info.prefill = ex_.data.prefill;
       info.layer = cell_.layer;
@@ -103,7 +103,7 @@ class CellReplay {
         info.seed = derive_seed({ex_.seed, uint64_t(cell_.layer), head_id, uint64_t(p), 0});
         auto inst = make_policy(ex_.policies[p].name, ex_.policies[p].params, info);
         // `[eval] device = "cuda"`: policies with a GPU replay run there (sim/policies/gpu_replay.cpp).
-        if (ex_.eval.device == "cuda" && inst->gpu_replay()) {
+        if (ex_.eval.device == Device::cuda && inst->gpu_replay()) {
           std::vector<const MatF*> qs;
           for (int g : heads_of(i)) qs.push_back(&Q_[g]);
           inst = make_gpu_replay(std::move(inst), std::move(qs), Kf_, Vf_, scale_, eval_steps(ex_.eval, n_));
@@ -113,7 +113,7 @@ class CellReplay {
       runs_[p].every = runs_[p].inst[0]->needs_every_query();
       runs_[p].memory_tokens = memory_target_tokens(ex_.policies[p].params, n_);
       runs_[p].oracle = runs_[p].inst[0]->needs_exact_probs();
-      if (ex_.eval.closed_form == "blocked") runs_[p].closed = runs_[p].inst[0]->closed_form();
+      if (ex_.eval.closed_form == ClosedFormMode::blocked) runs_[p].closed = runs_[p].inst[0]->closed_form();
     }
   }
 
@@ -152,8 +152,8 @@ class CellReplay {
   void reference_pass(const std::vector<int64_t>& block) {
     ref_.resize(G_);
     for (int g = 0; g < G_; ++g) {
-      if (ex_.eval.device == "cuda") cuda::exact_attention_block(Q_[g], Kf_, Vf_, scale_, block, ref_[g]);
-      else if (ex_.eval.reference_precision == "float32") exact_attention_f32(Q_[g], Kf_, Vf_, scale_, block, ref_[g]);
+      if (ex_.eval.device == Device::cuda) cuda::exact_attention_block(Q_[g], Kf_, Vf_, scale_, block, ref_[g]);
+      else if (ex_.eval.reference_precision == Precision::float32) exact_attention_f32(Q_[g], Kf_, Vf_, scale_, block, ref_[g]);
       else exact_attention(Q_[g], K_, V_, scale_, block, ref_[g]);
     }
     opnorm_.resize(block.size());
@@ -203,7 +203,7 @@ class CellReplay {
     const auto t0 = Clock::now();
     std::vector<const MatD*> qs(size_t(G_), nullptr);
     for (int g = 0; g < G_; ++g) qs[g] = &Qs_[g];
-    if (ex_.eval.policy_precision == "float32") closed_form_answers(qs, Kf_, Vf_, c, block, zc_);
+    if (ex_.eval.policy_precision == Precision::float32) closed_form_answers(qs, Kf_, Vf_, c, block, zc_);
     else closed_form_answers(qs, K_, V_, c, block, zc_);
     run.ns_since_eval = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
     run.steps_since_eval = block.back() - run.t;

@@ -24,6 +24,17 @@ std::vector<int64_t> eval_steps(const EvalSpec& e, int64_t n) {
   return s;
 }
 
+void check_objective_steps(const EvalSpec& e, int64_t n) {
+  if (!e.objectives) return;
+  const int64_t t_max = std::min(n, e.objectives_max_t);
+  for (int64_t t : eval_steps(e, n))
+    if (t <= t_max && (t % e.objectives_every == 0 || t == n)) return;
+  throw Error("eval.objectives = true, but no evaluated step is an objective step: eval.every = " + std::to_string(e.every) +
+              " from eval.from = " + std::to_string(e.from) + " never meets a multiple of eval.objectives_every = " +
+              std::to_string(e.objectives_every) + " up to eval.objectives_max_t = " + std::to_string(e.objectives_max_t) +
+              " (n = " + std::to_string(n) + "), so every H2O objective would be missing");
+}
+
 std::unique_ptr<StreamSource> open_source(const DataSpec& d) {
   if (d.synthetic) return std::make_unique<SynthSource>(d.synth);
   if (!std::filesystem::exists(d.path)) {
@@ -48,10 +59,6 @@ using Clock = std::chrono::steady_clock;
 void validate_eval(const Experiment& ex) {
   if (ex.policies.empty()) throw Error("experiment '" + ex.name + "': no [[policy]] entries");
   if (ex.eval.every < 1) throw Error("eval.every must be ≥ 1");
-  if (ex.eval.gqa != "kv_head" && ex.eval.gqa != "query_head")
-    throw Error("eval.gqa must be \"kv_head\" or \"query_head\", got \"" + ex.eval.gqa + "\"");
-  if (ex.eval.group_agg != "mean" && ex.eval.group_agg != "max" && ex.eval.group_agg != "sum")
-    throw Error("eval.group_agg must be \"mean\", \"max\" or \"sum\", got \"" + ex.eval.group_agg + "\"");
 }
 
 /// `data.layers` / `data.heads` (empty = all), range-checked; the (layer, KV head) cells they select.
@@ -149,6 +156,7 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
     throw Error("eval.from (" + std::to_string(ex.eval.from) + ") must be > data.prefill (" +
                 std::to_string(ex.data.prefill) + "): the prompt's steps are not decoded");
   res.metrics = metric_columns(ex.eval);
+  check_objective_steps(ex.eval, res.n_tokens);
   const std::vector<Cell> cells = plan_cells(ex.data, meta, res.layers);
   // Validate policy parameters once, up front, so a typo fails before any work.
   {

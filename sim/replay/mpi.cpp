@@ -65,7 +65,20 @@ int local_rank() { return g_local; }
 
 #ifndef KVSIM_HAS_MPI
 
-void init(int*, char***) {}
+void init(int*, char***) {
+  // A launcher around a build without MPI would start independent copies of the same run (on the
+  // same --out, where all but one fail with "holds an unfinished run"): refuse before any work.
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* v = std::getenv(var);
+    if (v && std::atol(v) > 1) {
+      std::fprintf(stderr,
+                   "kvsim: error: started by an MPI launcher with %s ranks (%s=%s), but this kvsim was built without MPI "
+                   "(configure found no MPI: install libopenmpi-dev and rebuild, or run kvsim without mpirun)\n",
+                   v, var, v);
+      std::exit(2);
+    }
+  }
+}
 void finalize() {}
 bool agree(bool value) { return value; }
 bool built_with_mpi() { return false; }

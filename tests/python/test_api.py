@@ -1,4 +1,4 @@
-"""The Python API against the CLI and h5py: configs, results, recordings, errors (issue "Python API")."""
+"""The Python API against the CLI and h5py: configs, results, recordings, errors."""
 import subprocess
 import tomllib
 

@@ -1,4 +1,4 @@
-"""docs/python.md's example runs as written (issue "Python API", point 6): its ```sh recording block,
+"""docs/python.md's example runs as written: its ```sh recording block,
 then its ```python blocks, from the repository root; the plot is written and the printed table has
 every policy. SKIPPED without stories260K."""
 import os

@@ -1,4 +1,4 @@
-"""Policies written in Python, measured by the C++ engine (issue "Python API", point 3)."""
+"""Policies written in Python, measured by the C++ engine."""
 import numpy as np
 import pandas as pd
 import pytest

@@ -1,5 +1,5 @@
 """Python twins of window and h2o on stories260K's recorded tensors (8 query heads sharing 4 KV heads):
-metric rows identical to the built-in policies' in both GQA modes (issue "Python API", point 4)."""
+metric rows identical to the built-in policies' in both GQA modes."""
 import pandas as pd
 import pytest
 

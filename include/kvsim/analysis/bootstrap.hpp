@@ -1,4 +1,4 @@
-// kvsim: confidence intervals over sequences (issue "results"). A run over several sequences reports,
+// kvsim: confidence intervals over sequences. A run over several sequences reports,
 // per policy and metric, the mean of the per-sequence means with a percentile-bootstrap interval:
 // resample the sequences with replacement `resamples` times (seeded, so the interval is reproducible),
 // take each resample's mean, and report the (1 − level)/2 and (1 + level)/2 quantiles (Efron &

@@ -1,4 +1,4 @@
-// kvsim: `kvsim bench` — throughput figures against the machine's own limits (issue "Performance").
+// kvsim: `kvsim bench` — throughput figures against the machine's own limits.
 #pragma once
 #include <string>
 

@@ -1,4 +1,4 @@
-// kvsim: step logic shared by the CPU path and the CUDA path (issue "GPU path"): one source of truth,
+// kvsim: step logic shared by the CPU path and the CUDA path: one source of truth,
 // compiled as __host__ __device__ code by nvcc and as plain inline C++ otherwise, so the CPU tests
 // exercise exactly the logic the kernels run.
 //

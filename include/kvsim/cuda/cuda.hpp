@@ -1,4 +1,4 @@
-// kvsim: the CUDA path (issue "GPU path"), first step: the exact causal reference on the GPU.
+// kvsim: the CUDA path, first step: the exact causal reference on the GPU.
 // Compiled from sim/cuda/*.cu when CMake finds nvcc (option KVSIM_CUDA, default ON; sm_90 SASS +
 // compute_80 PTX); otherwise sim/cuda/loader.cpp provides the same API, reporting that CUDA is absent.
 // Every call that needs a device throws kvsim::Error with the reason when none is usable.
@@ -44,8 +44,27 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
 ///    entry, the cluster count m, and log_sum is log τ̂;
 ///  - "oracle_topk": at each evaluated step the `budget` tokens of largest exact attention (the KV
 ///    group's by group_agg, undivided), ties to the older token (hd::topk_prefer); kept ascending.
+/// Which replay a PolicyReplay asks for (one per GPU kernel family; cuda::replay_policy switches on
+/// it with no default, so a new kind without a kernel does not compile).
+enum class ReplayKind { window, sink, h2o, uniform, buzz, oracle_topk, subgen_kcenter, subgen };
+
+/// The policy name of `k` ("window", ... — the registry name whose gpu_replay() gives it).
+inline const char* to_string(ReplayKind k) {
+  switch (k) {
+    case ReplayKind::window: return "window";
+    case ReplayKind::sink: return "sink";
+    case ReplayKind::h2o: return "h2o";
+    case ReplayKind::uniform: return "uniform";
+    case ReplayKind::buzz: return "buzz";
+    case ReplayKind::oracle_topk: return "oracle_topk";
+    case ReplayKind::subgen_kcenter: return "subgen_kcenter";
+    case ReplayKind::subgen: return "subgen";
+  }
+  return "?";
+}
+
 struct PolicyReplay {
-  std::string name;
+  ReplayKind kind = ReplayKind::window;
   int64_t sink = 0, window = 0;    ///< window / sink / buzz
   int64_t budget = 0, recent = 0;  ///< h2o: cache size B and protected recent tokens; uniform: B
   int group_agg = 0;               ///< hd::GroupAgg (mean 0, max 1, sum 2): h2o's and buzz's scores
@@ -61,11 +80,17 @@ struct PolicyReplay {
 /// budget (h2o, uniform, oracle_topk), sink + window (window, sink), sink + window + threshold (buzz),
 /// recent + centers (subgen_kcenter), 1 (subgen: its cluster count).
 inline int64_t replay_capacity(const PolicyReplay& p) {
-  if (p.name == "h2o" || p.name == "uniform" || p.name == "oracle_topk") return p.budget;
-  if (p.name == "buzz") return p.sink + p.window + p.threshold;
-  if (p.name == "subgen_kcenter") return p.recent + p.budget;
-  if (p.name == "subgen") return 1;  // the cluster count
-  return p.sink + p.window;
+  switch (p.kind) {
+    case ReplayKind::h2o:
+    case ReplayKind::uniform:
+    case ReplayKind::oracle_topk: return p.budget;
+    case ReplayKind::buzz: return p.sink + p.window + p.threshold;
+    case ReplayKind::subgen_kcenter: return p.recent + p.budget;
+    case ReplayKind::subgen: return 1;  // the cluster count
+    case ReplayKind::window:
+    case ReplayKind::sink: return p.sink + p.window;
+  }
+  return 0;
 }
 
 /// Replays every KV head's stream through `p` on the GPU, one cache per KV head shared by its

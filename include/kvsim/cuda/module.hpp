@@ -4,7 +4,7 @@
 // runtime and cuBLAS. kvsim and its tests do not link them: sim/cuda/loader.cpp opens the module with
 // dlopen() the first time a CUDA function is called (`--device cuda`, `kvsim bench --device cuda`,
 // the parity tests). Loading cuBLAS costs ~200 MB of resident memory and ~0.3 s per process, which
-// every CPU-only run used to pay at start-up (issue "Performance": peak RSS).
+// every CPU-only run used to pay at start-up (peak RSS).
 //
 // The module exports one C symbol, kvsim_cuda_module_api(), returning a table of functions. No
 // exception crosses the boundary: each function returns an empty string on success and the error

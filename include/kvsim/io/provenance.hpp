@@ -1,4 +1,4 @@
-// kvsim: provenance of a result — which kvsim built it and from which input files (issue "results").
+// kvsim: provenance of a result — which kvsim built it and from which input files.
 #pragma once
 #include <cstdint>
 #include <string>

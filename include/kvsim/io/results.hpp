@@ -94,7 +94,7 @@ std::vector<std::vector<Stat>> overall_stats(const RunResult& r);
 std::string summary_table(const RunResult& r);
 
 /// Streams a run's rows to disk as its cells finish, so memory does not grow with the number of
-/// layers (issue "Performance"): run_experiment() calls begin() once with the rows each cell yields
+/// layers: run_experiment() calls begin() once with the rows each cell yields
 /// per policy, then write_cell() for every finished cell (any thread, any order: rows land at the
 /// cell's fixed offset, so the files are those write_results() writes, at any thread count — tested);
 /// finish() adds the attributes, writes summary.csv and cells.csv reading one column at a time, and

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/core/choices.hpp"
 #include "kvsim/core/params.hpp"
 #include "kvsim/io/synth.hpp"
 
@@ -12,7 +13,7 @@ namespace kvsim {
 
 struct DataSpec {
   std::string path;              ///< a recording file, or empty for the synthetic preset
-  /// Several sequences (issue "results"): every recording (`[data] path = [...]`; paths[0] == path),
+  /// Several sequences: every recording (`[data] path = [...]`; paths[0] == path),
   /// empty for a single one.
   std::vector<std::string> paths;
   /// `[data] recipe`: the command that makes a missing recording (named in the error when it is absent).
@@ -33,25 +34,25 @@ struct DataSpec {
 struct EvalSpec {
   int64_t every = 1;             ///< evaluate every `every` steps ...
   int64_t from = 1;              ///< ... starting at step `from`; the last step is always evaluated
-  std::string gqa = "kv_head";   ///< "kv_head" (one cache per KV head) or "query_head"
-  std::string group_agg = "mean";
+  GqaMode gqa = GqaMode::kv_head;  ///< one cache per KV head, or one per query head
+  GroupAgg group_agg = GroupAgg::mean;  ///< how score-based policies combine a KV group's scores
   /// "float64" (default) or "float32": arithmetic of the window, sink, h2o, buzz and uniform policies
   /// (sim/policies/slot_cache.hpp). The exact reference and metrics are always double.
-  std::string policy_precision = "float64";
+  Precision policy_precision = Precision::float64;
   /// "cpu" (default) or "cuda": where the exact reference runs (include/kvsim/cuda/cuda.hpp; fp32 on the
   /// GPU, so reference-relative metrics carry ~1e-5 of its rounding). Policies with a GPU replay
   /// (Policy::gpu_replay: all but subgen_kcenter prefill and h2o oracle scores) run there
   /// too (sim/policies/gpu_replay.cpp).
-  std::string device = "cpu";
+  Device device = Device::cpu;
   /// "float64" (default; ≤ 1e-6 of long double, docs/theory.md) or "float32": arithmetic of the CPU exact
   /// reference (include/kvsim/replay/reference.hpp, exact_attention_f32: ~2x faster, ~1e-5 relative error,
   /// which the exact policy's metrics then show). Metrics and τ's sum stay double.
-  std::string reference_precision = "float64";
+  Precision reference_precision = Precision::float64;
   /// "blocked" (default) or "per_step": how the CPU path replays caches whose content is a closed form
   /// of the step (Policy::closed_form: window, sink) — a block of evaluated steps through banded
   /// masked GEMMs (include/kvsim/replay/banded.hpp; equal to per-step within 1e-12 in double, 1e-5
   /// in float32), or the policy instance stepped token by token like every other policy.
-  std::string closed_form = "blocked";
+  ClosedFormMode closed_form = ClosedFormMode::blocked;
   // H2O objectives (include/kvsim/analysis/objectives.hpp), off by default: computed at evaluated steps t that
   // are multiples of objectives_every (and the last), for t ≤ objectives_max_t.
   bool objectives = false;

@@ -28,7 +28,7 @@ struct RecordOptions {
   /// Closed loop: a policy manages every (layer, KV head) cache while recording (`--policy`).
   std::string policy;
   Params policy_params;
-  std::string gqa = "kv_head";
+  GqaMode gqa = GqaMode::kv_head;
   uint64_t seed = 1;
   /// Teacher-forced recordings without a policy: "batched" (LlamaModel::prefill: GEMMs over all
   /// positions, written layer by layer), "per-token" (the decoder's one-token path, double-precision

@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "kvsim/core/choices.hpp"
 #include "kvsim/core/params.hpp"
 #include "kvsim/cuda/cuda.hpp"
 #include "kvsim/core/hd.hpp"
@@ -30,7 +31,7 @@ struct StreamInfo {
   int64_t n = 0;             ///< total tokens in the stream (budgets given as fractions use it)
   int head_dim = 0;
   int n_queries = 1;         ///< query heads answered by this instance (group size in kv_head mode)
-  std::string group_agg = "mean";  ///< how score-based policies combine the group's scores
+  GroupAgg group_agg = GroupAgg::mean;  ///< how score-based policies combine the group's scores
   uint64_t seed = 0;         ///< seed for this instance (config seed, layer, head, policy index, trial)
   /// `[eval] policy_precision = "float32"`: window, sink, h2o, buzz and uniform hold keys/values in float32
   /// and run their products in float32 (see sim/policies/slot_cache.hpp); false = double.
@@ -138,8 +139,7 @@ std::unique_ptr<Policy> make_gpu_replay(std::unique_ptr<Policy> cpu, std::vector
 /// hd::group_combine / hd::group_result, shared with the CUDA path.
 class GroupAggregate {
  public:
-  GroupAggregate(const std::string& agg, Eigen::Index size)
-      : agg_(agg == "max" ? hd::kAggMax : agg == "sum" ? hd::kAggSum : hd::kAggMean), acc_(VecD::Zero(size)) {}
+  GroupAggregate(GroupAgg agg, Eigen::Index size) : agg_(static_cast<int>(agg)), acc_(VecD::Zero(size)) {}
   void add(const Eigen::Ref<const VecD>& p) {
     // hd::group_combine's rule, written with Eigen's vectorized max/+ (exact operations, so equal to
     // folding group_combine element by element: tests/test_hd.cpp checks it).

@@ -1,9 +1,11 @@
 // kvsim: the policy registry. Each policy lives in one file under sim/policies/ and describes itself
 // with a PolicyInfo — its parameters (name, kind, default, meaning), paper source, factory, its
-// equal-memory rule and whether it replays on the GPU — and is registered by one line in
-// sim/policies/registry.cpp. `kvsim policies`, the docs' policy table (docs/policies.md, checked
-// by a test), config validation and `memory = M` matching all read this registry; the engine, the
-// config code and the memory code name no policy.
+// equal-memory rule, whether it replays on the GPU, its figure colour and its bench entry — defined
+// by `KVSIM_POLICY(name) { ... }` in that file. The build collects every such definition
+// (cmake/policy_list.cmake), so adding a policy edits no other file. `kvsim policies`, the docs'
+// policy table (docs/policies.md, checked by a test), config validation, `memory = M` matching,
+// `kvsim bench` and the figures' colours all read this registry; the engine, the config code and
+// the memory code name no policy.
 #pragma once
 #include <functional>
 #include <memory>
@@ -49,7 +51,35 @@ struct PolicyInfo {
   /// Parameter sets that construct the policy (one per mode), used by `kvsim policies --check`-style
   /// tests: every mode's parameters must be documented and its defaults must match `params`.
   std::vector<Params> examples;
+  /// The colour of this policy in every figure ("#rrggbb"; plots/policy_colors.json is generated
+  /// from it by `kvsim policies --colors`, and a test keeps them equal). Empty: a neutral grey.
+  std::string color;
+  /// `kvsim bench`'s entry (sim/cli/bench.cpp): the parameters its per-step table times this policy
+  /// with (about a quarter of the stream's memory); whether it decodes after a prompt of n/2 tokens
+  /// (policies that compress a prompt at prefill); whether it is timed again with
+  /// `[eval] policy_precision = "float32"`. No parameters: not benchmarked.
+  struct Bench {
+    Params params;
+    bool after_prefill = false;
+    bool float32 = false;
+  } bench;
 };
+
+/// A built-in policy's description is a function `kvsim_policy_<name>()` in namespace
+/// kvsim::policies returning a static PolicyInfo. Define it in the policy's own file under
+/// sim/policies/ as
+///
+///     KVSIM_POLICY(h2o) {
+///       static const PolicyInfo info{...};
+///       return info;
+///     }
+///
+/// at the start of a line: the build finds these lines (cmake/policy_list.cmake) and registers
+/// every one, in name order. `id` is the policy's registry name.
+#define KVSIM_POLICY(id) const ::kvsim::PolicyInfo& kvsim_policy_##id()
+namespace policies {
+using PolicyInfoFn = const PolicyInfo& (*)();
+}
 
 /// A documented default that is a literal of the parameter's kind ("4", "0.5", "false",
 /// "accumulated") as a value; nullopt for "required", "none" and rules such as "recent + 4·centers".
@@ -71,28 +101,9 @@ const PolicyInfo& policy_info(const std::string& name);
 std::string policies_text();
 /// The same as a Markdown document (docs/policies.md is this text; a test compares them).
 std::string policies_markdown();
+/// Each policy's figure colour as a JSON object {"name": "#rrggbb", ...} in registration order
+/// (plots/policy_colors.json is this text; a test compares them). Policies without one are left out.
+std::string policy_colors_json();
 
-/// The built-in policies' descriptions (one function per policy file, listed in registry.cpp).
-namespace policies {
-const PolicyInfo& exact_info();
-const PolicyInfo& window_info();
-const PolicyInfo& sink_info();
-const PolicyInfo& oracle_topk_info();
-const PolicyInfo& uniform_info();
-const PolicyInfo& h2o_info();
-const PolicyInfo& buzz_info();
-const PolicyInfo& tova_info();
-const PolicyInfo& scissorhands_info();
-const PolicyInfo& knorm_info();
-const PolicyInfo& kivi_info();
-const PolicyInfo& snapkv_info();
-const PolicyInfo& pyramidkv_info();
-const PolicyInfo& quest_info();
-/// PyramidKV's budget per layer (sim/policies/pyramidkv.cpp): window + the selected part, which falls
-/// arithmetically with depth and sums to n_layers·(budget − window).
-std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, double beta, int n_layers);
-const PolicyInfo& subgen_info();
-const PolicyInfo& subgen_kcenter_info();
-}  // namespace policies
 
 }  // namespace kvsim

@@ -1,6 +1,6 @@
 // kvsim: caches whose content is a closed form of the step (Policy::closed_form: window, sink)
 // answered for a block of evaluated steps at once — a banded, masked attention through two GEMMs
-// instead of two matrix-vector products per step and query head (issue "Performance", item 1).
+// instead of two matrix-vector products per step and query head.
 //
 // For step t (1-based: tokens 0..t−1 have joined) a sink + window cache holds
 //   S_t = [0, min(sink, t)) ∪ [max(sink, t − window), t)        (hd::sink_window_token's closed form)

@@ -20,6 +20,13 @@ namespace kvsim {
 /// Evaluated steps (1-based) for a stream of n tokens.
 std::vector<int64_t> eval_steps(const EvalSpec& e, int64_t n);
 
+/// With `[eval] objectives = true`, H2O's objectives are computed at the evaluated steps t ≤
+/// objectives_max_t that are multiples of objectives_every (or the last step n). Throws kvsim::Error
+/// naming eval.every, eval.from and eval.objectives_every when no evaluated step of an n-token
+/// stream is one (e.g. every = 16 from 1 evaluates t = 1, 17, 33, … and objectives_every = 32 meets
+/// none of them), instead of a run whose objective metrics are all missing.
+void check_objective_steps(const EvalSpec& e, int64_t n);
+
 /// Opens the experiment's stream source (recording file or synthetic preset).
 std::unique_ptr<StreamSource> open_source(const DataSpec& d);
 

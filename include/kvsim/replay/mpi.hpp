@@ -11,7 +11,9 @@
 //
 // kvsim initializes MPI only when an MPI launcher started it (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
 // PMIX_RANK in the environment); a plain `kvsim run` never touches MPI. Built without MPI
-// (libopenmpi-dev absent), size() is 1 and everything runs in one process.
+// (libopenmpi-dev absent, or -DKVSIM_MPI=OFF), size() is 1 and everything runs in one process; such a
+// build started by a launcher with more than one rank refuses in init() (one line, exit 2) instead of
+// running independent copies of the same run.
 #pragma once
 #include <functional>
 #include <string>

@@ -1,5 +1,5 @@
 """`.venv/bin/python -m kvsim.compare_torch`: kvsim's window and H2O replays beside the same replays written in
-PyTorch the way a researcher would, on the same machine, stream and thread count (issue "Performance").
+PyTorch the way a researcher would, on the same machine, stream and thread count.
 
 - window (StreamingLLM's local cache, budget B): PyTorch answers all steps at once as a banded masked
   attention — blocks of 128 queries against their (B + 127) keys, masked to each step's cache

@@ -142,7 +142,7 @@ class KCenterPolicy final : public Policy {
   std::optional<cuda::PolicyReplay> gpu_replay() const override {
     if (!streaming_) return std::nullopt;  // the prefill form stays on the CPU
     cuda::PolicyReplay r;
-    r.name = "subgen_kcenter";
+    r.kind = cuda::ReplayKind::subgen_kcenter;
     r.recent = recent_;
     r.budget = k_;
     r.weighted = weighted_;
@@ -265,7 +265,7 @@ void kcenter_memory(int64_t M, const Params& given, Params& out, const std::stri
 
 }  // namespace
 
-const PolicyInfo& subgen_kcenter_info() {
+KVSIM_POLICY(subgen_kcenter) {
   static const PolicyInfo info{
       "subgen_kcenter",
       "`recent` most recent tokens + `centers` greedy k-center (Gonzalez) centers of the older keys, chosen once at "
@@ -284,7 +284,9 @@ const PolicyInfo& subgen_kcenter_info() {
                  kcenter_memory},
       "yes (mode = \"streaming\")",
       {example_params({{"recent", 0.1}, {"centers", 0.1}}),
-       example_params({{"recent", 0.1}, {"centers", 0.1}, {"mode", std::string("streaming")}})}};
+       example_params({{"recent", 0.1}, {"centers", 0.1}, {"mode", std::string("streaming")}})},
+       "#2ca02c",  // figure colour
+       {example_params({{"recent", 0.125}, {"centers", 0.125}, {"mode", std::string("streaming")}}), false, false}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -1,4 +1,4 @@
-#include "kvsim/analysis/subgen.hpp"
+#include "kvsim/analysis/subgen_algorithm.hpp"
 
 #include <cmath>
 

@@ -1,5 +1,5 @@
 // BUZZ (Zhao et al., 2024) theory helpers: the beehive body recurrence and Theorem 3.1's T/w rule.
-#include "kvsim/analysis/buzz.hpp"
+#include "kvsim/analysis/buzz_theorem.hpp"
 
 namespace kvsim {
 
