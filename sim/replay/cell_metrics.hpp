@@ -1,0 +1,54 @@
+// Internal to the replay (sim/replay/cell.cpp): what one cell records for a policy at an evaluated
+// step — the equal-memory rule checked, then one row of the metric registry per query head.
+#pragma once
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cell_reference.hpp"
+#include "kvsim/replay/metrics.hpp"
+
+namespace kvsim::cell {
+
+/// A policy's state at an evaluated step t (block row r): its answers (one per query head of the
+/// cell), the instance that gave each, the bytes it stores and loads (all instances), its mean time
+/// per step since the last evaluated step.
+struct Evaluated {
+  int64_t t = 0;
+  size_t r = 0;
+  const std::vector<Answer>* answers = nullptr;
+  std::vector<const Policy*> answered_by;
+  double cache_bytes = 0, loaded_bytes = 0, policy_ns = 0;
+};
+
+class Metrics {
+ public:
+  Metrics(const Experiment& ex, const Cell& cell, int64_t n, int head_dim, Reference& reference)
+      : ex_(ex), cell_(cell), n_(n), d_(head_dim), ref_(reference) {}
+
+  /// The equal-memory rule (docs/policies.md) of policy p, whose `memory = M` is `memory_tokens` (−1:
+  /// none): min(M, t) tokens' worth at every step (±2%), or never more than M tokens' worth (+2%) when
+  /// capacity-matched; `bytes` is what it is matched on (cache_bytes, or loaded_bytes for quest) and M
+  /// is scaled by the cache's memory_share (PyramidKV's layer budgets). `instances` caches of the cell
+  /// share the target. Throws kvsim::Error naming the policy, step, layer and KV head.
+  void check_memory(size_t p, int64_t memory_tokens, const Policy& first, size_t instances, int64_t t, double bytes) const;
+
+  /// One row per query head for policy p at an evaluated step: the metric registry over its context.
+  void record(size_t p, const Evaluated& e, std::vector<MetricRow>& out);
+
+ private:
+  /// Everything a metric may read for query head g (include/kvsim/replay/metrics.hpp), in one place.
+  MetricContext context(const Evaluated& e, int g);
+
+  const Experiment& ex_;
+  const Cell& cell_;
+  const int64_t n_;
+  const int d_;
+  Reference& ref_;
+  std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>> greedy_cache_;  // (g, t, m) -> greedy, opt
+  std::map<std::pair<int, int64_t>, PowerLawFit> powerlaw_cache_;                        // (g, t) -> H2O Fig. 2 fit
+  std::vector<double> scratch_;
+};
+
+}  // namespace kvsim::cell

@@ -1,0 +1,89 @@
+// A replay cell's policy instances: made, given global scores and the prompt (sim/replay/cell_policies.hpp);
+// their stepping is in cell_stepping.cpp.
+#include "cell_policies.hpp"
+
+#include <chrono>
+
+#include "kvsim/core/rng.hpp"
+
+namespace kvsim::cell {
+namespace {
+using Clock = std::chrono::steady_clock;
+double ns_since(Clock::time_point t0) { return std::chrono::duration<double, std::nano>(Clock::now() - t0).count(); }
+}  // namespace
+
+PolicySteps::PolicySteps(const Experiment& ex, const Cell& cell, int64_t n, int n_layers, const Streams& streams,
+                         double scale, Reference& reference, Metrics& metrics)
+    : ex_(ex), cell_(cell), n_(n), d_(int(streams.keys32.cols())), G_(int(cell.heads.size())), n_layers_(n_layers),
+      per_query_(ex.eval.gqa == GqaMode::query_head), s_(streams), scale_(scale), ref_(reference), metrics_(metrics),
+      q_group_(G_, d_), q_one_(1, d_), answers_(size_t(G_)), one_(1), probs_group_(size_t(G_)), probs_one_(1) {}
+
+std::vector<int> PolicySteps::heads_of(size_t i) const {  // the query heads instance i answers
+  std::vector<int> gs;
+  if (per_query_) gs.push_back(int(i));
+  else
+    for (int g = 0; g < G_; ++g) gs.push_back(g);
+  return gs;
+}
+
+void PolicySteps::make() {
+  runs_.resize(ex_.policies.size());
+  for (size_t p = 0; p < runs_.size(); ++p) {
+    StreamInfo info;
+    info.n = n_;
+    info.head_dim = d_;
+    info.group_agg = ex_.eval.group_agg;
+    info.policy_f32 = ex_.eval.policy_precision == Precision::float32;
+    info.n_queries = per_query_ ? 1 : G_;
+    info.prefill = ex_.data.prefill;
+    info.layer = cell_.layer;
+    info.n_layers = n_layers_;
+    for (int i = 0; i < (per_query_ ? G_ : 1); ++i) {
+      const uint64_t head_id = per_query_ ? uint64_t(cell_.heads[i]) : uint64_t(cell_.kv_head) + (1ULL << 32);
+      info.seed = derive_seed({ex_.seed, uint64_t(cell_.layer), head_id, uint64_t(p), 0});
+      auto inst = make_policy(ex_.policies[p].name, ex_.policies[p].params, info);
+      if (ex_.eval.device == Device::cuda && inst->gpu_replay()) {
+        std::vector<const MatF*> qs;
+        for (int g : heads_of(size_t(i))) qs.push_back(&s_.queries32[g]);
+        inst = make_gpu_replay(std::move(inst), std::move(qs), s_.keys32, s_.values32, scale_, eval_steps(ex_.eval, n_));
+      }
+      runs_[p].inst.push_back(std::move(inst));
+    }
+    runs_[p].every = runs_[p].inst[0]->needs_every_query();
+    runs_[p].memory_tokens = memory_target_tokens(ex_.policies[p].params, n_);
+    runs_[p].oracle = runs_[p].inst[0]->needs_exact_probs();
+    if (ex_.eval.closed_form == ClosedFormMode::blocked) runs_[p].closed = runs_[p].inst[0]->closed_form();
+  }
+}
+
+void PolicySteps::global_scores() {
+  bool want = false;
+  for (auto& run : runs_) want |= run.inst[0]->needs_global_scores();
+  if (!want) return;
+  const std::vector<VecD> global = ref_.global_scores();
+  for (auto& run : runs_) {
+    if (!run.inst[0]->needs_global_scores()) continue;
+    for (size_t i = 0; i < run.inst.size(); ++i) {
+      std::vector<const VecD*> mine;
+      for (int g : heads_of(i)) mine.push_back(&global[g]);
+      run.inst[i]->set_global_scores(mine);
+    }
+  }
+}
+
+/// `[data] prefill = P`: the prompt's P tokens to every instance at once (Policy::prefill; its time
+/// counts as P steps of policy_ns).
+void PolicySteps::prefill(PolicyRun& run) {
+  const int64_t P = ex_.data.prefill;
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < run.inst.size(); ++i) {
+    std::vector<const MatD*> qs;
+    for (int g : heads_of(i)) qs.push_back(&s_.queries_scaled[g]);
+    run.inst[i]->prefill(P, s_.keys32, s_.values32, qs);
+  }
+  run.ns_since_eval += ns_since(t0);
+  run.steps_since_eval += P;
+  run.t = P;
+}
+
+}  // namespace kvsim::cell

@@ -1,0 +1,65 @@
+// Internal to the replay (sim/replay/cell.cpp): every policy of an experiment stepped through one
+// cell's stream, as a decoder would drive its cache.
+#pragma once
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cell_metrics.hpp"
+
+namespace kvsim::cell {
+
+/// The instances of one policy spec inside a cell: one (kv_head mode) or one per query head.
+struct PolicyRun {
+  std::vector<std::unique_ptr<Policy>> inst;
+  bool every = false, oracle = false;
+  int64_t t = 0;                          // tokens observed so far
+  int64_t memory_tokens = -1;             // equal-memory target (param `memory`), −1 = none
+  std::optional<ClosedFormCache> closed;  // replayed in blocks (Policy::closed_form), never stepped
+  double ns_since_eval = 0;
+  int64_t steps_since_eval = 0;
+};
+
+/// Stream semantics (docs/architecture.md, a replay step by step): at step t token t−1 (0-based)
+/// joins every cache (observe), then q_t is answered (attend: every step for score-based policies,
+/// else only at evaluated steps). Closed-form caches (window, sink) answer a block of evaluated steps
+/// at once by banded GEMMs (include/kvsim/replay/banded.hpp) and are never stepped.
+class PolicySteps {
+ public:
+  PolicySteps(const Experiment& ex, const Cell& cell, int64_t n, int n_layers, const Streams& streams, double scale,
+              Reference& reference, Metrics& metrics);
+  /// One run per [[policy]] entry, seeded by (seed, layer, head, entry index); GPU replays when
+  /// `[eval] device = "cuda"` and the policy has one (sim/policies/gpu_replay.cpp).
+  void make();
+  /// Hands non-causal oracles (H2O's "global" heavy hitters) the exact column sums, if any asks.
+  void global_scores();
+  size_t size() const { return runs_.size(); }
+  /// Steps policy p from its last step to the block's end; at each evaluated step checks the memory
+  /// rule and appends one row per query head to `out`.
+  void step(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out);
+
+ private:
+  std::vector<int> heads_of(size_t i) const;
+  void step_closed(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out);
+  void prefill(PolicyRun& run);
+  void attend(PolicyRun& run, int64_t t, bool is_eval, size_t r);
+  void evaluated(size_t p, int64_t t, size_t r, double bytes, double loaded, std::vector<MetricRow>& out);
+
+  const Experiment& ex_;
+  const Cell& cell_;
+  const int64_t n_;
+  const int d_, G_, n_layers_;
+  const bool per_query_;
+  const Streams& s_;
+  const double scale_;
+  Reference& ref_;
+  Metrics& metrics_;
+  std::vector<PolicyRun> runs_;
+  MatD closed_z_;                    // a closed-form block's answers [steps × G, d]
+  std::vector<int64_t> closed_kept_; // a closed-form cache's tokens at one step
+  MatD q_group_, q_one_;
+  std::vector<Answer> answers_, one_;
+  std::vector<const double*> probs_group_, probs_one_;
+};
+
+}  // namespace kvsim::cell

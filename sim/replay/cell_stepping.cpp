@@ -1,0 +1,106 @@
+// A replay cell's policies stepped through the stream (sim/replay/cell_policies.hpp).
+#include <chrono>
+
+#include "cell_policies.hpp"
+#include "kvsim/core/hd.hpp"
+#include "kvsim/replay/banded.hpp"
+
+namespace kvsim::cell {
+namespace {
+using Clock = std::chrono::steady_clock;
+double ns_since(Clock::time_point t0) { return std::chrono::duration<double, std::nano>(Clock::now() - t0).count(); }
+}  // namespace
+
+void PolicySteps::step(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out) {
+  PolicyRun& run = runs_[p];
+  if (run.closed) return step_closed(p, block, out);
+  size_t r = 0;
+  if (run.t == 0 && ex_.data.prefill > 0) prefill(run);
+  while (run.t < block.back()) {
+    const int64_t t = run.t + 1;  // step t: token index t-1 joins, then query q_t
+    const bool is_eval = (t == block[r]);
+    const auto t0 = Clock::now();
+    for (auto& inst : run.inst) inst->observe(t - 1, s_.keys32.row(t - 1).data(), s_.values32.row(t - 1).data());
+    if (run.every || is_eval) attend(run, t, is_eval, r);
+    run.ns_since_eval += ns_since(t0);
+    ++run.steps_since_eval;
+    run.t = t;
+    if (!is_eval) continue;
+    double bytes = 0, loaded = 0;
+    for (auto& inst : run.inst) {
+      bytes += inst->cache_bytes(d_);
+      loaded += inst->loaded_bytes(d_);
+    }
+    evaluated(p, t, r, bytes, loaded, out);
+    run.ns_since_eval = 0;
+    run.steps_since_eval = 0;
+    ++r;
+  }
+}
+
+/// Every row of the block gets policy_ns = the block's time over the steps it advanced.
+void PolicySteps::step_closed(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out) {
+  PolicyRun& run = runs_[p];
+  const ClosedFormCache& c = *run.closed;
+  const auto t0 = Clock::now();
+  std::vector<const MatD*> qs(size_t(G_), nullptr);
+  for (int g = 0; g < G_; ++g) qs[g] = &s_.queries_scaled[g];
+  if (ex_.eval.policy_precision == Precision::float32) closed_form_answers(qs, s_.keys32, s_.values32, c, block, closed_z_);
+  else closed_form_answers(qs, s_.keys, s_.values, c, block, closed_z_);
+  run.ns_since_eval = ns_since(t0);
+  run.steps_since_eval = block.back() - run.t;
+  run.t = block.back();
+  for (size_t r = 0; r < block.size(); ++r) {
+    const int64_t t = block[r];
+    closed_form_kept(c, t, closed_kept_);
+    for (int g = 0; g < G_; ++g) {
+      answers_[g] = Answer{};
+      answers_[g].z = closed_z_.row(Eigen::Index(r) * G_ + g).transpose();
+      answers_[g].has_kept = true;
+      answers_[g].kept = closed_kept_;
+    }
+    const double bytes = 2.0 * double(hd::sink_window_count(t, c.sink, c.window)) * d_ * sizeof(float) * double(run.inst.size());
+    evaluated(p, t, r, bytes, bytes, out);
+  }
+}
+
+/// The policy's attend() at step t with the group's (or each head's) scaled query; at evaluated
+/// steps fills answers_[g] (fresh: nothing may leak from the previous policy's answer).
+void PolicySteps::attend(PolicyRun& run, int64_t t, bool is_eval, size_t r) {
+  if (is_eval)
+    for (int g = 0; g < G_; ++g) answers_[g] = Answer{};
+  const bool probs = is_eval && run.oracle;
+  if (per_query_) {
+    for (int g = 0; g < G_; ++g) {
+      q_one_.row(0) = s_.queries_scaled[g].row(t - 1);
+      one_[0] = Answer{};
+      probs_one_[0] = probs ? ref_.probs_row(g, r) : nullptr;
+      run.inst[g]->attend(t, q_one_, is_eval ? &one_ : nullptr, probs ? &probs_one_ : nullptr);
+      if (is_eval) answers_[g] = std::move(one_[0]);
+    }
+    return;
+  }
+  for (int g = 0; g < G_; ++g) {
+    q_group_.row(g) = s_.queries_scaled[g].row(t - 1);
+    probs_group_[g] = probs ? ref_.probs_row(g, r) : nullptr;
+  }
+  run.inst[0]->attend(t, q_group_, is_eval ? &answers_ : nullptr, probs ? &probs_group_ : nullptr);
+}
+
+/// At an evaluated step: the memory rule on what the policy is matched on, then its rows.
+void PolicySteps::evaluated(size_t p, int64_t t, size_t r, double bytes, double loaded, std::vector<MetricRow>& out) {
+  PolicyRun& run = runs_[p];
+  const Policy& first = *run.inst[0];
+  metrics_.check_memory(p, run.memory_tokens, first, run.inst.size(), t, first.matched_on_loaded() ? loaded : bytes);
+  Evaluated e;
+  e.t = t;
+  e.r = r;
+  e.answers = &answers_;
+  for (int g = 0; g < G_; ++g) e.answered_by.push_back(run.inst[per_query_ ? g : 0].get());
+  e.cache_bytes = bytes;
+  e.loaded_bytes = loaded;
+  e.policy_ns = run.ns_since_eval / double(run.steps_since_eval);
+  metrics_.record(p, e, out);
+}
+
+}  // namespace kvsim::cell
