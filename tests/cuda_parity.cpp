@@ -132,7 +132,7 @@ memory = 0.2
     REQUIRE(a.policies[p].rows.size() == b.policies[p].rows.size());
     for (size_t i = 0; i < a.policies[p].rows.size(); ++i) {
       const MetricRow &x = a.policies[p].rows[i], &y = b.policies[p].rows[i];
-      // every policy but exact runs on the GPU in the cuda run (Policy::gpu_replay).
+      // every policy but exact runs on the GPU in the cuda run (GpuReplayable).
       REQUIRE(metric_of(x, "cache_tokens") == metric_of(y, "cache_tokens"));
       REQUIRE(metric_of(x, "cache_bytes") == metric_of(y, "cache_bytes"));
       REQUIRE(rel(metric_of(y, "rel_err"), metric_of(x, "rel_err")) <= 1e-4 + 1e-6 / std::max(metric_of(x, "rel_err"), 1e-2));

@@ -63,8 +63,8 @@ double worst_rel(const Stream& s, const std::string& name, const Params& params,
   info.n = s.K.rows();
   info.head_dim = int(s.K.cols());
   auto pol = make_policy(name, params, info);
-  REQUIRE(pol->closed_form());
-  const ClosedFormCache c = override_form ? *override_form : *pol->closed_form();
+  REQUIRE(closed_form(*pol));
+  const ClosedFormCache c = override_form ? *override_form : *closed_form(*pol);
   std::vector<const MatD*> qs;
   for (const auto& q : s.qs) qs.push_back(&q);
   MatD Z;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include "helpers.hpp"
+#include "kvsim/policies/gpu_replay.hpp"
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/policies/policy.hpp"
 #include "kvsim/core/rng.hpp"
@@ -57,7 +58,7 @@ TEST_CASE("policies: the GPU replay adapter hands a replay's answers to the engi
   prm.set("budget", int64_t(40));
   prm.set("sink", int64_t(4));
   auto cpu = make_policy("sink", prm, info);
-  const auto spec = cpu->gpu_replay();
+  const auto spec = gpu_replay(*cpu);
   REQUIRE(spec.has_value());
   CHECK(spec->kind == cuda::ReplayKind::sink);
   CHECK(spec->sink == 4);
@@ -105,11 +106,11 @@ TEST_CASE("policies: h2o's GPU replay spec carries its sizes and group_agg and i
   Params hp;
   hp.set("budget", int64_t(40));
   info.group_agg = GroupAgg::max;
-  const auto hs = make_policy("h2o", hp, info)->gpu_replay();
+  const auto hs = gpu_replay(*make_policy("h2o", hp, info));
   REQUIRE(hs.has_value());
   CHECK((hs->budget == 40 && hs->recent == 20 && hs->group_agg == hd::kAggMax));
   hp.set("score", std::string("oracle"));
-  CHECK_FALSE(make_policy("h2o", hp, info)->gpu_replay().has_value());
+  CHECK_FALSE(gpu_replay(*make_policy("h2o", hp, info)).has_value());
   CHECK_THROWS_WITH(make_gpu_replay(make_policy("h2o", hp, info), {&Q0, &Q1}, K, V, meta.softmax_scale, steps, sink_window_stand_in),
                     Catch::Matchers::Contains("no GPU replay"));
 }
@@ -205,7 +206,7 @@ TEST_CASE("policies: GPU replays of uniform buzz k-center and subgen carry tau, 
     auto cpu = make_policy(name, prm, info);
     auto gpu = make_gpu_replay(make_policy(name, prm, info), {&Q0, &Q1}, K, V, meta.softmax_scale, steps, stand_in);
     CHECK(gpu->capacity_matched() == cpu->capacity_matched());
-    const auto spec = cpu->gpu_replay();
+    const auto spec = gpu_replay(*cpu);
     REQUIRE(spec.has_value());
     check_replay_spec(name, *spec);
     MatD q(2, 16);

@@ -194,9 +194,9 @@ TEST_CASE("h2o oracle: global scores are attention column sums and eviction keep
   Params p = h2o(B);
   p.set("score", std::string("oracle"));
   auto pol = make_policy("h2o", p, info);
-  REQUIRE(pol->needs_global_scores());
+  REQUIRE(needs_global_scores(*pol));
   REQUIRE_FALSE(pol->needs_every_query());
-  pol->set_global_scores({&g});
+  set_global_scores(*pol, {&g});
   for (int64_t t = 0; t < 120; ++t) pol->observe(t, K.row(t).data(), V.row(t).data());
   std::vector<Answer> ans(1);
   pol->attend(120, MatD::Zero(1, 8), &ans, nullptr);

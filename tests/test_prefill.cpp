@@ -36,7 +36,7 @@ RunResult replay(const SynthSource& src, std::vector<PolicySpec> pols, int64_t p
 }
 
 /// A policy that streams the prompt through observe() only: its scores miss the prompt's queries.
-class ObserveOnlyPrefill final : public Policy {
+class ObserveOnlyPrefill final : public Policy, public PromptCompressor {
  public:
   explicit ObserveOnlyPrefill(std::unique_ptr<Policy> p) : p_(std::move(p)) {}
   void prefill(int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>&) override {
@@ -80,7 +80,7 @@ struct Stream {
   }
   /// The kept set answering query t (0-based) after a prefill of P and decoding up to t.
   std::vector<std::set<int64_t>> kept_sets(Policy& p, int64_t P) const {
-    p.prefill(P, K, V, {&Q0, &Q1});
+    kvsim::prefill(p, P, K, V, {&Q0, &Q1});
     std::vector<std::set<int64_t>> out;
     for (int64_t t = P; t < kN; ++t) {
       p.observe(t, K.row(t).data(), V.row(t).data());
@@ -245,7 +245,7 @@ TEST_CASE("quest: page bounds are upper bounds, answers are exact over the chose
     std::vector<Answer> a(2);
     const MatD q = s.q(t);
     p->attend(t + 1, q, &a, nullptr);
-    REQUIRE(p->loaded_bytes(kD) <= double(M) * 2 * kD * 4);
+    REQUIRE(loaded_bytes(*p, kD) <= double(M) * 2 * kD * 4);
     const int64_t pages = t / S + 1;
     REQUIRE(p->cache_bytes(kD) == double(2 * (t + 1) + 2 * pages) * kD * 4);
     // Reference: bounds per page (mean over the two heads), top pages + the current one.

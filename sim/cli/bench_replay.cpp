@@ -49,7 +49,7 @@ void bench_eps(const BenchOptions& o, BenchOut& b, double cheapest) {
 }
 
 void bench_closed_form(const BenchOptions& o, BenchOut& b) {
-  // Closed-form caches (Policy::closed_form) at n = 8192, head_dim 128, a GQA group of 2, budget 25%,
+  // Closed-form caches (ClosedFormPolicy) at n = 8192, head_dim 128, a GQA group of 2, budget 25%,
   // every step evaluated: `[eval] closed_form = "blocked"` (banded masked GEMMs) against "per_step"
   // (the instance stepped token by token), in float32 and double policy precision. Useful work per
   // step: 2 query heads × (q·k and a·v over the cached tokens) = 8 · tokens · head_dim flops.

@@ -151,7 +151,7 @@ std::vector<std::vector<int>> batched_generate(const LlamaModel& model, const st
 
 /// Closed loop of every policy on one window, all policies and the exact cache decoded as one batch:
 /// with a prompt (`[model] prefill = P`) the prompt runs once through the model's batched prefill and
-/// every cache receives it at once (Policy::prefill), then positions P.. are decoded; without, every
+/// every cache receives it at once (kvsim::prefill), then positions P.. are decoded; without, every
 /// position streams through the caches. Fills ce_exact, ce_policy, ce_increase, cache_tokens and
 /// (with `generate`) diverge_at of rows[p] for each config policy p; a non-causal oracle gets NaN.
 void closed_loop_window(const ClosedLoopConfig& c, const LlamaModel& model, const std::vector<int>& win, int threads,

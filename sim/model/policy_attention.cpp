@@ -34,7 +34,7 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
       const uint64_t head_id = per_query_ ? uint64_t(h) : uint64_t(h) + (1ULL << 32);
       info.seed = derive_seed({seed, uint64_t(l), head_id, 0, 0});
       auto p = make_policy(spec.name, spec.params, info);
-      if (p->needs_exact_probs() || p->needs_global_scores())
+      if (needs_exact_probs(*p) || needs_global_scores(*p))
         throw Error("policy '" + spec.label + "' is a non-causal oracle (it needs future or exact attention) and cannot run in a closed loop");
       pol_.push_back(std::move(p));
     }
@@ -70,7 +70,7 @@ void PolicyKVAttention::prefill_layer(int layer, const PromptTensors& prompt) {
     std::vector<const MatD*> qs;
     for (int g = 0; g < count; ++g) qs.push_back(&prompt.q[size_t(layer) * cfg_.n_heads + first + g]);
     const size_t kv = size_t(layer) * cfg_.n_kv_heads + kvh;
-    pol_[size_t(layer) * caches + c]->prefill(prefill_, prompt.k[kv], prompt.v[kv], qs);
+    kvsim::prefill(*pol_[size_t(layer) * caches + c], prefill_, prompt.k[kv], prompt.v[kv], qs);
   }
 }
 

@@ -1,6 +1,7 @@
 // `buzz`: BUZZ (Zhao et al., 2024) §3.3 Algorithms 1-2 — sink + beehive body + sliding window; see
 // include/kvsim/analysis/buzz_theorem.hpp (sim/analysis/buzz_theorem.cpp) for the body recurrence. `log_scale = true` multiplies the logits by
 // log_512(t) (BUZZ §3.5, Eq. 7-8; t = tokens so far), measured against the unscaled exact reference.
+#include "kvsim/policies/gpu_replay.hpp"
 #include "kvsim/analysis/buzz_theorem.hpp"
 
 #include <cmath>
@@ -22,7 +23,7 @@ struct Tok {
   double score = 0;
 };
 
-class BuzzPolicy final : public Policy {
+class BuzzPolicy final : public Policy, public GpuReplayable {
  public:
   BuzzPolicy(int64_t sink, int64_t window, int64_t T, int64_t stride, bool log_scale, const StreamInfo& s)
       : sink_(sink), w_(window), T_(T), s_(stride), log_scale_(log_scale), agg_(s.group_agg), d_(s.head_dim),

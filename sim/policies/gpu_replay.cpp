@@ -1,4 +1,4 @@
-// `[eval] device = "cuda"`: a policy with a GPU replay (Policy::gpu_replay: window, sink, h2o,
+// `[eval] device = "cuda"`: a policy with a GPU replay (GpuReplayable: window, sink, h2o,
 // uniform, buzz, oracle_topk, subgen_kcenter streaming, subgen) runs on the GPU for a whole cell at
 // once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands the GPU's answers to the
 // engine at the evaluated steps, so metrics, memory checks and results are computed exactly as for
@@ -8,7 +8,7 @@
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/hd.hpp"
-#include "kvsim/policies/policy.hpp"
+#include "kvsim/policies/gpu_replay.hpp"
 
 namespace kvsim {
 namespace {
@@ -109,10 +109,15 @@ class GpuReplayPolicy final : public Policy {
 
 }  // namespace
 
+std::optional<cuda::PolicyReplay> gpu_replay(const Policy& p) {
+  if (auto* g = dynamic_cast<const GpuReplayable*>(&p)) return g->gpu_replay();
+  return std::nullopt;
+}
+
 std::unique_ptr<Policy> make_gpu_replay(std::unique_ptr<Policy> cpu, std::vector<const MatF*> Q, const MatF& K,
                                         const MatF& V, double scale, std::vector<int64_t> steps, PolicyReplayFn replay) {
   if (!cpu) throw Error("gpu replay: no policy");
-  std::optional<cuda::PolicyReplay> spec = cpu->gpu_replay();
+  std::optional<cuda::PolicyReplay> spec = gpu_replay(*cpu);
   if (!spec) throw Error("gpu replay: this policy has no GPU replay");
   for (const MatF* m : Q)
     if (!m || m->rows() != K.rows() || m->cols() != K.cols()) throw Error("gpu replay: query shape differs from the keys'");

@@ -14,6 +14,7 @@
 // after attending over S_{t−1} ∪ {t}, which transiently holds B + 1).
 #include <cmath>
 
+#include "kvsim/policies/gpu_replay.hpp"
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/hd.hpp"
@@ -22,7 +23,7 @@
 namespace kvsim::policies {
 namespace {
 
-class H2OPolicy final : public ScorerPolicy {
+class H2OPolicy final : public ScorerPolicy, public GlobalScoresOracle, public GpuReplayable {
  public:
   H2OPolicy(int64_t budget, int64_t recent, bool global, const StreamInfo& s)
       : ScorerPolicy("h2o", budget, /*sink=*/0, recent, s), global_(global) {}

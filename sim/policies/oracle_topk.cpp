@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "kvsim/policies/gpu_replay.hpp"
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/hd.hpp"
@@ -15,11 +16,10 @@ namespace {
 /// attention a_t — not causal, the best any eviction of size B could keep. In kv_head mode the set is
 /// shared by the group and chosen by the group-aggregated probabilities (group_agg). It stores the
 /// whole stream internally (it is a bound, not a cache) but reports B tokens.
-class OracleTopK final : public Policy {
+class OracleTopK final : public Policy, public ExactProbsOracle, public GpuReplayable {
  public:
   OracleTopK(int64_t budget, const StreamInfo& s) : budget_(budget), agg_(s.group_agg), all_(s.n, s.head_dim) {}
   void observe(int64_t t, const float* k, const float* v) override { all_.append(t, k, v); }
-  bool needs_exact_probs() const override { return true; }
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>* probs) override {
     if (!out) return;
     if (!probs) throw Error("oracle_topk: the engine did not pass exact attention");

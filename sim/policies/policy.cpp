@@ -54,14 +54,45 @@ void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const 
   }
 }
 
-void Policy::prefill(int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled) {
+void prefill(Policy& p, int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled) {
+  if (auto* c = dynamic_cast<PromptCompressor*>(&p)) return c->prefill(P, K, V, q_scaled);
   MatD q(Eigen::Index(q_scaled.size()), K.cols());
   for (int64_t t = 1; t <= P; ++t) {
-    observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
-    if (!needs_every_query()) continue;
+    p.observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+    if (!p.needs_every_query()) continue;
     for (size_t g = 0; g < q_scaled.size(); ++g) q.row(Eigen::Index(g)) = q_scaled[g]->row(t - 1);
-    attend(t, q, nullptr, nullptr);
+    p.attend(t, q, nullptr, nullptr);
   }
+}
+
+std::optional<ClosedFormCache> closed_form(const Policy& p) {
+  if (auto* c = dynamic_cast<const ClosedFormPolicy*>(&p)) return c->closed_form();
+  return std::nullopt;
+}
+
+bool needs_exact_probs(const Policy& p) { return dynamic_cast<const ExactProbsOracle*>(&p) != nullptr; }
+
+bool needs_global_scores(const Policy& p) {
+  auto* o = dynamic_cast<const GlobalScoresOracle*>(&p);
+  return o && o->needs_global_scores();
+}
+
+void set_global_scores(Policy& p, const std::vector<const VecD*>& per_query_head) {
+  auto* o = dynamic_cast<GlobalScoresOracle*>(&p);
+  if (!o) throw Error("set_global_scores: this policy takes no global scores");
+  o->set_global_scores(per_query_head);
+}
+
+double loaded_bytes(const Policy& p, int head_dim) {
+  if (auto* l = dynamic_cast<const PartialLoad*>(&p)) return l->loaded_bytes(head_dim);
+  return p.cache_bytes(head_dim);
+}
+
+bool matched_on_loaded(const Policy& p) { return dynamic_cast<const PartialLoad*>(&p) != nullptr; }
+
+double memory_share(const Policy& p) {
+  if (auto* m = dynamic_cast<const LayerMemoryShare*>(&p)) return m->memory_share();
+  return 1.0;
 }
 
 int64_t memory_target_tokens(const Params& params, int64_t n) {

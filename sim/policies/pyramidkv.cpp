@@ -8,7 +8,7 @@
 // b_max = 2(B − w) − b_min at layer 0 down to b_min = (B − w)/β at layer L − 1, plus the window.
 // kvsim makes the total exact: b_l are rounded so that Σ_l b_l = L·(B − w), i.e. the layers hold on
 // average exactly a uniform budget B (the reference's integer steps leave the total a little above).
-// With `memory = M` each layer is checked against its own B_l (Policy::memory_share = B_l / M) and
+// With `memory = M` each layer is checked against its own B_l (LayerMemoryShare = B_l / M) and
 // the summary's per-layer cache_tokens report the budgets.
 #include <cmath>
 

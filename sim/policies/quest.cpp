@@ -10,7 +10,7 @@
 //
 // Sizes: `budget` B tokens loaded per query = ⌊B/S⌋ pages (Quest's "token budget"; the page
 // metadata is not counted, as in the paper). `memory = M` matches on *loaded* bytes instead
-// (Policy::matched_on_loaded): the metadata (one key-sized min and max per page, i.e. one token's
+// (PartialLoad): the metadata (one key-sized min and max per page, i.e. one token's
 // K+V worth per page) plus the loaded tokens never exceed M tokens' worth; with t ≤ M every token is
 // loaded with no metadata (dense). cache_bytes counts everything stored: all t tokens and the pages'
 // min/max. Stepping is stateless between queries (no score history).
@@ -24,7 +24,7 @@
 namespace kvsim::policies {
 namespace {
 
-class QuestPolicy final : public Policy {
+class QuestPolicy final : public Policy, public PartialLoad {
  public:
   /// budget ≥ page (tokens loaded, `budget` mode) or memory M (`memory` mode, the other −1); page S ≥ 1.
   QuestPolicy(int64_t budget, int64_t memory, int64_t page, const StreamInfo& s)
@@ -97,7 +97,6 @@ class QuestPolicy final : public Policy {
   int64_t cache_tokens() const override { return cache_.size(); }
   int64_t cache_vectors() const override { return 2 * cache_.size() + 2 * int64_t(lo_.size()); }
   double loaded_bytes(int head_dim) const override { return double(2 * loaded_tokens_) * head_dim * sizeof(float); }
-  bool matched_on_loaded() const override { return true; }
   bool capacity_matched() const override { return true; }
 
  private:

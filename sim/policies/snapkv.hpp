@@ -2,7 +2,7 @@
 // for Before Generation", §4.1 Algorithm 1 and Eq. 1-2) shared by `snapkv` (sim/policies/snapkv.cpp)
 // and `pyramidkv` (sim/policies/pyramidkv.cpp, which only changes the budget per layer).
 //
-// Prefill (Policy::prefill, `[data] prefill = P`): the last w prompt queries (the observation
+// Prefill (kvsim::prefill, `[data] prefill = P`): the last w prompt queries (the observation
 // window, w' = min(w, P)) vote for the P − w' earlier prompt tokens: for each query head,
 //   C(j) = Σ_{i = P−w'}^{P−1} softmax(K_{0..i} q̃_i)(j)                        (Eq. 1, summed over the window)
 // then 1-D pooling over positions (kernel k, stride 1, padding ⌊k/2⌋; "max": max_pool1d; "avg":
@@ -54,7 +54,7 @@ inline VecD snapkv_head_scores(int64_t P, int64_t w, int kernel, bool maxpool, c
   return pooled;
 }
 
-class SnapKVPolicy final : public Policy {
+class SnapKVPolicy final : public Policy, public PromptCompressor, public LayerMemoryShare {
  public:
   /// budget B ≥ 2 tokens after the prompt; window w in [1, B]; kernel k odd ≥ 1; decode_window D = −1
   /// (append every decoded token) or in [1, B]; `share` = memory_share (pyramidkv's B_l / M).

@@ -1,6 +1,7 @@
 // `subgen`: SubGen Algorithm 1 (SubGen, Zandieh et al. 2024, §2) as a cache policy. See include/kvsim/analysis/subgen_algorithm.hpp.
 #include <cmath>
 
+#include "kvsim/policies/gpu_replay.hpp"
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/analysis/subgen_algorithm.hpp"
@@ -8,7 +9,7 @@
 namespace kvsim::policies {
 namespace {
 
-class SubGenPolicy final : public Policy {
+class SubGenPolicy final : public Policy, public GpuReplayable {
  public:
   SubGenPolicy(const SubGenConfig& c, const StreamInfo& s) : seed_(s.seed), sg_(c, s.head_dim, s.seed) {}
   void observe(int64_t t, const float* k, const float* v) override { sg_.update(t, k, v); }

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kvsim/policies/gpu_replay.hpp"
 #include "factories.hpp"
 #include "kvsim/analysis/clustering.hpp"
 #include "kvsim/core/error.hpp"
@@ -25,7 +26,7 @@ struct Entry {
   double count = 1;  // keys this entry stands for
 };
 
-class KCenterPolicy final : public Policy {
+class KCenterPolicy final : public Policy, public GpuReplayable {
  public:
   KCenterPolicy(int d, int64_t recent, int64_t centers, int64_t prefill, bool streaming, bool weighted)
       : recent_(recent), k_(centers), prefill_(prefill), streaming_(streaming), weighted_(weighted), dim_(d) {}
@@ -243,7 +244,7 @@ std::unique_ptr<Policy> make_subgen_kcenter(const Params& p, const StreamInfo& s
   if (mode != "prefill" && mode != "streaming")
     throw Error("parameter 'mode' must be \"prefill\" or \"streaming\"" + p.where("mode"));
   // Prefill point: the stream's prompt ([data] prefill = P: the centers are chosen from the prompt,
-  // at the end of Policy::prefill), else when the stream first holds recent + 4·centers tokens (so the
+  // at the end of kvsim::prefill), else when the stream first holds recent + 4·centers tokens (so the
   // clustering has old tokens to choose from); a fraction of n or a token count otherwise.
   const int64_t def = s.prefill > 0 ? s.prefill : std::min<int64_t>(s.n, recent + 4 * centers);
   const int64_t prefill = p.get_budget("prefill", s.n, def);

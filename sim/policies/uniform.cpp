@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "kvsim/policies/gpu_replay.hpp"
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/hd.hpp"
@@ -15,7 +16,7 @@ namespace {
 /// with probability B/t. The partition function estimate is τ̂ = (t/B)·Σ_{j∈S} exp(<k_j, q̃>)
 /// (unbiased); the output is the softmax over the sample. Each token's draw is hd::reservoir_slot:
 /// Philox at (stream seed, token), so the GPU replay (sim/cuda/policies.cu) keeps the same samples.
-class UniformPolicy final : public Policy {
+class UniformPolicy final : public Policy, public GpuReplayable {
  public:
   UniformPolicy(int64_t budget, const StreamInfo& s)
       : budget_(budget), seed_(s.seed), cache_(budget, s.head_dim, s.policy_f32) {}

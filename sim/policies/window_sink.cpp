@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "kvsim/policies/gpu_replay.hpp"
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/hd.hpp"
@@ -13,7 +14,7 @@ namespace {
 
 /// `window` (local attention, H2O §5.1 "Local", BUZZ Fig. 1(b)) and `sink` (StreamingLLM: the first
 /// `sink` tokens plus the most recent ones; BUZZ §2, SubGen §3.2). Budget B = sink + window.
-class SinkWindowPolicy final : public Policy {
+class SinkWindowPolicy final : public Policy, public ClosedFormPolicy, public GpuReplayable {
  public:
   SinkWindowPolicy(int64_t sink, int64_t window, int d, bool f32)
       : sink_(sink), window_(window), cache_(sink + window, d, f32) {}
@@ -36,7 +37,7 @@ class SinkWindowPolicy final : public Policy {
     r.window = window_;
     return r;
   }
-  std::optional<ClosedFormCache> closed_form() const override { return ClosedFormCache{sink_, window_}; }
+  ClosedFormCache closed_form() const override { return ClosedFormCache{sink_, window_}; }
 
  private:
   int64_t sink_, window_;

@@ -12,7 +12,7 @@ void Metrics::check_memory(size_t p, int64_t memory_tokens, const Policy& first,
   if (memory_tokens <= 0) return;
   const bool capacity = first.capacity_matched();
   const double per_token = 2.0 * d_ * sizeof(float) * double(instances);
-  const int64_t M = int64_t(std::llround(double(memory_tokens) * first.memory_share()));
+  const int64_t M = int64_t(std::llround(double(memory_tokens) * memory_share(first)));
   const double target = double(capacity ? M : std::min(M, t)) * per_token;
   if (capacity ? bytes > 1.02 * target : std::abs(bytes - target) > 0.02 * target)
     throw Error("policy '" + ex_.policies[p].label + "' cannot be matched on memory" +

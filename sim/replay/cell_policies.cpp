@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "kvsim/core/rng.hpp"
+#include "kvsim/policies/gpu_replay.hpp"
 
 namespace kvsim::cell {
 namespace {
@@ -42,7 +43,7 @@ void PolicySteps::make() {
       const uint64_t head_id = per_query_ ? uint64_t(cell_.heads[i]) : uint64_t(cell_.kv_head) + (1ULL << 32);
       info.seed = derive_seed({ex_.seed, uint64_t(cell_.layer), head_id, uint64_t(p), 0});
       auto inst = make_policy(ex_.policies[p].name, ex_.policies[p].params, info);
-      if (ex_.eval.device == Device::cuda && inst->gpu_replay()) {
+      if (ex_.eval.device == Device::cuda && gpu_replay(*inst)) {
         std::vector<const MatF*> qs;
         for (int g : heads_of(size_t(i))) qs.push_back(&s_.queries32[g]);
         inst = make_gpu_replay(std::move(inst), std::move(qs), s_.keys32, s_.values32, scale_, eval_steps(ex_.eval, n_));
@@ -51,27 +52,27 @@ void PolicySteps::make() {
     }
     runs_[p].every = runs_[p].inst[0]->needs_every_query();
     runs_[p].memory_tokens = memory_target_tokens(ex_.policies[p].params, n_);
-    runs_[p].oracle = runs_[p].inst[0]->needs_exact_probs();
-    if (ex_.eval.closed_form == ClosedFormMode::blocked) runs_[p].closed = runs_[p].inst[0]->closed_form();
+    runs_[p].oracle = needs_exact_probs(*runs_[p].inst[0]);
+    if (ex_.eval.closed_form == ClosedFormMode::blocked) runs_[p].closed = closed_form(*runs_[p].inst[0]);
   }
 }
 
 void PolicySteps::global_scores() {
   bool want = false;
-  for (auto& run : runs_) want |= run.inst[0]->needs_global_scores();
+  for (auto& run : runs_) want |= needs_global_scores(*run.inst[0]);
   if (!want) return;
   const std::vector<VecD> global = ref_.global_scores();
   for (auto& run : runs_) {
-    if (!run.inst[0]->needs_global_scores()) continue;
+    if (!needs_global_scores(*run.inst[0])) continue;
     for (size_t i = 0; i < run.inst.size(); ++i) {
       std::vector<const VecD*> mine;
       for (int g : heads_of(i)) mine.push_back(&global[g]);
-      run.inst[i]->set_global_scores(mine);
+      set_global_scores(*run.inst[i], mine);
     }
   }
 }
 
-/// `[data] prefill = P`: the prompt's P tokens to every instance at once (Policy::prefill; its time
+/// `[data] prefill = P`: the prompt's P tokens to every instance at once (kvsim::prefill; its time
 /// counts as P steps of policy_ns).
 void PolicySteps::prefill(PolicyRun& run) {
   const int64_t P = ex_.data.prefill;
@@ -79,7 +80,7 @@ void PolicySteps::prefill(PolicyRun& run) {
   for (size_t i = 0; i < run.inst.size(); ++i) {
     std::vector<const MatD*> qs;
     for (int g : heads_of(i)) qs.push_back(&s_.queries_scaled[g]);
-    run.inst[i]->prefill(P, s_.keys32, s_.values32, qs);
+    kvsim::prefill(*run.inst[i], P, s_.keys32, s_.values32, qs);
   }
   run.ns_since_eval += ns_since(t0);
   run.steps_since_eval += P;

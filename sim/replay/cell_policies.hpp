@@ -15,7 +15,7 @@ struct PolicyRun {
   bool every = false, oracle = false;
   int64_t t = 0;                          // tokens observed so far
   int64_t memory_tokens = -1;             // equal-memory target (param `memory`), −1 = none
-  std::optional<ClosedFormCache> closed;  // replayed in blocks (Policy::closed_form), never stepped
+  std::optional<ClosedFormCache> closed;  // replayed in blocks (ClosedFormPolicy), never stepped
   double ns_since_eval = 0;
   int64_t steps_since_eval = 0;
 };

@@ -29,7 +29,7 @@ void PolicySteps::step(size_t p, const std::vector<int64_t>& block, std::vector<
     double bytes = 0, loaded = 0;
     for (auto& inst : run.inst) {
       bytes += inst->cache_bytes(d_);
-      loaded += inst->loaded_bytes(d_);
+      loaded += loaded_bytes(*inst, d_);
     }
     evaluated(p, t, r, bytes, loaded, out);
     run.ns_since_eval = 0;
@@ -91,7 +91,7 @@ void PolicySteps::attend(PolicyRun& run, int64_t t, bool is_eval, size_t r) {
 void PolicySteps::evaluated(size_t p, int64_t t, size_t r, double bytes, double loaded, std::vector<MetricRow>& out) {
   PolicyRun& run = runs_[p];
   const Policy& first = *run.inst[0];
-  metrics_.check_memory(p, run.memory_tokens, first, run.inst.size(), t, first.matched_on_loaded() ? loaded : bytes);
+  metrics_.check_memory(p, run.memory_tokens, first, run.inst.size(), t, matched_on_loaded(first) ? loaded : bytes);
   Evaluated e;
   e.t = t;
   e.r = r;

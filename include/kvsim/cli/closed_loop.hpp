@@ -19,7 +19,7 @@ struct ClosedLoopConfig {
   int windows = 1;        ///< consecutive windows of the tokenized text
   double text_tail = 0;   ///< > 0: windows from the text's last share of tokens (held-out split)
   int generate = 0;       ///< > 0: also greedy-generate this many tokens from each window's prompt
-  /// > 0: each window's first `prefill` tokens are the prompt (exact attention, then Policy::prefill);
+  /// > 0: each window's first `prefill` tokens are the prompt (exact attention, then kvsim::prefill);
   /// cross-entropy is scored on the decoded positions only and generation starts from this prompt
   /// (0: no prompt; generation starts from the first 16 tokens).
   int prefill = 0;

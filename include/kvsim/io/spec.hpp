@@ -26,7 +26,7 @@ struct DataSpec {
   std::vector<int> heads;        ///< query heads; empty = all
   int64_t tokens = 0;            ///< replay only the first `tokens` (0 = all)
   /// Prefill then decode (`[data] prefill = P`, docs/architecture.md, a replay step by step): tokens 1..P are the prompt, which every
-  /// policy receives at once (Policy::prefill); decoding streams t = P+1..n and `eval.from` defaults
+  /// policy receives at once (kvsim::prefill); decoding streams t = P+1..n and `eval.from` defaults
   /// to P+1. 0 = no prompt.
   int64_t prefill = 0;
 };
@@ -41,7 +41,7 @@ struct EvalSpec {
   Precision policy_precision = Precision::float64;
   /// "cpu" (default) or "cuda": where the exact reference runs (include/kvsim/cuda/cuda.hpp; fp32 on the
   /// GPU, so reference-relative metrics carry ~1e-5 of its rounding). Policies with a GPU replay
-  /// (Policy::gpu_replay: all but subgen_kcenter prefill and h2o oracle scores) run there
+  /// (GpuReplayable: all but subgen_kcenter prefill and h2o oracle scores) run there
   /// too (sim/policies/gpu_replay.cpp).
   Device device = Device::cpu;
   /// "float64" (default; ≤ 1e-6 of long double, docs/theory.md) or "float32": arithmetic of the CPU exact
@@ -49,7 +49,7 @@ struct EvalSpec {
   /// which the exact policy's metrics then show). Metrics and τ's sum stay double.
   Precision reference_precision = Precision::float64;
   /// "blocked" (default) or "per_step": how the CPU path replays caches whose content is a closed form
-  /// of the step (Policy::closed_form: window, sink) — a block of evaluated steps through banded
+  /// of the step (ClosedFormPolicy: window, sink) — a block of evaluated steps through banded
   /// masked GEMMs (include/kvsim/replay/banded.hpp; equal to per-step within 1e-12 in double, 1e-5
   /// in float32), or the policy instance stepped token by token like every other policy.
   ClosedFormMode closed_form = ClosedFormMode::blocked;

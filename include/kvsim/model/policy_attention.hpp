@@ -12,7 +12,7 @@
 
 namespace kvsim {
 
-/// A prompt's tensors per head, in the form Policy::prefill takes them: built once from the model's
+/// A prompt's tensors per head, in the form kvsim::prefill takes them: built once from the model's
 /// batched prefill and handed to every policy's cache (PolicyKVAttention::load_prompt).
 struct PromptTensors {
   int64_t P = 0;
@@ -30,7 +30,7 @@ PromptTensors prompt_tensors(const LlamaModel& model, const std::vector<int>& pr
 /// refused: they need the future. Seeds derive from (seed, layer, head, 0) like the replay engine.
 /// With `prefill` = P ≥ 1 (`[model] prefill`), positions 0..P−1 are the prompt: they attend exactly
 /// over the prompt so far (a real prefill computes full attention), and at position P−1 every cache
-/// receives the prompt's keys, values and scaled queries at once (Policy::prefill); decoding from
+/// receives the prompt's keys, values and scaled queries at once (kvsim::prefill); decoding from
 /// position P goes through the policies.
 class PolicyKVAttention final : public KVAttention {
  public:
@@ -38,16 +38,16 @@ class PolicyKVAttention final : public KVAttention {
                     GqaMode gqa = GqaMode::kv_head, GroupAgg group_agg = GroupAgg::mean, int64_t prefill = 0);
   void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override;
   /// The prompt at once (instead of feeding positions 0..P−1 through attend): every cache receives
-  /// Policy::prefill with the prompt's keys, values and scaled queries; decoding then starts at
+  /// kvsim::prefill with the prompt's keys, values and scaled queries; decoding then starts at
   /// position P. Requires prompt.P = the constructor's `prefill`; throws kvsim::Error otherwise.
   void load_prompt(const PromptTensors& prompt);
   /// Mean cached tokens per (layer, cache) now.
   double mean_cache_tokens() const;
 
  private:
-  /// A prompt position: exact attention over the buffered prompt, then Policy::prefill at its end.
+  /// A prompt position: exact attention over the buffered prompt, then kvsim::prefill at its end.
   void attend_prompt(int layer, int pos, const float* q, const float* k, const float* v, float* out);
-  /// Policy::prefill of every cache of `layer` with the prompt's tensors (the prompt's end).
+  /// kvsim::prefill of every cache of `layer` with the prompt's tensors (the prompt's end).
   void prefill_layer(int layer, const PromptTensors& prompt);
 
   LlamaConfig cfg_;

@@ -20,7 +20,6 @@
 
 #include "kvsim/core/choices.hpp"
 #include "kvsim/core/params.hpp"
-#include "kvsim/cuda/cuda.hpp"
 #include "kvsim/core/hd.hpp"
 #include "kvsim/core/types.hpp"
 
@@ -40,7 +39,7 @@ struct StreamInfo {
   /// that depend on the real n (SubGen's sample bounds) wait for the replay.
   bool config_check = false;
   /// `[data] prefill = P` (docs/architecture.md, a replay step by step, prefill then decode): tokens 1..P are the prompt, handed to
-  /// Policy::prefill at once; decoding streams t = P+1..n. 0 = no prompt (every token streams).
+  /// kvsim::prefill at once; decoding streams t = P+1..n. 0 = no prompt (every token streams).
   int64_t prefill = 0;
   int layer = 0;     ///< this cache's layer (0-based) ...
   int n_layers = 1;  ///< ... of the model's n_layers (PyramidKV's layer budgets)
@@ -56,34 +55,29 @@ struct Answer {
 
 /// A cache whose content at every step is a closed form of the step: after t tokens it holds the
 /// first `sink` tokens and the last `window` ones, [0, min(sink, t)) ∪ [max(sink, t − window), t)
-/// (window: sink = 0; StreamingLLM's sink). See Policy::closed_form.
+/// (window: sink = 0; StreamingLLM's sink). See ClosedFormPolicy.
 struct ClosedFormCache {
   int64_t sink = 0;
   int64_t window = 0;
 };
 
+/// A KV-cache policy: what every policy implements. Optional capabilities are separate interfaces
+/// a policy class derives from as well (below: PromptCompressor, ClosedFormPolicy, ExactProbsOracle,
+/// GlobalScoresOracle, PartialLoad, LayerMemoryShare; the GPU replay's GpuReplayable lives in
+/// include/kvsim/policies/gpu_replay.hpp, so a plain policy neither sees nor compiles against CUDA).
+/// The engine asks for them with the free functions after these classes.
 class Policy {
  public:
   virtual ~Policy() = default;
   virtual void observe(int64_t t, const float* k, const float* v) = 0;
   /// `q_scaled` is [n_queries, head_dim] = softmax_scale · q. `exact_probs[i]`, when given (only to
-  /// non-causal oracle baselines that declare needs_exact_probs(), and only at evaluated steps),
-  /// points at the exact a_t (length t) of query i.
+  /// ExactProbsOracle baselines, and only at evaluated steps), points at the exact a_t (length t) of
+  /// query i.
   virtual void attend(int64_t t, const MatD& q_scaled, std::vector<Answer>* answers,
                       const std::vector<const double*>* exact_probs) = 0;
-  /// Prefill (`[data] prefill = P`): the prompt's P tokens at once, before decoding step P+1.
-  /// K, V are [≥ P, head_dim] (rows 0..P−1 are the prompt); q_scaled[i] is [≥ P, head_dim], the
-  /// scaled queries of the i-th query head this instance answers (rows 0..P−1). The default streams
-  /// the prompt through observe() (and attend() without answers when needs_every_query()), exactly as
-  /// without a prefill; prompt-compressing policies (snapkv, pyramidkv, subgen_kcenter) override it.
-  virtual void prefill(int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled);
+  /// True when attend() must see every step's query (score-based policies); otherwise it is called
+  /// only at evaluated steps.
   virtual bool needs_every_query() const { return false; }
-  virtual bool needs_exact_probs() const { return false; }
-  /// Non-causal oracles that rank tokens by the attention of *all* queries (H2O's "global" heavy
-  /// hitters, H2O §3 / Fig. 2) declare this; the engine then calls set_global_scores once before
-  /// the stream with, per query head answered, g(j) = Σ_{i ≥ j} a_i(j) over the whole stream.
-  virtual bool needs_global_scores() const { return false; }
-  virtual void set_global_scores(const std::vector<const VecD*>& /*per_query_head*/) {}
   /// Tokens held in the cache now.
   virtual int64_t cache_tokens() const = 0;
   /// Stored vectors of dimension head_dim now (keys + values + representatives...).
@@ -91,15 +85,6 @@ class Policy {
   /// Bytes held now (cache_bytes, docs/policies.md): stored vectors × head_dim × 4 (float32, kvsim's full
   /// precision); quantized caches (kivi) count their codes, scales and zero points instead.
   virtual double cache_bytes(int head_dim) const { return double(cache_vectors()) * head_dim * sizeof(float); }
-  /// Bytes read to answer one query (loaded_bytes, docs/policies.md): the whole cache for every policy but
-  /// those that load part of what they store (quest: the page metadata and the selected pages).
-  virtual double loaded_bytes(int head_dim) const { return cache_bytes(head_dim); }
-  /// True when `memory = M` is matched on loaded_bytes instead of cache_bytes (quest stores the
-  /// whole stream and loads M tokens' worth).
-  virtual bool matched_on_loaded() const { return false; }
-  /// This cache's share of the equal-memory target M (PyramidKV's layer budgets: the layers' shares
-  /// average to 1 over the model's layers); 1 for every uniform policy.
-  virtual double memory_share() const { return 1.0; }
   /// Number of key clusters the policy maintains (SubGen's m', k-center's centers); NaN if none.
   virtual double clusters() const { return std::numeric_limits<double>::quiet_NaN(); }
   /// Equal-memory matching rule under `memory = M`: false (default) — the cache holds exactly
@@ -108,30 +93,79 @@ class Policy {
   /// on *capacity*: it never stores more than M tokens' worth (+2%), and its mean occupancy
   /// (summary cache_bytes) shows how much of M it actually uses.
   virtual bool capacity_matched() const { return false; }
-  /// The policy's GPU replay (include/kvsim/cuda/cuda.hpp), if it has one: with `[eval] device = "cuda"`
-  /// the engine then replays the whole stream on the GPU (sim/policies/gpu_replay.cpp) instead of
-  /// stepping this instance. Sizes come from the instance, so parameters are parsed once.
-  virtual std::optional<cuda::PolicyReplay> gpu_replay() const { return std::nullopt; }
-  /// Declared by policies whose kept set at step t is a closed form of t (ClosedFormCache) and whose
-  /// answer is exact attention over it, in the stream and after a prefill alike, with no state beyond
-  /// it. The CPU engine then answers a block of evaluated steps at once with banded masked GEMMs
-  /// (include/kvsim/replay/banded.hpp; `[eval] closed_form = "per_step"` turns that off) and never
-  /// steps the instance: its cache size is the closed form's min(t, sink + window) tokens.
-  virtual std::optional<ClosedFormCache> closed_form() const { return std::nullopt; }
 };
 
-/// `cpu` (a policy with gpu_replay()) replayed on the GPU by cuda::replay_policy for one cell: the
-/// first observe() runs the whole stream of its query heads (Q: one [n, d] matrix per head,
-/// unscaled; K, V [n, d]); attend() then returns the GPU's answers (and uniform's τ̂) at the
-/// evaluated `steps`; capacity_matched() is `cpu`'s. The referenced matrices must outlive it.
-/// `replay` defaults to cuda::replay_policy (tests pass a CPU stand-in with the same contract).
-using PolicyReplayFn = std::function<void(const cuda::PolicyReplay&, const float* Q, const float* K, const float* V,
-                                          int kv_heads, int group, int64_t n, int d, double scale,
-                                          const std::vector<int64_t>& steps, std::vector<float>& z,
-                                          std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap)>;
-std::unique_ptr<Policy> make_gpu_replay(std::unique_ptr<Policy> cpu, std::vector<const MatF*> Q, const MatF& K,
-                                        const MatF& V, double scale, std::vector<int64_t> steps,
-                                        PolicyReplayFn replay = {});
+/// Compresses a prompt at prefill (`[data] prefill = P`: snapkv, pyramidkv): receives the prompt's P
+/// tokens at once, before decoding step P+1. K, V are [≥ P, head_dim] (rows 0..P−1 are the prompt);
+/// q_scaled[i] is [≥ P, head_dim], the scaled queries of the i-th query head this instance answers.
+class PromptCompressor {
+ public:
+  virtual ~PromptCompressor() = default;
+  virtual void prefill(int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled) = 0;
+};
+
+/// A cache whose kept set at step t is a closed form of t (ClosedFormCache) and whose answer is
+/// exact attention over it, in the stream and after a prefill alike, with no state beyond it. The
+/// CPU engine then answers a block of evaluated steps at once with banded masked GEMMs
+/// (include/kvsim/replay/banded.hpp; `[eval] closed_form = "per_step"` turns that off) and never
+/// steps the instance: its cache size is the closed form's min(t, sink + window) tokens.
+class ClosedFormPolicy {
+ public:
+  virtual ~ClosedFormPolicy() = default;
+  virtual ClosedFormCache closed_form() const = 0;
+};
+
+/// A non-causal oracle baseline that reads the exact attention row a_t at evaluated steps
+/// (oracle_topk): the engine passes it as attend()'s `exact_probs`.
+class ExactProbsOracle {
+ public:
+  virtual ~ExactProbsOracle() = default;
+};
+
+/// A non-causal oracle that ranks tokens by the attention of *all* queries (H2O's "global" heavy
+/// hitters, H2O §3 / Fig. 2): when needs_global_scores(), the engine calls set_global_scores once
+/// before the stream with, per query head answered, g(j) = Σ_{i ≥ j} a_i(j) over the whole stream.
+class GlobalScoresOracle {
+ public:
+  virtual ~GlobalScoresOracle() = default;
+  virtual bool needs_global_scores() const = 0;
+  virtual void set_global_scores(const std::vector<const VecD*>& per_query_head) = 0;
+};
+
+/// A cache that loads part of what it stores to answer a query (quest: the page metadata and the
+/// selected pages); `memory = M` is then matched on loaded_bytes instead of cache_bytes.
+class PartialLoad {
+ public:
+  virtual ~PartialLoad() = default;
+  /// Bytes read to answer one query (loaded_bytes, docs/policies.md).
+  virtual double loaded_bytes(int head_dim) const = 0;
+};
+
+/// A cache whose share of the equal-memory target M depends on its layer (PyramidKV's layer budgets:
+/// the layers' shares average to 1 over the model's layers).
+class LayerMemoryShare {
+ public:
+  virtual ~LayerMemoryShare() = default;
+  virtual double memory_share() const = 0;
+};
+
+/// The prompt's P tokens to `p`: PromptCompressor::prefill, or, for every other policy, the prompt
+/// streamed through observe() (and attend() without answers when needs_every_query()), exactly as
+/// without a prefill.
+void prefill(Policy& p, int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled);
+/// `p`'s closed form if it is a ClosedFormPolicy.
+std::optional<ClosedFormCache> closed_form(const Policy& p);
+bool needs_exact_probs(const Policy& p);
+/// True when `p` is a GlobalScoresOracle that asks for the scores (h2o with score = "oracle").
+bool needs_global_scores(const Policy& p);
+/// GlobalScoresOracle::set_global_scores; throws kvsim::Error for any other policy.
+void set_global_scores(Policy& p, const std::vector<const VecD*>& per_query_head);
+/// Bytes read to answer one query: PartialLoad's, else cache_bytes.
+double loaded_bytes(const Policy& p, int head_dim);
+/// True when `memory = M` is matched on loaded_bytes (a PartialLoad cache) instead of cache_bytes.
+bool matched_on_loaded(const Policy& p);
+/// This cache's share of M: LayerMemoryShare's, else 1.
+double memory_share(const Policy& p);
 
 /// Combines a KV group's per-query-head vectors (attention, scores) by `group_agg` (docs/policies.md):
 /// "sum" and "mean" add them ("mean" divides by the count in result()), "max" takes the elementwise

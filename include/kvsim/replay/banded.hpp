@@ -1,4 +1,4 @@
-// kvsim: caches whose content is a closed form of the step (Policy::closed_form: window, sink)
+// kvsim: caches whose content is a closed form of the step (ClosedFormPolicy: window, sink)
 // answered for a block of evaluated steps at once — a banded, masked attention through two GEMMs
 // instead of two matrix-vector products per step and query head.
 //

@@ -35,7 +35,7 @@ class MetricContext {
   double log_tau = 0;                ///< log τ_t = log Σ_{j ≤ t} e^{<k_j, q̃_t>}
   double v_opnorm = 0;               ///< ‖V_{1..t}‖_op
   double cache_bytes = 0;            ///< the cell's stored vectors × head_dim × 4 bytes (all instances)
-  double loaded_bytes = 0;           ///< bytes read to answer the query (all instances; Policy::loaded_bytes)
+  double loaded_bytes = 0;           ///< bytes read to answer the query (all instances; PartialLoad)
   double policy_ns = 0;              ///< mean policy time per step since the last evaluated step
   // H2O objectives (H2O §4.1): on when `objectives`; the facility-location triple only at steps
   // `objectives_due`. `attn_all` is [T_obj, T_obj] full causal attention; `greedy_cache` memoizes
