@@ -6,7 +6,10 @@
      Python: the ast);
   3. layers: sim/<layer>/ and include/kvsim/<layer>/ include only their own layer and lower ones:
      core < io, cuda < analysis < policies < replay, model < cli < python (io and cuda, replay and model do
-     not include each other).
+     not include each other);
+  4. a plain policy does not compile against CUDA: the headers every policy file sees
+     (include/kvsim/policies/policy.hpp and registry.hpp, sim/policies/factories.hpp and scorer.hpp)
+     never reach include/kvsim/cuda/ through their includes; only gpu_replay.hpp does.
 
 Usage: layout_test.py REPO_ROOT  (exit 1 listing every violation)
        layout_test.py --self-test (the checks flag a planted long function and a bad include)
@@ -134,8 +137,44 @@ def check_file(root, rel, problems):
                 problems.append(f"{rel}: layer '{layer}' includes kvsim/{other}/ (a higher or sibling layer)")
 
 
+PLAIN_POLICY_HEADERS = ("include/kvsim/policies/policy.hpp", "include/kvsim/policies/registry.hpp",
+                        "sim/policies/factories.hpp", "sim/policies/scorer.hpp")
+
+
+def reaches_cuda(root, rel, seen=None):
+    """The include chain from `rel` to a kvsim/cuda/ header, or None (quoted includes resolved
+    against include/ and the including file's folder)."""
+    seen = set() if seen is None else seen
+    if rel in seen:
+        return None
+    seen.add(rel)
+    path = os.path.join(root, rel)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = strip_cpp_keep_includes(f.read())
+    for m in re.finditer(r'#include\s+"([^"]+)"', text):
+        inc = m.group(1)
+        if inc.startswith("kvsim/cuda/"):
+            return [rel, inc]
+        for cand in (os.path.join("include", inc), os.path.normpath(os.path.join(os.path.dirname(rel), inc))):
+            chain = reaches_cuda(root, cand, seen)
+            if chain:
+                return [rel] + chain
+    return None
+
+
+def strip_cpp_keep_includes(text):
+    """Comments removed, include lines kept (strip_cpp blanks their string literals)."""
+    return re.sub(r"//[^\n]*", "", text)
+
+
 def check_tree(root):
     problems = []
+    for rel in PLAIN_POLICY_HEADERS:
+        chain = reaches_cuda(root, rel)
+        if chain:
+            problems.append(f"{rel}: a plain policy header reaches the CUDA API: {' -> '.join(chain)}")
     for top in SOURCE_DIRS:
         for d, _, names in os.walk(os.path.join(root, top)):
             for n in sorted(names):
@@ -163,7 +202,20 @@ def self_test():
     assert any("function f is 88 lines" in p for p in problems), problems
     assert any("includes kvsim/replay/" in p for p in problems), problems
     assert not any("good.cpp" in p for p in problems), problems
-    print("layout_test: self-test flags a long function and an upward include, and nothing else")
+    with tempfile.TemporaryDirectory() as root:  # policy.hpp -> hd.hpp -> cuda.hpp is flagged
+        os.makedirs(os.path.join(root, "include", "kvsim", "policies"))
+        os.makedirs(os.path.join(root, "include", "kvsim", "core"))
+        with open(os.path.join(root, "include", "kvsim", "policies", "policy.hpp"), "w") as f:
+            f.write('#include "kvsim/core/hd.hpp"\n')
+        with open(os.path.join(root, "include", "kvsim", "core", "hd.hpp"), "w") as f:
+            f.write('// #include "kvsim/cuda/not_really.hpp"\n#include "kvsim/cuda/cuda.hpp"\n')
+        chain = reaches_cuda(root, "include/kvsim/policies/policy.hpp")
+        assert chain == ["include/kvsim/policies/policy.hpp", "include/kvsim/core/hd.hpp", "kvsim/cuda/cuda.hpp"], chain
+        with open(os.path.join(root, "include", "kvsim", "core", "hd.hpp"), "w") as f:
+            f.write('// #include "kvsim/cuda/cuda.hpp"\n')
+        assert reaches_cuda(root, "include/kvsim/policies/policy.hpp") is None
+    print("layout_test: self-test flags a long function, an upward include and a policy header reaching CUDA, "
+          "and nothing else")
 
 
 def main():

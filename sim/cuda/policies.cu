@@ -36,12 +36,12 @@ namespace {
 
 /// The device copies of a replay's inputs and outputs (replay_policy's layout).
 struct ReplayBuffers {
-  DeviceBuffer<float> dq, dk, dv, dz;
-  DeviceBuffer<double> dls;
-  DeviceBuffer<long long> dkept, dst;
+  DeviceBuffer<float> d_queries, d_keys, d_values, d_answers;
+  DeviceBuffer<double> d_log_sum;
+  DeviceBuffer<long long> d_kept, d_steps;
   ReplayBuffers(int H, int kv_heads, int64_t n, int d, int rows, long long cap)
-      : dq(size_t(H) * n * d), dk(size_t(kv_heads) * n * d), dv(size_t(kv_heads) * n * d), dz(size_t(H) * rows * d),
-        dls(size_t(H) * rows), dkept(size_t(kv_heads) * rows * cap), dst(size_t(rows)) {}
+      : d_queries(size_t(H) * n * d), d_keys(size_t(kv_heads) * n * d), d_values(size_t(kv_heads) * n * d), d_answers(size_t(H) * rows * d),
+        d_log_sum(size_t(H) * rows), d_kept(size_t(kv_heads) * rows * cap), d_steps(size_t(rows)) {}
 };
 
 /// The kept-slot capacity of `p` after checking its sizes and the shapes; throws kvsim::Error.
@@ -76,17 +76,17 @@ long long validate_replay(const cuda::PolicyReplay& p, int kv_heads, int group, 
 void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d,
                       double scale, int rows, long long cap) {
   using cuda::ReplayKind;
-  auto &dq = b.dq, &dk = b.dk, &dv = b.dv, &dz = b.dz;
-  auto& dls = b.dls;
-  auto &dkept = b.dkept, &dst = b.dst;
+  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values, &d_answers = b.d_answers;
+  auto& d_log_sum = b.d_log_sum;
+  auto &d_kept = b.d_kept, &d_steps = b.d_steps;
   const size_t qbytes = size_t(d) * sizeof(float);
   std::unique_ptr<DeviceBuffer<double>> bias;
   if (p.kind == ReplayKind::subgen_kcenter) {
     bias = std::make_unique<DeviceBuffer<double>>(size_t(kv_heads) * rows * cap);
     DeviceBuffer<int64_t> ids(size_t(kv_heads) * (p.budget + 1));
     DeviceBuffer<double> counts(size_t(kv_heads) * (p.budget + 1));
-    kcenter_select_kernel<<<kv_heads, kPolicyThreads>>>(dk.p, n, d, p.recent, p.budget, p.weighted, dst.p, rows, cap,
-                                                        ids.p, counts.p, dkept.p, bias->p);
+    kcenter_select_kernel<<<kv_heads, kPolicyThreads>>>(d_keys.p, n, d, p.recent, p.budget, p.weighted, d_steps.p, rows, cap,
+                                                        ids.p, counts.p, d_kept.p, bias->p);
     check(cudaGetLastError(), "kcenter_select_kernel launch");
     sync("kcenter_select_kernel");
   } else if (p.kind == ReplayKind::oracle_topk) {
@@ -95,12 +95,12 @@ void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_head
     while (n_pad < n) n_pad <<= 1;
     const long long per_row = 24 * n_pad * kv_heads;
     const int chunk = int(std::max<long long>(1, std::min<long long>(rows, (1ll << 30) / per_row)));
-    DeviceBuffer<double> sc(size_t(chunk) * kv_heads * n_pad), lgd(size_t(chunk) * kv_heads * n_pad);
+    DeviceBuffer<double> score_scratch(size_t(chunk) * kv_heads * n_pad), logit_scratch(size_t(chunk) * kv_heads * n_pad);
     DeviceBuffer<long long> idx(size_t(chunk) * kv_heads * n_pad);
     for (int r0 = 0; r0 < rows; r0 += chunk) {
       const int cr = std::min(chunk, rows - r0);
       oracle_select_kernel<<<dim3(cr, kv_heads), kPolicyThreads, size_t(d) * sizeof(double)>>>(
-          dq.p, dk.p, group, n, d, scale, cap, p.group_agg, dst.p, rows, r0, n_pad, sc.p, lgd.p, idx.p, dkept.p);
+          d_queries.p, d_keys.p, group, n, d, scale, cap, p.group_agg, d_steps.p, rows, r0, n_pad, score_scratch.p, logit_scratch.p, idx.p, d_kept.p);
       check(cudaGetLastError(), "oracle_select_kernel launch");
     }
     sync("oracle_select_kernel");
@@ -109,34 +109,34 @@ void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_head
     const std::vector<unsigned long long> sd(p.seeds.begin(), p.seeds.end());
     seeds.upload(sd.data(), sd.size(), "copy seeds");
     DeviceBuffer<long long> pos(size_t(kv_heads) * cap);
-    uniform_select_kernel<<<kv_heads, kPolicyThreads>>>(seeds.p, cap, dst.p, rows, pos.p, dkept.p);
+    uniform_select_kernel<<<kv_heads, kPolicyThreads>>>(seeds.p, cap, d_steps.p, rows, pos.p, d_kept.p);
     check(cudaGetLastError(), "uniform_select_kernel launch");
     sync("uniform_select_kernel");
   } else {
-    sink_window_select_kernel<<<dim3(rows, kv_heads), kPolicyThreads>>>(p.sink, p.window, dst.p, rows, dkept.p);
+    sink_window_select_kernel<<<dim3(rows, kv_heads), kPolicyThreads>>>(p.sink, p.window, d_steps.p, rows, d_kept.p);
     check(cudaGetLastError(), "sink_window_select_kernel launch");
   }
-  DeviceBuffer<float> lg(size_t(kv_heads) * rows * cap);
-  kept_attend_kernel<<<dim3(rows, kv_heads), kPolicyThreads, qbytes>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), dst.p,
-                                                                       rows, dkept.p, cap, bias ? bias->p : nullptr,
-                                                                       dz.p, dls.p, lg.p);
+  DeviceBuffer<float> logits(size_t(kv_heads) * rows * cap);
+  kept_attend_kernel<<<dim3(rows, kv_heads), kPolicyThreads, qbytes>>>(d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), d_steps.p,
+                                                                       rows, d_kept.p, cap, bias ? bias->p : nullptr,
+                                                                       d_answers.p, d_log_sum.p, logits.p);
   check(cudaGetLastError(), "kept_attend_kernel launch");
   sync("kept_attend_kernel");
 }
 
 void replay_h2o(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d, double scale,
                 int rows, long long cap) {
-  auto &dq = b.dq, &dk = b.dk, &dv = b.dv, &dz = b.dz;
-  auto& dls = b.dls;
-  auto &dkept = b.dkept, &dst = b.dst;
+  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values, &d_answers = b.d_answers;
+  auto& d_log_sum = b.d_log_sum;
+  auto &d_kept = b.d_kept, &d_steps = b.d_steps;
   const size_t qbytes = size_t(d) * sizeof(float);
   DeviceBuffer<long long> pos(size_t(kv_heads) * cap);
-  DeviceBuffer<double> score(size_t(kv_heads) * cap), pr(size_t(kv_heads) * cap);
-  DeviceBuffer<float> lg(size_t(kv_heads) * group * cap);
+  DeviceBuffer<double> score(size_t(kv_heads) * cap), probs(size_t(kv_heads) * cap);
+  DeviceBuffer<float> logits(size_t(kv_heads) * group * cap);
   DeviceFlag err;
-  h2o_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), cap, p.recent,
-                                                   p.group_agg, dst.p, rows, dz.p, dls.p, dkept.p, pos.p, score.p,
-                                                   pr.p, lg.p, err.buf.p);
+  h2o_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), cap, p.recent,
+                                                   p.group_agg, d_steps.p, rows, d_answers.p, d_log_sum.p, d_kept.p, pos.p, score.p,
+                                                   probs.p, logits.p, err.buf.p);
   check(cudaGetLastError(), "h2o_kernel launch");
   sync("h2o_kernel");
   if (err.raised()) throw Error("cuda::replay_policy: h2o found no evictable token (recent window ≥ budget)");
@@ -144,9 +144,9 @@ void replay_h2o(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int
 
 void replay_subgen(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d,
                    double scale, int rows) {
-  auto &dq = b.dq, &dk = b.dk, &dv = b.dv, &dz = b.dz;
-  auto& dls = b.dls;
-  auto &dkept = b.dkept, &dst = b.dst;
+  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values, &d_answers = b.d_answers;
+  auto& d_log_sum = b.d_log_sum;
+  auto &d_kept = b.d_kept, &d_steps = b.d_steps;
   // Clusters: at most max_clusters + 1 (the cap) or n (Algorithm 1 as published).
   const long long cap_m = p.max_clusters > 0 ? std::min<long long>(p.max_clusters + 1, n) : n;
   const double bytes = double(kv_heads) * (double(cap_m) * (3 * 8 + 16 * p.t) + 24.0 * p.s);
@@ -158,12 +158,12 @@ void replay_subgen(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, 
   const std::vector<unsigned long long> sd(p.seeds.begin(), p.seeds.end());
   seeds.upload(sd.data(), sd.size(), "copy seeds");
   DeviceBuffer<long long> rep(size_t(kv_heads) * cap_m), cnt(size_t(kv_heads) * cap_m), keep(size_t(kv_heads) * cap_m),
-      samp(size_t(kv_heads) * cap_m * p.t), midx(size_t(kv_heads) * p.s);
-  DeviceBuffer<double> mvsq(size_t(kv_heads) * p.s), lgs(size_t(kv_heads) * (cap_m * p.t + p.s));
+      cluster_samples(size_t(kv_heads) * cap_m * p.t), product_samples(size_t(kv_heads) * p.s);
+  DeviceBuffer<double> sample_norms(size_t(kv_heads) * p.s), sample_logits(size_t(kv_heads) * (cap_m * p.t + p.s));
   DeviceFlag err;
   subgen_kernel<<<kv_heads, kPolicyThreads, size_t(d) * sizeof(double)>>>(
-      dq.p, dk.p, dv.p, group, n, d, scale, p.delta, p.s, p.t, p.max_clusters, cap_m, seeds.p, dst.p, rows, dz.p, dls.p,
-      dkept.p, rep.p, cnt.p, keep.p, samp.p, midx.p, mvsq.p, lgs.p, err.buf.p);
+      d_queries.p, d_keys.p, d_values.p, group, n, d, scale, p.delta, p.s, p.t, p.max_clusters, cap_m, seeds.p, d_steps.p, rows, d_answers.p, d_log_sum.p,
+      d_kept.p, rep.p, cnt.p, keep.p, cluster_samples.p, product_samples.p, sample_norms.p, sample_logits.p, err.buf.p);
   check(cudaGetLastError(), "subgen_kernel launch");
   sync("subgen_kernel");
   if (err.raised()) throw Error("cuda::replay_policy: subgen exceeded its cluster capacity (internal)");
@@ -171,19 +171,19 @@ void replay_subgen(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, 
 
 void replay_buzz(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d, double scale,
                  int rows, long long cap) {
-  auto &dq = b.dq, &dk = b.dk, &dv = b.dv, &dz = b.dz;
-  auto& dls = b.dls;
-  auto &dkept = b.dkept, &dst = b.dst;
+  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values, &d_answers = b.d_answers;
+  auto& d_log_sum = b.d_log_sum;
+  auto &d_kept = b.d_kept, &d_steps = b.d_steps;
   const size_t qbytes = size_t(d) * sizeof(float);
-  DeviceBuffer<BuzzTok> sk(size_t(kv_heads) * (p.sink > 0 ? p.sink : 1)), ring(size_t(kv_heads) * p.window),
-      neu(size_t(kv_heads) * p.threshold), old(size_t(kv_heads) * p.threshold);
-  DeviceBuffer<long long> lst(size_t(kv_heads) * cap);
-  DeviceBuffer<double> pr(size_t(kv_heads) * cap);
-  DeviceBuffer<float> lg(size_t(kv_heads) * group * cap);
-  buzz_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(dq.p, dk.p, dv.p, group, n, d, float(scale), p.sink, p.window,
-                                                    p.threshold, p.stride, p.log_scale, p.group_agg, dst.p, rows,
-                                                    dz.p, dls.p, dkept.p, cap, sk.p, ring.p, neu.p, old.p, lst.p,
-                                                    pr.p, lg.p);
+  DeviceBuffer<BuzzTok> sink_tokens(size_t(kv_heads) * (p.sink > 0 ? p.sink : 1)), window_ring(size_t(kv_heads) * p.window),
+      new_tokens(size_t(kv_heads) * p.threshold), old_tokens(size_t(kv_heads) * p.threshold);
+  DeviceBuffer<long long> kept_list(size_t(kv_heads) * cap);
+  DeviceBuffer<double> probs(size_t(kv_heads) * cap);
+  DeviceBuffer<float> logits(size_t(kv_heads) * group * cap);
+  buzz_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), p.sink, p.window,
+                                                    p.threshold, p.stride, p.log_scale, p.group_agg, d_steps.p, rows,
+                                                    d_answers.p, d_log_sum.p, d_kept.p, cap, sink_tokens.p, window_ring.p, new_tokens.p, old_tokens.p, kept_list.p,
+                                                    probs.p, logits.p);
   check(cudaGetLastError(), "buzz_kernel launch");
   sync("buzz_kernel");
 }
@@ -198,11 +198,11 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   kept_cap = cap;
   const int rows = int(steps.size()), H = kv_heads * group;
   ReplayBuffers b(H, kv_heads, n, d, rows, cap);
-  b.dq.upload(Q, size_t(H) * n * d, "copy Q");
-  b.dk.upload(K, size_t(kv_heads) * n * d, "copy K");
-  b.dv.upload(V, size_t(kv_heads) * n * d, "copy V");
+  b.d_queries.upload(Q, size_t(H) * n * d, "copy Q");
+  b.d_keys.upload(K, size_t(kv_heads) * n * d, "copy K");
+  b.d_values.upload(V, size_t(kv_heads) * n * d, "copy V");
   const std::vector<long long> st(steps.begin(), steps.end());
-  b.dst.upload(st.data(), st.size(), "copy steps");
+  b.d_steps.upload(st.data(), st.size(), "copy steps");
   switch (p.kind) {  // no default: every ReplayKind has its kernel
     case cuda::ReplayKind::window:
     case cuda::ReplayKind::sink:
@@ -214,11 +214,11 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
     case cuda::ReplayKind::buzz: replay_buzz(p, b, kv_heads, group, n, d, scale, rows, cap); break;
   }
   z.resize(size_t(H) * rows * d);
-  b.dz.download(z.data(), z.size(), "copy z");
+  b.d_answers.download(z.data(), z.size(), "copy z");
   log_sum.resize(size_t(H) * rows);
-  b.dls.download(log_sum.data(), log_sum.size(), "copy log_sum");
+  b.d_log_sum.download(log_sum.data(), log_sum.size(), "copy log_sum");
   std::vector<long long> kk(size_t(kv_heads) * rows * cap);
-  b.dkept.download(kk.data(), kk.size(), "copy kept");
+  b.d_kept.download(kk.data(), kk.size(), "copy kept");
   kept.assign(kk.begin(), kk.end());
 }
 

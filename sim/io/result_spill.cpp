@@ -24,7 +24,10 @@ struct ResultSpill::State {
   std::filesystem::path dir;
   bool made_dir = false;
   const Experiment& ex;
+  /// The three output files under their final names and the temporary names they are written to
+  /// (renamed only when the run has succeeded), indexed by the k*File constants.
   std::vector<std::string> finals, tmps;
+  static constexpr size_t kResultsFile = 0, kSummaryFile = 1, kCellsFile = 2;
   std::unique_ptr<h5::File> f;
   std::vector<size_t> rows_per_cell, offset;
   size_t total = 0;
@@ -44,7 +47,7 @@ struct ResultSpill::State {
 ResultSpill::ResultSpill(const std::string& out_dir, const Experiment& ex, const ResumeMode* checkpoint)
     : st_(std::make_unique<State>(out_dir, ex)) {
   if (checkpoint) st_->mode = *checkpoint;
-  for (const char* name : {"results.h5", "summary.csv", "cells.csv"}) {
+  for (const char* name : {"results.h5", "summary.csv", "cells.csv"}) {  // kResultsFile, kSummaryFile, kCellsFile
     st_->finals.push_back((st_->dir / name).string());
     st_->tmps.push_back(st_->finals.back() + ".tmp");
   }
@@ -115,7 +118,7 @@ void ResultSpill::create_datasets() {
   const std::vector<size_t>& rows_per_cell = st_->rows_per_cell;
   const std::vector<MetricColumn>& metrics = st_->metrics;
   std::lock_guard<std::mutex> lock(hdf5_mutex());
-  st_->f = std::make_unique<h5::File>(h5::File::create(st_->tmps[0]));
+  st_->f = std::make_unique<h5::File>(h5::File::create(st_->tmps[State::kResultsFile]));
   if (st_->total > size_t(UINT32_MAX)) throw Error("results: more than 2^32 metric rows per policy");
   // One chunk per cell's rows. When every cell yields the same number of rows (the usual case), each
   // cell writes whole chunks at chunk-aligned offsets, so chunks are compressed (shuffle + deflate)
@@ -208,8 +211,8 @@ std::string ResultSpill::finish(const RunResult& r) {
   std::vector<std::string> labels;
   std::vector<std::vector<Stat>> all(ex.policies.size(), std::vector<Stat>(metrics.size()));
   {
-    std::ofstream o(st_->tmps[1]);
-    if (!o) throw Error(st_->tmps[1] + ": cannot write");
+    std::ofstream o(st_->tmps[State::kSummaryFile]);
+    if (!o) throw Error(st_->tmps[State::kSummaryFile] + ": cannot write");
     const std::vector<std::string>& keys = st_->keys;
     o << "policy,label,layer" << stats_header(keys, ",all_layers");
     std::lock_guard<std::mutex> lock(hdf5_mutex());
@@ -254,16 +257,16 @@ std::string ResultSpill::finish(const RunResult& r) {
     st_->f->flush();
     st_->f.reset();
     o.flush();
-    if (!o) throw Error(st_->tmps[1] + ": write failed (disk full?)");
+    if (!o) throw Error(st_->tmps[State::kSummaryFile] + ": write failed (disk full?)");
   }
   {
-    std::ofstream o(st_->tmps[2]);
-    if (!o) throw Error(st_->tmps[2] + ": cannot write");
+    std::ofstream o(st_->tmps[State::kCellsFile]);
+    if (!o) throw Error(st_->tmps[State::kCellsFile] + ": cannot write");
     o << "policy,label,layer,head" << stats_header(st_->keys);
     for (size_t p = 0; p < ex.policies.size(); ++p)
       for (const auto& cell : st_->cell_lines) o << cell[p];
     o.flush();
-    if (!o) throw Error(st_->tmps[2] + ": write failed (disk full?)");
+    if (!o) throw Error(st_->tmps[State::kCellsFile] + ": write failed (disk full?)");
   }
   std::error_code ec;
   for (size_t i = 0; i < st_->finals.size(); ++i) {
