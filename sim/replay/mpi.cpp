@@ -73,7 +73,8 @@ void init(int*, char***) {
     if (v && std::atol(v) > 1) {
       std::fprintf(stderr,
                    "kvsim: error: started by an MPI launcher with %s ranks (%s=%s), but this kvsim was built without MPI "
-                   "(configure found no MPI: install libopenmpi-dev and rebuild, or run kvsim without mpirun)\n",
+                   "(configure found no MPI or was given -DKVSIM_MPI=OFF: install libopenmpi-dev and rebuild with MPI, or run kvsim "
+                   "without mpirun)\n",
                    v, var, v);
       std::exit(2);
     }
