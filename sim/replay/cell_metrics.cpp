@@ -39,7 +39,7 @@ MetricContext Metrics::context(const Evaluated& e, int g) {
   c.loaded_bytes = e.loaded_bytes;
   c.policy_ns = e.policy_ns;
   c.objectives = ex_.eval.objectives;
-  c.objectives_due = e.t <= ref_.objectives_until() && (e.t % ex_.eval.objectives_every == 0 || e.t == n_);
+  c.objectives_due = is_objective_step(ex_.eval, e.t, n_);
   c.theorem44_alpha = ex_.eval.theorem44_alpha;
   c.theorem44_beta = ex_.eval.theorem44_beta;
   c.attn_all = &ref_.full_attention(g);

@@ -29,8 +29,6 @@ class Reference {
   /// Query head g's exact attention row at block row r (a float32 block's row widened to double).
   const double* probs_row(int g, size_t r) { return ref_[size_t(g)].probs_row(Eigen::Index(r), prow_[size_t(g)]); }
   double v_opnorm(size_t r) const { return opnorm_[r]; }
-  /// Steps t ≤ objectives_until() carry the objectives (0: off).
-  int64_t objectives_until() const { return t_obj_; }
   const MatD& full_attention(int g) const { return attn_all_[size_t(g)]; }
 
  private:

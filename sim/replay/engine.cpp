@@ -24,11 +24,14 @@ std::vector<int64_t> eval_steps(const EvalSpec& e, int64_t n) {
   return s;
 }
 
+bool is_objective_step(const EvalSpec& e, int64_t t, int64_t n) {
+  return e.objectives && t <= std::min(n, e.objectives_max_t) && (t % e.objectives_every == 0 || t == n);
+}
+
 void check_objective_steps(const EvalSpec& e, int64_t n) {
   if (!e.objectives) return;
-  const int64_t t_max = std::min(n, e.objectives_max_t);
   for (int64_t t : eval_steps(e, n))
-    if (t <= t_max && (t % e.objectives_every == 0 || t == n)) return;
+    if (is_objective_step(e, t, n)) return;
   throw Error("eval.objectives = true, but no evaluated step is an objective step: eval.every = " + std::to_string(e.every) +
               " from eval.from = " + std::to_string(e.from) + " never meets a multiple of eval.objectives_every = " +
               std::to_string(e.objectives_every) + " up to eval.objectives_max_t = " + std::to_string(e.objectives_max_t) +

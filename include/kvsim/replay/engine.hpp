@@ -20,6 +20,10 @@ namespace kvsim {
 /// Evaluated steps (1-based) for a stream of n tokens.
 std::vector<int64_t> eval_steps(const EvalSpec& e, int64_t n);
 
+/// True when H2O's objectives are computed at evaluated step t of an n-token stream: `[eval]
+/// objectives = true`, t ≤ objectives_max_t and t a multiple of objectives_every or the last step.
+bool is_objective_step(const EvalSpec& e, int64_t t, int64_t n);
+
 /// With `[eval] objectives = true`, H2O's objectives are computed at the evaluated steps t ≤
 /// objectives_max_t that are multiples of objectives_every (or the last step n). Throws kvsim::Error
 /// naming eval.every, eval.from and eval.objectives_every when no evaluated step of an n-token
