@@ -25,7 +25,7 @@ std::set<std::string> doc_mismatches(const PolicyInfo& info) {
   std::set<std::string> documented, asked_somewhere;
   for (const auto& p : info.params) documented.insert(p.name);
   for (const Params& ex : info.examples) {
-    Params params = ex;
+    ParamReader params(ex);
     info.make(params, small_stream());
     for (const auto& [key, def] : params.asked()) {
       asked_somewhere.insert(key);

@@ -234,15 +234,11 @@ std::vector<PolicySpec> parse_policies(const TV& root, const std::string& origin
       out.push_back(std::move(spec));
     }
   }
-  // Validate the policy names and parameters now, so a typo fails before any data is read.
+  // The checks that need no stream (names, keys, kinds), now, so a typo fails before any data is read;
+  // the rest once, against the real stream (check_policy_spec, include/kvsim/policies/policy.hpp).
   for (const auto& p : out) {
-    StreamInfo info;
-    info.n = 4096;
-    info.head_dim = 1;
-    info.n_queries = 1;
-    info.config_check = true;
     try {
-      make_policy(p.name, p.params, info);
+      check_policy_spec(p.name, p.params);
     } catch (const Error& e) {
       throw Error(origin + ": " + e.what());
     }

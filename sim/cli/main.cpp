@@ -44,7 +44,7 @@ void add_run(CLI::App& app) {
   run->add_option("--set", o.sets, "override a config key, e.g. --set eval.every=4 (repeatable)");
   run->add_flag("--quiet", o.quiet, "print nothing but errors");
   run->add_option("--device", o.device, "cpu or cuda: where the exact reference runs (= --set eval.device=...)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+      ->check(CLI::IsMember(choice_list<Device>()));
   auto* resume = run->add_flag("--resume", o.resume, "continue the unfinished run in --out (its checkpointed cells are kept)");
   run->add_flag("--force", o.force, "discard an unfinished run in --out and start over")->excludes(resume);
   run->callback([] { cmd_run(o); });
@@ -122,7 +122,7 @@ void add_record(CLI::App& app) {
   record->add_option("--policy", ro.policy, "closed loop: a policy manages every (layer, KV head) cache");
   record->add_option("--param", policy_params, "policy parameter key=value (repeatable), e.g. --param budget=0.25");
   record->add_option("--gqa", "closed loop: kv_head (default) or query_head")
-      ->check(CLI::IsMember({"kv_head", "query_head"}))
+      ->check(CLI::IsMember(choice_list<GqaMode>()))
       ->each([&ro](const std::string& s) { ro.gqa = *parse_choice<GqaMode>(s); });
   record->add_option("--seed", ro.seed, "closed loop: policy seed");
   record->add_option("--prefill", ro.prefill,
@@ -190,7 +190,7 @@ void add_bench(CLI::App& app) {
   bench->add_flag("--quick", bo.quick, "small sizes (seconds)");
   bench->add_option("--threads", bo.threads, "N for the 1-vs-N threads comparison (default: all cores)");
   bench->add_option("--json", bo.json, "also write the figures as JSON");
-  bench->add_option("--device", bo.device, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  bench->add_option("--device", bo.device, "cpu (default) or cuda")->check(CLI::IsMember(choice_list<Device>()));
 
   bench->callback([] { std::cout << run_bench(bo); });
 }

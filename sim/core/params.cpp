@@ -13,6 +13,11 @@ void Params::set(const std::string& key, ParamValue v, std::string where) {
   where_[key] = std::move(where);
 }
 
+const ParamValue* Params::find(const std::string& key) const {
+  auto it = values_.find(key);
+  return it == values_.end() ? nullptr : &it->second;
+}
+
 std::string Params::where(const std::string& key) const {
   auto it = where_.find(key);
   return (it == where_.end() || it->second.empty()) ? "" : " (" + it->second + ")";
@@ -23,56 +28,53 @@ std::string Params::origin(const std::string& key) const {
   return it == where_.end() ? "" : it->second;
 }
 
-int64_t Params::get_int(const std::string& key, int64_t def) const {
-  auto it = values_.find(key);
-  note(key, it == values_.end() ? std::optional<std::string>(std::to_string(def)) : std::nullopt);
-  if (it == values_.end()) return def;
-  used_.insert(key);
-  if (auto p = std::get_if<int64_t>(&it->second)) return *p;
+const ParamValue* ParamReader::read(const std::string& key, const std::optional<std::string>& def) {
+  const ParamValue* v = p_.find(key);
+  asked_[key] = v ? std::nullopt : def;
+  if (v) used_.insert(key);
+  return v;
+}
+
+int64_t ParamReader::get_int(const std::string& key, int64_t def) {
+  const ParamValue* v = read(key, std::to_string(def));
+  if (!v) return def;
+  if (auto p = std::get_if<int64_t>(v)) return *p;
   throw Error("parameter '" + key + "' must be an integer" + where(key));
 }
 
-double Params::get_double(const std::string& key, double def) const {
-  auto it = values_.find(key);
-  note(key, it == values_.end() ? std::optional<std::string>(param_to_string(ParamValue(def))) : std::nullopt);
-  if (it == values_.end()) return def;
-  used_.insert(key);
-  if (auto p = std::get_if<double>(&it->second)) return *p;
-  if (auto p = std::get_if<int64_t>(&it->second)) return double(*p);
+double ParamReader::get_double(const std::string& key, double def) {
+  const ParamValue* v = read(key, param_to_string(ParamValue(def)));
+  if (!v) return def;
+  if (auto p = std::get_if<double>(v)) return *p;
+  if (auto p = std::get_if<int64_t>(v)) return double(*p);
   throw Error("parameter '" + key + "' must be a number" + where(key));
 }
 
-bool Params::get_bool(const std::string& key, bool def) const {
-  auto it = values_.find(key);
-  note(key, it == values_.end() ? std::optional<std::string>(std::string(def ? "true" : "false")) : std::nullopt);
-  if (it == values_.end()) return def;
-  used_.insert(key);
-  if (auto p = std::get_if<bool>(&it->second)) return *p;
+bool ParamReader::get_bool(const std::string& key, bool def) {
+  const ParamValue* v = read(key, std::string(def ? "true" : "false"));
+  if (!v) return def;
+  if (auto p = std::get_if<bool>(v)) return *p;
   throw Error("parameter '" + key + "' must be true or false" + where(key));
 }
 
-std::string Params::get_string(const std::string& key, const std::string& def) const {
-  auto it = values_.find(key);
-  note(key, it == values_.end() ? std::optional<std::string>(def) : std::nullopt);
-  if (it == values_.end()) return def;
-  used_.insert(key);
-  if (auto p = std::get_if<std::string>(&it->second)) return *p;
+std::string ParamReader::get_string(const std::string& key, const std::string& def) {
+  const ParamValue* v = read(key, def);
+  if (!v) return def;
+  if (auto p = std::get_if<std::string>(v)) return *p;
   throw Error("parameter '" + key + "' must be a string" + where(key));
 }
 
-int64_t Params::get_budget(const std::string& key, int64_t n, int64_t def) const {
-  auto it = values_.find(key);
-  note(key, it == values_.end() && def >= 0 ? std::optional<std::string>(std::to_string(def)) : std::nullopt);
-  if (it == values_.end()) {
+int64_t ParamReader::get_budget(const std::string& key, int64_t n, int64_t def) {
+  const ParamValue* v = read(key, def >= 0 ? std::optional<std::string>(std::to_string(def)) : std::nullopt);
+  if (!v) {
     if (def < 0) throw Error("missing parameter '" + key + "' (tokens as an integer, or a fraction of n in (0, 1])");
     return def;
   }
-  used_.insert(key);
-  if (auto p = std::get_if<int64_t>(&it->second)) {
+  if (auto p = std::get_if<int64_t>(v)) {
     if (*p < 0) throw Error("parameter '" + key + "' must be ≥ 0 tokens" + where(key));
     return n > 0 ? std::min(*p, n) : *p;  // more than the stream holds = keep every token
   }
-  if (auto p = std::get_if<double>(&it->second)) {
+  if (auto p = std::get_if<double>(v)) {
     if (!(*p > 0 && *p <= 1))
       throw Error("parameter '" + key + "' = " + std::to_string(*p) +
                   " : a fractional budget must be in (0, 1]; give whole tokens as an integer" + where(key));
@@ -81,8 +83,8 @@ int64_t Params::get_budget(const std::string& key, int64_t n, int64_t def) const
   throw Error("parameter '" + key + "' must be a number of tokens or a fraction of n" + where(key));
 }
 
-void Params::check_all_used(const std::string& owner) const {
-  for (auto& [k, v] : values_)
+void ParamReader::check_all_used(const std::string& owner) const {
+  for (auto& [k, v] : p_.values())
     if (!used_.count(k)) throw Error(owner + ": unknown parameter '" + k + "'" + where(k));
 }
 

@@ -154,14 +154,14 @@ class BuzzPolicy final : public Policy, public GpuReplayable {
 
 /// sink and stride as integers in [lo, 2^31] (larger ones would overflow Theorem 3.1's s² and the
 /// capacity sums; they are token counts, so 2^31 is far beyond any stream).
-int64_t token_count(const Params& p, const char* key, int64_t def, int64_t lo) {
+int64_t token_count(ParamReader& p, const char* key, int64_t def, int64_t lo) {
   const int64_t v = p.get_int(key, def);
   if (v < lo || v > (int64_t(1) << 31))
     throw Error(std::string("parameter '") + key + "' must be in [" + std::to_string(lo) + ", 2^31]" + p.where(key));
   return v;
 }
 
-std::unique_ptr<Policy> make_buzz(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_buzz(ParamReader& p, const StreamInfo& s) {
   const int64_t sink = token_count(p, "sink", 4, 0);
   const int64_t window = p.get_budget("window", s.n);
   const int64_t T = p.get_budget("threshold", s.n);
@@ -173,7 +173,7 @@ std::unique_ptr<Policy> make_buzz(const Params& p, const StreamInfo& s) {
 
 /// Capacity sink + window + T = M, with T/w at Theorem 3.1's value for the stride.
 void buzz_memory(int64_t M, const Params& given, Params& out, const std::string& where) {
-  Params probe = given;  // typed reads with the usual errors, without touching the caller's copy
+  ParamReader probe(given);  // typed reads with the usual errors
   const int64_t sink = token_count(probe, "sink", 4, 0);
   const int64_t s = token_count(probe, "stride", 5, 2);
   const double r = buzz_predicted_T_over_w(s);

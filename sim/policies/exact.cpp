@@ -32,7 +32,7 @@ class ExactPolicy final : public Policy {
   SlotCache cache_;
 };
 
-std::unique_ptr<Policy> make_exact(const Params&, const StreamInfo& s) { return std::make_unique<ExactPolicy>(s); }
+std::unique_ptr<Policy> make_exact(ParamReader&, const StreamInfo& s) { return std::make_unique<ExactPolicy>(s); }
 
 }  // namespace
 

@@ -61,7 +61,7 @@ class H2OPolicy final : public ScorerPolicy, public GlobalScoresOracle, public G
   VecD global_score_;
 };
 
-std::unique_ptr<Policy> make_h2o(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_h2o(ParamReader& p, const StreamInfo& s) {
   const int64_t b = p.get_budget("budget", s.n);
   const double heavy = p.get_double("heavy_ratio", 0.5);
   if (!(heavy > 0 && heavy < 1)) throw Error("parameter 'heavy_ratio' must be in (0, 1)" + p.where("heavy_ratio"));

@@ -107,7 +107,7 @@ class KiviPolicy final : public Policy {
   int64_t quantized_ = 0;
 };
 
-std::unique_ptr<Policy> make_kivi(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_kivi(ParamReader& p, const StreamInfo& s) {
   KiviShape sh;
   sh.bits = int(p.get_int("bits", 2));
   if (sh.bits != 2 && sh.bits != 4 && sh.bits != 8) throw Error("parameter 'bits' must be 2, 4 or 8" + p.where("bits"));
@@ -117,7 +117,6 @@ std::unique_ptr<Policy> make_kivi(const Params& p, const StreamInfo& s) {
   sh.d = std::max(s.head_dim, 1);
   const int64_t memory = p.get_int("memory_tokens", -1);
   sh.residual = p.get_budget("residual", s.n, 128);
-  if (s.config_check) return nullptr;  // the sizes below depend on the stream's head_dim and n
   if (sh.quantized_token_bytes() >= 8.0 * sh.d)
     throw Error("kivi: group " + std::to_string(g) + " is too small: a quantized token's codes, scales and zero points "
                 "would take more bytes than the float32 token" + p.where("group"));

@@ -30,7 +30,7 @@ class KnormPolicy final : public ScorerPolicy {
   int d_;
 };
 
-std::unique_ptr<Policy> make_knorm(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_knorm(ParamReader& p, const StreamInfo& s) {
   const int64_t b = p.get_budget("budget", s.n);
   const double r = p.get_double("recent_ratio", 0.0);
   if (!(r >= 0 && r < 1)) throw Error("parameter 'recent_ratio' must be in [0, 1)" + p.where("recent_ratio"));

@@ -63,7 +63,7 @@ class OracleTopK final : public Policy, public ExactProbsOracle, public GpuRepla
   SlotCache all_;
 };
 
-std::unique_ptr<Policy> make_oracle_topk(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_oracle_topk(ParamReader& p, const StreamInfo& s) {
   int64_t b = p.get_budget("budget", s.n);
   if (b < 1) throw Error("parameter 'budget' must be at least 1 token" + p.where("budget"));
   return std::make_unique<OracleTopK>(b, s);

@@ -97,8 +97,59 @@ double memory_share(const Policy& p) {
 
 int64_t memory_target_tokens(const Params& params, int64_t n) {
   if (!params.has("memory")) return -1;
-  Params copy = params;  // reading marks keys used; keep the caller's bookkeeping untouched
-  return copy.get_budget("memory", n);
+  ParamReader reader(params);
+  return reader.get_budget("memory", n);
+}
+
+namespace {
+
+/// check_policy_spec without the "policy 'name': " prefix.
+void check_spec(const PolicyInfo& info, const Params& params) {
+  const bool memory = params.has("memory");
+  if (memory && !info.memory)
+    throw Error("'memory' cannot be matched for '" + info.name + "': it has no equal-memory rule" + params.where("memory"));
+  for (const auto& [key, value] : params.values()) {
+    if (key == "memory") {
+      for (const auto& r : info.memory->refuses)
+        if (params.has(r)) throw Error("give 'memory' (matched cache size) or '" + r + "', not both" + params.where(r));
+      ParamReader(params).get_budget("memory", 0);  // its kind; its value against n waits for the stream
+      continue;
+    }
+    const ParamInfo* doc = nullptr;
+    for (const auto& p : info.params)
+      if (p.name == key) doc = &p;
+    if (!doc) throw Error("unknown parameter '" + key + "'" + params.where(key));
+    const std::string& kind = doc->kind;
+    const bool number = std::holds_alternative<int64_t>(value) || std::holds_alternative<double>(value);
+    const bool ok = kind == "tokens" || kind == "float" ? number
+                    : kind == "int"                     ? std::holds_alternative<int64_t>(value)
+                    : kind == "bool"                    ? std::holds_alternative<bool>(value)
+                                                        : std::holds_alternative<std::string>(value);
+    if (!ok) {
+      const char* want = kind == "tokens"  ? "a number of tokens or a fraction of n"
+                         : kind == "int"   ? "an integer"
+                         : kind == "float" ? "a number"
+                         : kind == "bool"  ? "true or false"
+                                           : "a string";
+      throw Error("parameter '" + key + "' must be " + want + params.where(key));
+    }
+    if (kind == "tokens") ParamReader(params).get_budget(key, 0);  // ≥ 0 tokens, or a fraction in (0, 1]
+  }
+  if (!memory)  // `memory` supplies the sizes its rule derives
+    for (const auto& p : info.params)
+      if (p.default_value == "required" && !params.has(p.name))
+        throw Error("missing parameter '" + p.name + "' (" + p.doc + ")");
+}
+
+}  // namespace
+
+void check_policy_spec(const std::string& name, const Params& params) {
+  const PolicyInfo& info = policy_info(name);
+  try {
+    check_spec(info, params);
+  } catch (const Error& e) {
+    throw Error("policy '" + name + "': " + e.what());
+  }
 }
 
 namespace {
@@ -126,8 +177,9 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const Params& given
   std::unique_ptr<Policy> p;
   try {
     const Params params = translate_memory(info, given, stream);
-    p = info.make(params, stream);
-    params.check_all_used("policy '" + name + "'");
+    ParamReader reader(params);
+    p = info.make(reader, stream);
+    reader.check_all_used("policy '" + name + "'");
   } catch (const Error& e) {
     std::string msg = e.what();
     if (msg.rfind("policy '", 0) == 0) throw;

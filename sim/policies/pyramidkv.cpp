@@ -32,7 +32,7 @@ std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, dou
 
 namespace {
 
-std::unique_ptr<Policy> make_pyramidkv(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_pyramidkv(ParamReader& p, const StreamInfo& s) {
   const int64_t budget = p.get_budget("budget", s.n);
   const double beta = p.get_double("beta", 20.0);
   if (!(beta >= 1)) throw Error("parameter 'beta' must be ≥ 1 (top layer keeps (budget − window)/beta)" + p.where("beta"));

@@ -111,7 +111,7 @@ class QuestPolicy final : public Policy, public PartialLoad {
   VecD ls_;
 };
 
-std::unique_ptr<Policy> make_quest(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_quest(ParamReader& p, const StreamInfo& s) {
   const int64_t page = p.get_int("page_size", 16);
   if (page < 1 || page > 4096) throw Error("parameter 'page_size' must be in [1, 4096]" + p.where("page_size"));
   const bool by_memory = p.has("memory_tokens");
@@ -119,7 +119,7 @@ std::unique_ptr<Policy> make_quest(const Params& p, const StreamInfo& s) {
   if (by_memory) {
     const int64_t M = p.get_int("memory_tokens", 0);
     const int64_t need = (s.n + page - 1) / page + page;  // worst case: every page's metadata + a full current page
-    if (M < std::min(need, s.n) && !s.config_check)
+    if (M < std::min(need, s.n))
       throw Error("memory " + std::to_string(M) + " is too small for quest: the " + std::to_string((s.n + page - 1) / page) +
                   " pages' min/max and the current page need " + std::to_string(need) + " tokens' worth (use a larger "
                   "memory or page_size)");

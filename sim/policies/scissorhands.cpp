@@ -47,7 +47,7 @@ class ScissorhandsPolicy final : public ScorerPolicy {
   std::vector<uint64_t> low_;  ///< per slot: unimportant flags, newest in bit 0
 };
 
-std::unique_ptr<Policy> make_scissorhands(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_scissorhands(ParamReader& p, const StreamInfo& s) {
   const int64_t b = p.get_budget("budget", s.n);
   const double r = p.get_double("recent_ratio", 0.1);
   if (!(r >= 0 && r < 1)) throw Error("parameter 'recent_ratio' must be in [0, 1)" + p.where("recent_ratio"));

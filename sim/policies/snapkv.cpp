@@ -9,7 +9,7 @@
 namespace kvsim::policies {
 namespace {
 
-std::unique_ptr<Policy> make_snapkv(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_snapkv(ParamReader& p, const StreamInfo& s) {
   const int64_t budget = p.get_budget("budget", s.n);
   return make_snapkv_like("snapkv", p, s, budget, 1.0, snapkv_window(p, budget));
 }

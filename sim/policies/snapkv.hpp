@@ -148,13 +148,13 @@ class SnapKVPolicy final : public Policy, public PromptCompressor, public LayerM
 /// Parameters shared by snapkv and pyramidkv, given the window (snapkv_window): kernel, pooling,
 /// decode_window (scaled by `share` for pyramidkv's layer budgets: D_l = max(1, round(D·share)));
 /// checked against budget B. Returns the policy.
-inline int64_t snapkv_window(const Params& p, int64_t budget) {
+inline int64_t snapkv_window(ParamReader& p, int64_t budget) {
   return p.get_int("window", std::min<int64_t>(32, budget / 2));
 }
 
-inline std::unique_ptr<Policy> make_snapkv_like(const std::string& name, const Params& p, const StreamInfo& s,
+inline std::unique_ptr<Policy> make_snapkv_like(const std::string& name, ParamReader& p, const StreamInfo& s,
                                                 int64_t budget, double share, int64_t window) {
-  if (!s.config_check && s.prefill <= 0)
+  if (s.prefill <= 0)
     throw Error("needs a prompt: set [data] prefill = P (≥ 1 tokens; [model] prefill in closed-loop configs)");
   if (budget < 2) throw Error("parameter 'budget' must be at least 2 tokens (a window and one selected token)" + p.where("budget"));
   if (window < 1 || window > budget)

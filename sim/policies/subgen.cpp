@@ -43,7 +43,7 @@ class SubGenPolicy final : public Policy, public GpuReplayable {
   SubGen sg_;
 };
 
-std::unique_ptr<Policy> make_subgen(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_subgen(ParamReader& p, const StreamInfo& s) {
   SubGenConfig c;
   c.sample_by_key = p.get_bool("sample_by_key", false);
   c.max_clusters = p.get_int("max_clusters", 0);
@@ -73,25 +73,21 @@ std::unique_ptr<Policy> make_subgen(const Params& p, const StreamInfo& s) {
   // stream, so no config value allocates beyond it. A cluster cap above n never binds.
   const int64_t cap = kMaxSamplesPerToken * std::max<int64_t>(s.n, 1);
   const bool theorem = p.has("eps");
-  if (c.s > cap && !s.config_check)
+  if (c.s > cap)
     throw Error((theorem ? "Theorem 1's s = " : "parameter 's' = ") + std::to_string(c.s) + " exceeds " +
                 std::to_string(kMaxSamplesPerToken) + "·n = " + std::to_string(cap) + " samples for this stream (n = " +
                 std::to_string(s.n) + ")" + p.where(theorem ? "eps" : "s"));
-  if (c.t > cap && !s.config_check)
+  if (c.t > cap)
     throw Error((theorem ? "Theorem 1's t = " : "parameter 't' = ") + std::to_string(c.t) + " exceeds " +
                 std::to_string(kMaxSamplesPerToken) + "·n = " + std::to_string(cap) + " samples per cluster for this stream (n = " +
                 std::to_string(s.n) + ")" + p.where(theorem ? "eps" : "t"));
   if (s.n > 0) c.max_clusters = std::min(c.max_clusters, s.n);
-  if (s.config_check) {  // the config-time instance is thrown away: never allocate for the stand-in n
-    c.s = std::min(c.s, cap);
-    c.t = std::min(c.t, cap);
-  }
   return std::make_unique<SubGenPolicy>(c, s);
 }
 
 /// s = ⌊M/2⌋ matrix-product samples (2s vectors) and at most ⌊M/(1+t)⌋ clusters (t default 3).
 void subgen_memory(int64_t M, const Params& given, Params& out, const std::string& where) {
-  Params probe = given;
+  ParamReader probe(given);  // typed reads with the usual errors
   const int64_t t = probe.get_int("t", 3);
   if (t < 1) throw Error("parameter 't' must be ≥ 1" + given.where("t"));
   const int64_t s = M / 2;

@@ -236,7 +236,7 @@ class KCenterPolicy final : public Policy, public GpuReplayable {
   std::vector<const float*> kptr_;  // key of each stored id, by token position (valid while stored)
 };
 
-std::unique_ptr<Policy> make_subgen_kcenter(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_subgen_kcenter(ParamReader& p, const StreamInfo& s) {
   const int64_t recent = p.get_budget("recent", s.n);
   const int64_t centers = p.get_budget("centers", s.n);
   if (recent < 1) throw Error("parameter 'recent' must be at least 1 token" + p.where("recent"));
@@ -249,7 +249,7 @@ std::unique_ptr<Policy> make_subgen_kcenter(const Params& p, const StreamInfo& s
   const int64_t def = s.prefill > 0 ? s.prefill : std::min<int64_t>(s.n, recent + 4 * centers);
   const int64_t prefill = p.get_budget("prefill", s.n, def);
   if (mode == "streaming" && p.has("prefill")) throw Error("'prefill' applies only to mode = \"prefill\"" + p.where("prefill"));
-  if (mode == "prefill" && s.prefill > 0 && prefill != s.prefill && !s.config_check)
+  if (mode == "prefill" && s.prefill > 0 && prefill != s.prefill)
     throw Error("parameter 'prefill' (" + std::to_string(prefill) + ") differs from [data] prefill (" +
                 std::to_string(s.prefill) + "); leave it out to cluster the prompt" + p.where("prefill"));
   return std::make_unique<KCenterPolicy>(s.head_dim, recent, centers, prefill, mode == "streaming",

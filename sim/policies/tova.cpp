@@ -30,7 +30,7 @@ class TovaPolicy final : public ScorerPolicy {
   }
 };
 
-std::unique_ptr<Policy> make_tova(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_tova(ParamReader& p, const StreamInfo& s) {
   const int64_t b = p.get_budget("budget", s.n);
   return std::make_unique<TovaPolicy>(b, s);
 }

@@ -47,7 +47,7 @@ class UniformPolicy final : public Policy, public GpuReplayable {
   SlotCache cache_;
 };
 
-std::unique_ptr<Policy> make_uniform(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_uniform(ParamReader& p, const StreamInfo& s) {
   int64_t b = p.get_budget("budget", s.n);
   if (b < 1) throw Error("parameter 'budget' must be at least 1 token" + p.where("budget"));
   return std::make_unique<UniformPolicy>(b, s);

@@ -44,13 +44,13 @@ class SinkWindowPolicy final : public Policy, public ClosedFormPolicy, public Gp
   SlotCache cache_;
 };
 
-std::unique_ptr<Policy> make_window(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_window(ParamReader& p, const StreamInfo& s) {
   int64_t b = p.get_budget("budget", s.n);
   if (b < 1) throw Error("parameter 'budget' must be at least 1 token" + p.where("budget"));
   return std::make_unique<SinkWindowPolicy>(0, b, s.head_dim, s.policy_f32);
 }
 
-std::unique_ptr<Policy> make_sink(const Params& p, const StreamInfo& s) {
+std::unique_ptr<Policy> make_sink(ParamReader& p, const StreamInfo& s) {
   int64_t b = p.get_budget("budget", s.n);
   int64_t sink = p.get_int("sink", 4);
   if (sink < 0) throw Error("parameter 'sink' must be ≥ 0" + p.where("sink"));

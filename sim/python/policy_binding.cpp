@@ -161,7 +161,7 @@ ParamValue to_param_value(const py::handle& v, const std::string& where) {
 }
 
 /// Reads the declared parameters from `p` (marking them used) as keyword arguments.
-py::dict read_params(const std::vector<PyParam>& decl, const Params& p, const StreamInfo& s) {
+py::dict read_params(const std::vector<PyParam>& decl, ParamReader& p, const StreamInfo& s) {
   std::vector<std::pair<std::string, ParamValue>> vals;
   for (const auto& d : decl) {
     const std::string& k = d.info.name;
@@ -226,10 +226,9 @@ void register_python_policy(const std::string& name, py::object cls, const std::
   info.source = source;
   for (const auto& d : *decl) info.params.push_back(d.info);
   info.gpu = "no (Python)";
-  info.make = [name, cls_ptr, decl, capacity](const Params& p, const StreamInfo& s) -> std::unique_ptr<Policy> {
+  info.make = [name, cls_ptr, decl, capacity](ParamReader& p, const StreamInfo& s) -> std::unique_ptr<Policy> {
     return with_gil(name, [&]() -> std::unique_ptr<Policy> {
       py::dict kw = read_params(*decl, p, s);
-      if (s.config_check) return nullptr;  // parameters checked; the instance waits for the stream
       py::object obj = py::reinterpret_borrow<py::object>(cls_ptr)(py::cast(s), **kw);
       const bool every = obj.attr("needs_every_query").cast<bool>();
       return std::make_unique<PyPolicy>(name, std::move(obj), s.head_dim, s.n_queries, every, capacity);

@@ -30,15 +30,7 @@ std::vector<int> PolicySteps::heads_of(size_t i) const {  // the query heads ins
 void PolicySteps::make() {
   runs_.resize(ex_.policies.size());
   for (size_t p = 0; p < runs_.size(); ++p) {
-    StreamInfo info;
-    info.n = n_;
-    info.head_dim = d_;
-    info.group_agg = ex_.eval.group_agg;
-    info.policy_f32 = ex_.eval.policy_precision == Precision::float32;
-    info.n_queries = per_query_ ? 1 : G_;
-    info.prefill = ex_.data.prefill;
-    info.layer = cell_.layer;
-    info.n_layers = n_layers_;
+    StreamInfo info = cell_stream(ex_, cell_, n_, d_, n_layers_);
     for (int i = 0; i < (per_query_ ? G_ : 1); ++i) {
       const uint64_t head_id = per_query_ ? uint64_t(cell_.heads[i]) : uint64_t(cell_.kv_head) + (1ULL << 32);
       info.seed = derive_seed({ex_.seed, uint64_t(cell_.layer), head_id, uint64_t(p), 0});
@@ -88,3 +80,20 @@ void PolicySteps::prefill(PolicyRun& run) {
 }
 
 }  // namespace kvsim::cell
+
+namespace kvsim {
+
+StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, int head_dim, int n_layers) {
+  StreamInfo info;
+  info.n = n;
+  info.head_dim = head_dim;
+  info.group_agg = ex.eval.group_agg;
+  info.policy_f32 = ex.eval.policy_precision == Precision::float32;
+  info.n_queries = ex.eval.gqa == GqaMode::query_head ? 1 : int(cell.heads.size());
+  info.prefill = ex.data.prefill;
+  info.layer = cell.layer;
+  info.n_layers = n_layers;
+  return info;
+}
+
+}  // namespace kvsim

@@ -6,6 +6,7 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <tuple>
 #include <mutex>
 #include <thread>
@@ -161,14 +162,13 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
   res.metrics = metric_columns(ex.eval);
   check_objective_steps(ex.eval, res.n_tokens);
   const std::vector<Cell> cells = plan_cells(ex.data, meta, res.layers);
-  // Validate policy parameters once, up front, so a typo fails before any work.
+  // The policies' parameters checked once against the real stream, before any work: one instance of
+  // each policy per planned cell shape (its layer and group size), as the cells will build them.
   {
-    StreamInfo info;
-    info.n = res.n_tokens;
-    info.head_dim = meta.head_dim;
-    info.prefill = ex.data.prefill;
-    info.n_layers = meta.n_layers;
-    for (const auto& p : ex.policies) make_policy(p.name, p.params, info);
+    std::set<std::pair<int, size_t>> shapes;
+    for (const auto& c : cells)
+      if (shapes.insert({c.layer, c.heads.size()}).second)
+        for (const auto& p : ex.policies) make_policy(p.name, p.params, cell_stream(ex, c, res.n_tokens, meta.head_dim, meta.n_layers));
   }
   if (spill) {
     const size_t per_head = eval_steps(ex.eval, res.n_tokens).size();

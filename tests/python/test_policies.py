@@ -105,7 +105,7 @@ def test_parameters_are_checked_like_builtins():
     with pytest.raises(kvsim.Error, match="budget"):
         kvsim.run(synthetic("kv_head", [{"name": "broken", "budget": 4, "memory": 8}], n=40))
     kvsim.register_policy("py_window", rp.PyWindow)
-    with pytest.raises(kvsim.Error, match="'budget' is required"):
+    with pytest.raises(kvsim.Error, match="policy 'py_window': missing parameter 'budget'"):
         kvsim.run(synthetic("kv_head", [{"name": "py_window"}], n=40))
     ok = kvsim.run(synthetic("kv_head", [{"name": "broken", "mode": "fine"}], n=40))
     assert (ok.rows().cache_tokens <= 8).all()

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvsim/core/hd.hpp"
 
@@ -72,6 +73,14 @@ std::optional<E> parse_choice(std::string_view text) {
   for (const auto& [value, name] : choice_detail::Names<E>::v)
     if (text == name) return value;
   return std::nullopt;
+}
+
+/// E's names in order (a command-line option's allowed values: CLI::IsMember(choice_list<GqaMode>())).
+template <Choice E>
+std::vector<std::string> choice_list() {
+  std::vector<std::string> out;
+  for (const auto& [value, name] : choice_detail::Names<E>::v) out.emplace_back(name);
+  return out;
 }
 
 /// E's names for an error message: "\"mean\", \"max\" or \"sum\"".

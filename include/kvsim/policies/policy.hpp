@@ -35,9 +35,6 @@ struct StreamInfo {
   /// `[eval] policy_precision = "float32"`: window, sink, h2o, buzz and uniform hold keys/values in float32
   /// and run their products in float32 (see sim/policies/slot_cache.hpp); false = double.
   bool policy_f32 = false;
-  /// A config-time check of the parameters (the stream is not open yet, `n` is a stand-in): checks
-  /// that depend on the real n (SubGen's sample bounds) wait for the replay.
-  bool config_check = false;
   /// `[data] prefill = P` (docs/architecture.md, a replay step by step, prefill then decode): tokens 1..P are the prompt, handed to
   /// kvsim::prefill at once; decoding streams t = P+1..n. 0 = no prompt (every token streams).
   int64_t prefill = 0;
@@ -201,6 +198,15 @@ class GroupAggregate {
 /// evaluated step. Throws kvsim::Error naming the policy and parameter on bad input (unknown
 /// parameters included).
 std::unique_ptr<Policy> make_policy(const std::string& name, const Params& params, const StreamInfo& info);
+
+/// The checks of a [[policy]] entry that need no stream, made when a config is loaded (so a typo fails
+/// before any data is read): the name is registered; every key is a documented parameter of it (or
+/// `memory`, when it has an equal-memory rule, and then none of the parameters that rule replaces);
+/// each value has its documented kind ("tokens": a count ≥ 0 or a fraction in (0, 1]); no "required"
+/// parameter is missing unless `memory` is given. Everything that depends on the stream (n, head_dim,
+/// the prompt, the layer) is checked once, by make_policy with the real stream (run_experiment's
+/// up-front pass over the planned cells). Throws kvsim::Error naming the policy and the key.
+void check_policy_spec(const std::string& name, const Params& params);
 
 /// M in tokens for a `memory` parameter (a fraction is of n); −1 when `memory` is not given.
 int64_t memory_target_tokens(const Params& params, int64_t n);

@@ -45,7 +45,7 @@ struct PolicyInfo {
   std::string summary;  ///< what the cache keeps, one or two sentences
   std::string source;   ///< paper, section, algorithm / equation
   std::vector<ParamInfo> params;
-  std::function<std::unique_ptr<Policy>(const Params&, const StreamInfo&)> make;
+  std::function<std::unique_ptr<Policy>(ParamReader&, const StreamInfo&)> make;
   std::optional<MemoryRule> memory;
   std::string gpu;      ///< GPU replay coverage ("yes", "no", or which modes)
   /// Parameter sets that construct the policy (one per mode), used by `kvsim policies --check`-style

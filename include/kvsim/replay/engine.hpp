@@ -47,6 +47,11 @@ struct Cell {
   std::vector<int> heads;
 };
 
+/// The stream a policy instance of `cell` is built for (everything but the per-instance seed): the
+/// replay's n tokens, head_dim, the query heads it answers (1 with `[eval] gqa = "query_head"`, else
+/// the cell's group), `[eval] group_agg` and `policy_precision`, `[data] prefill`, the layer.
+StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, int head_dim, int n_layers);
+
 /// Replays one cell's first n tokens; out[p] receives policy p's rows (query head-major, then step).
 void replay_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, int64_t n,
                  std::vector<std::vector<MetricRow>>& out);
