@@ -233,6 +233,18 @@ TEST_CASE("pyramidkv: layer budgets fall with depth and average exactly the unif
   REQUIRE(std::accumulate(last.begin(), last.end(), 0.0) == Approx(4 * 40));
 }
 
+TEST_CASE("pyramidkv: budgets = kvpress gives kvpress's PyramidKVPress layer budgets", "[prefill][zoo]") {
+  // kvpress 0.5.5 on SmolLM2-135M (30 layers), P = 512, compression_ratio 0.5, window 64, β = 20: the
+  // kept tokens per layer its PyramidKVPress left in the cache (read back by kvsim.kvpress.capture).
+  const std::vector<int64_t> kvpress{448, 435, 422, 408, 395, 382, 369, 355, 342, 329, 316, 302, 289, 276, 263,
+                                     249, 236, 223, 210, 196, 183, 170, 157, 143, 130, 117, 104, 90, 77, 64};
+  CHECK(policies::pyramidkv_kvpress_budgets(256, 64, 20.0, 30, 512) == kvpress);
+  CHECK(policies::pyramidkv_layer_budgets(256, 64, 20.0, 30) != kvpress);  // control: the paper's rule differs
+  // Where the bottom layer would fall below the window kvpress keeps SnapKV's uniform budget.
+  const auto flat = policies::pyramidkv_kvpress_budgets(40, 64, 20.0, 30, 512);
+  CHECK(std::all_of(flat.begin(), flat.end(), [](int64_t b) { return b == 40; }));
+}
+
 TEST_CASE("quest: page bounds are upper bounds, answers are exact over the chosen pages, loaded bytes ≤ memory",
           "[zoo]") {
   const Stream s(SynthSource(test::small_synth("clustered", kN, kD, 1, 2, 1)));

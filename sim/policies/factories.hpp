@@ -29,6 +29,10 @@ inline Params example_params(std::initializer_list<std::pair<std::string, ParamV
 /// arithmetically with depth and sums to n_layers·(budget − window).
 std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, double beta, int n_layers);
 
+/// kvpress's PyramidKVPress layer budgets (window included) for a prompt of `prompt` tokens whose mean
+/// budget is `budget` tokens (pyramidkv's `budgets = "kvpress"`).
+std::vector<int64_t> pyramidkv_kvpress_budgets(int64_t budget, int64_t window, double beta, int n_layers, int64_t prompt);
+
 /// Body sizes after each eviction of a `buzz` policy instance (tests).
 const std::vector<int64_t>& buzz_body_history(const Policy& p);
 

@@ -10,6 +10,10 @@
 // average exactly a uniform budget B (the reference's integer steps leave the total a little above).
 // With `memory = M` each layer is checked against its own B_l (LayerMemoryShare = B_l / M) and
 // the summary's per-layer cache_tokens report the budgets.
+//
+// `budgets = "kvpress"` gives kvpress's PyramidKVPress instead (docs/kvpress.md): its layer budgets
+// include the window, are arithmetic with mean B from min(2B − B/β, P − w) down, and fall back to
+// SnapKV's uniform B when the bottom layer would hold less than the window.
 #include <cmath>
 
 #include "snapkv.hpp"
@@ -30,6 +34,24 @@ std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, dou
   return out;
 }
 
+std::vector<int64_t> pyramidkv_kvpress_budgets(int64_t budget, int64_t window, double beta, int n_layers, int64_t prompt) {
+  // kvpress 0.5's PyramidKVPress.get_layer_budget with q_len = P and P·(1 − compression_ratio) = budget.
+  const double mean = double(budget);
+  double lo = mean / beta, hi = 2 * mean - lo;
+  if (hi >= double(prompt - window)) {
+    hi = double(prompt - window);
+    lo = 2 * mean - hi;
+  }
+  std::vector<int64_t> out(size_t(std::max(n_layers, 1)));
+  // Python's round(): to nearest, ties to even (std::nearbyint in the default rounding mode).
+  const bool fallback = !(double(prompt) >= hi && hi >= lo && lo >= double(window));
+  const double steps = n_layers > 1 ? (hi - lo) / double(n_layers - 1) : 0.0;
+  for (int l = 0; l < int(out.size()); ++l)
+    out[size_t(l)] = fallback ? std::max<int64_t>(1, int64_t(std::nearbyint(mean)))
+                              : int64_t(std::nearbyint(hi - double(l) * steps));
+  return out;
+}
+
 namespace {
 
 std::unique_ptr<Policy> make_pyramidkv(ParamReader& p, const StreamInfo& s) {
@@ -41,13 +63,26 @@ std::unique_ptr<Policy> make_pyramidkv(ParamReader& p, const StreamInfo& s) {
     return make_snapkv_like("pyramidkv", p, s, budget, 1.0, window);  // reports the bad parameter
   if (s.layer < 0 || s.layer >= std::max(s.n_layers, 1))
     throw Error("layer " + std::to_string(s.layer) + " outside the model's " + std::to_string(s.n_layers) + " layers");
-  const int64_t b = pyramidkv_layer_budgets(budget, window, beta, s.n_layers)[size_t(s.layer)];
+  const std::string rule = p.get_string("budgets", "paper");
+  if (rule != "paper" && rule != "kvpress")
+    throw Error("parameter 'budgets' must be \"paper\" or \"kvpress\"" + p.where("budgets"));
+  if (rule == "kvpress" && s.prefill <= 0)
+    throw Error("budgets = \"kvpress\" sizes the layers from the prompt: set [data] prefill = P" + p.where("budgets"));
+  const int64_t b = rule == "paper" ? pyramidkv_layer_budgets(budget, window, beta, s.n_layers)[size_t(s.layer)]
+                                    : pyramidkv_kvpress_budgets(budget, window, beta, s.n_layers, s.prefill)[size_t(s.layer)];
+  if (b < window)
+    throw Error("layer " + std::to_string(s.layer) + "'s budget " + std::to_string(b) + " is below the window " +
+                std::to_string(window) + p.where("budget"));
   return make_snapkv_like("pyramidkv", p, s, b, double(b) / double(budget), window);
 }
 
 std::vector<ParamInfo> params() {
   std::vector<ParamInfo> v{{"budget", "tokens", "required", "mean tokens per layer B (≥ 2); layer l keeps B_l"},
-                           {"beta", "float", "20", "β: the top layer selects (B − window)/β prompt tokens"}};
+                           {"beta", "float", "20", "β: the top layer selects (B − window)/β prompt tokens"},
+                           {"budgets", "string", "paper",
+                            "\"paper\": B_l = window + the arithmetic selected part (KVCache-Factory); \"kvpress\": kvpress's "
+                            "PyramidKVPress rule (B_l arithmetic with mean B, window inside, capped at P − window; SnapKV's B "
+                            "when that leaves a layer below the window)"}};
   for (auto& q : snapkv_params()) v.push_back(q);
   return v;
 }
@@ -68,7 +103,8 @@ KVSIM_POLICY(pyramidkv) {
       "no",
       {example_params({{"budget", 0.25}}),
        example_params({{"budget", 0.25}, {"beta", 4.0}, {"window", int64_t(4)}, {"kernel", int64_t(3)},
-                       {"pooling", std::string("avg")}, {"decode_window", int64_t(4)}})},
+                       {"pooling", std::string("avg")}, {"decode_window", int64_t(4)}}),
+       example_params({{"budget", 0.25}, {"window", int64_t(4)}, {"budgets", std::string("kvpress")}})},
                        "#fb9a99",  // figure colour
                        {example_params({{"memory", 0.25}}), true, false}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;

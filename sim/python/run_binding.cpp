@@ -22,6 +22,7 @@
 #include "kvsim/io/results.hpp"
 #include "kvsim/policies/registry.hpp"
 #include "kvsim/replay/engine.hpp"
+#include "kvsim/replay/kept.hpp"
 #include "kvsim/replay/metrics.hpp"
 
 namespace kvsim::python {
@@ -223,6 +224,20 @@ void bind_run(py::module_& m) {
         return run_experiment_in_memory(std::move(ex), threads);
       },
       py::arg("config"), py::arg("is_path"), py::arg("sets"), py::arg("threads"));
+  m.def(
+      "_kept",
+      [](const std::string& config, bool is_path, const std::vector<std::string>& sets,
+         std::vector<std::pair<int, int>> cells, size_t policy, int64_t t) {
+        Experiment ex = is_path ? load_experiment(config, sets) : parse_experiment(config, "config dict", sets);
+        auto src = open_source(ex.data);
+        if (cells.empty())  // every (layer, KV head) of the stream
+          for (int l = 0; l < src->meta().n_layers; ++l)
+            for (int h = 0; h < src->meta().n_kv_heads; ++h) cells.emplace_back(l, h);
+        std::vector<std::pair<std::pair<int, int>, std::vector<std::vector<int64_t>>>> out;
+        for (const auto& [l, h] : cells) out.emplace_back(std::make_pair(l, h), kept_tokens(ex, *src, l, h, policy, t));
+        return out;
+      },
+      py::arg("config"), py::arg("is_path"), py::arg("sets"), py::arg("cells"), py::arg("policy"), py::arg("t"));
   m.def("_policies", &policy_list);
   m.def("_metrics", &metric_list);
   m.def("_version", [] { return kvsim_version(); });

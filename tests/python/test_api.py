@@ -182,3 +182,55 @@ def test_policies_come_from_the_registry():
     h2o = {q["name"]: q for q in pols["h2o"]["params"]}
     assert h2o["heavy_ratio"]["default"] == "0.5" and h2o["budget"]["kind"] == "tokens"
     assert all(m["unit"] and m["source"] for m in kvsim.metrics())
+
+
+KEPT_CONFIG = {
+    "name": "kept", "seed": 4,
+    "data": {"synthetic": "heavy_hitter", "n": 80, "d": 8, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2},
+    "eval": {"every": 13},
+    "policy": [{"name": "window", "budget": 12}, {"name": "knorm", "budget": 10}, {"name": "h2o", "budget": 16},
+               {"name": "subgen", "memory": 24}, {"name": "oracle_topk", "budget": 8}],
+}
+
+
+def test_kept_tokens_follow_each_policys_definition():
+    rec = kvsim.synth("heavy_hitter", n=80, d=8, layers=2, heads=4, kv_heads=2, seed=4)
+    for t in (5, 40, 80):
+        (w,) = kvsim.kept_tokens(KEPT_CONFIG, layer=1, kv_head=0, step=t, policy=0)
+        assert w.tolist() == list(range(max(0, t - 12), t))  # window: the last B tokens
+        # knorm: token t−1 joins after the largest-norm key leaves, so the B − 1 lowest norms of 0..t−2 and t−1
+        (k,) = kvsim.kept_tokens(KEPT_CONFIG, layer=1, kv_head=0, step=t, policy=1)
+        norms = np.linalg.norm(rec.k(1, 0)[: t - 1].astype(np.float64), axis=1)
+        expect = sorted(np.argsort(norms, kind="stable")[:9].tolist() + [t - 1]) if t > 10 else list(range(t))
+        assert k.tolist() == expect
+    per_query = kvsim.kept_tokens(KEPT_CONFIG, layer=0, kv_head=1, step=40, policy=2, overrides={"eval.gqa": "query_head"})
+    assert len(per_query) == 2 and all(len(s) == 16 for s in per_query)
+
+
+def test_kept_tokens_are_the_cache_the_engine_measures():
+    # kept_mass at an evaluated step = the exact attention mass of the kept set: the same replay.
+    res = kvsim.run(KEPT_CONFIG | {"policy": [KEPT_CONFIG["policy"][2]]})
+    rows = res.rows()
+    rec = kvsim.synth("heavy_hitter", n=80, d=8, layers=2, heads=4, kv_heads=2, seed=4)
+    scale = rec.meta["softmax_scale"]
+    for t in (14, 53, 80):
+        (kept,) = kvsim.kept_tokens(KEPT_CONFIG, layer=1, kv_head=1, step=t, policy=2)
+        for head in (2, 3):
+            logits = rec.k(1, 1)[:t].astype(np.float64) @ (rec.q(1, head)[t - 1].astype(np.float64) * scale)
+            a = np.exp(logits - logits.max())
+            a /= a.sum()
+            got = rows[(rows["layer"] == 1) & (rows["head"] == head) & (rows["step"] == t)]["kept_mass"].item()
+            assert got == pytest.approx(a[kept].sum(), abs=1e-12)
+            other = np.setdiff1d(np.arange(t), kept)[: len(kept)]  # negative control: another set of that size
+            assert abs(a[other].sum() - got) > 1e-6
+
+
+def test_kept_tokens_refuse_what_has_no_kept_set():
+    with pytest.raises(kvsim.Error, match="answers without a kept token set"):
+        kvsim.kept_tokens(KEPT_CONFIG, layer=0, kv_head=0, step=30, policy=3)
+    with pytest.raises(kvsim.Error, match="non-causal oracle"):
+        kvsim.kept_tokens(KEPT_CONFIG, layer=0, kv_head=0, step=30, policy=4)
+    with pytest.raises(kvsim.Error, match=r"step 81 is outside the decoded steps \[1, 80\]"):
+        kvsim.kept_tokens(KEPT_CONFIG, layer=0, kv_head=0, step=81)
+    with pytest.raises(kvsim.Error, match="KV head 2 is out of range"):
+        kvsim.kept_tokens(KEPT_CONFIG, layer=0, kv_head=2, step=30)

@@ -24,7 +24,7 @@ Stream = _kvsim.Stream
 __version__ = _kvsim._version()
 git_commit = _kvsim._git_commit()
 
-__all__ = ["run", "Results", "Recording", "synth", "policies", "metrics", "Error", "Policy", "Answer", "Param",
+__all__ = ["run", "Results", "Recording", "synth", "kept_tokens", "policies", "metrics", "Error", "Policy", "Answer", "Param",
            "register_policy", "attend", "Stream", "__version__"]
 
 
@@ -112,6 +112,38 @@ def synth(preset, n=1024, d=64, layers=1, heads=4, kv_heads=None, seed=1, path=N
             "n_kv_heads": heads if kv_heads is None else kv_heads, **params}
     text = to_toml({"seed": seed, "data": data, "policy": [{"name": "exact"}]})
     return Recording(_kvsim._synth(text, "" if path is None else os.fspath(path)))
+
+
+def kept_tokens(config, *, layer=None, kv_head=None, step=0, policy=0, overrides=None):
+    """The tokens the cache of one policy of `config` answers with at step `step` of cell (layer,
+    kv_head), replayed exactly as kvsim.run does (the prompt of `[data] prefill = P` handed over at once,
+    then one token per step): for comparing kvsim's policies token by token with another implementation
+    of the same method (kvsim.kvpress).
+
+    config: a TOML path or dict, as for kvsim.run; policy: the index of its [[policy]] entry (after
+      sweeps expand); step: t in [P+1, n], 0 = P+1 (the first decoded step, whose cache is the
+      compressed prompt plus token P).
+    Returns a list of int64 numpy arrays of 0-based positions, ascending: one for the KV head's cache
+    (`[eval] gqa = "kv_head"`) or one per query head of its group ("query_head"). With layer and kv_head
+    both None: a dict {(layer, kv_head): that list} over every cell of the stream. Raises kvsim.Error
+    for an index or step out of range, or a policy that keeps no token subset (subgen, kivi) or is a
+    non-causal oracle.
+    """
+    import numpy as np
+
+    sets = to_sets(overrides)
+    if isinstance(config, (str, os.PathLike)):
+        text, is_path = os.fspath(config), True
+    elif isinstance(config, dict):
+        text, is_path = to_toml(config), False
+    else:
+        raise TypeError("config must be a TOML path or a dict")
+    if (layer is None) != (kv_head is None):
+        raise TypeError("give both layer and kv_head, or neither (every cell)")
+    cells = [] if layer is None else [(int(layer), int(kv_head))]
+    kept = _kvsim._kept(text, is_path, sets, cells, int(policy), int(step))
+    out = {cell: [np.asarray(k, dtype=np.int64) for k in sets_] for cell, sets_ in kept}
+    return out if layer is None else out[(int(layer), int(kv_head))]
 
 
 def policies():

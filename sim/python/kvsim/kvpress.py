@@ -1,0 +1,157 @@
+"""kvsim beside kvpress (NVIDIA's library of KV-cache presses, PyPI `kvpress`): the tokens a press keeps.
+
+A kvpress press compresses a transformers model's KV cache at prefill, one attention layer at a time
+(kvpress.presses.base_press.BasePress.forward_hook). This module runs a press on a prompt and reads
+back, per layer and KV head, which prompt tokens the compressed cache still holds, so that kvsim's
+policies of the same name can be compared token by token (tests/kvpress_conformance_test.py) and
+docs/kvpress.md's parameter mapping checked.
+
+  load_model(gguf_path)            a transformers causal LM (float32, CPU) from a GGUF file
+  capture(press, model, ids)       PressCapture: the kept token positions per layer and KV head, and
+                                   the press's scores where it has a `score` method (ScorerPress)
+  near_ties(scores, kept, other)   the tokens two kept sets disagree on whose scores sit within float32
+                                   rounding of the press's cut-off
+
+How the kept positions are found: the prompt is run once without the press (the full cache) and once
+with it; every key row left in the compressed cache is looked up, bit for bit, among the full cache's
+rows of the same layer and KV head. During prefill kvpress computes each layer's attention with the
+full cache and compresses afterwards, so the hidden states, and hence the keys, of both passes are
+the same tensors. A press that changes keys (merging, re-rotation) has rows that match nothing: that
+ends in a kvsim.Error naming the press, as does a model kvpress cannot apply the press to.
+"""
+from dataclasses import dataclass, field
+import os
+
+from . import Error
+
+
+def _imports():
+    try:
+        import numpy as np
+        import torch
+        import transformers
+        import kvpress
+    except ImportError as e:  # pragma: no cover - setup installs them (tests/setup_check.py)
+        raise Error(f"kvsim.kvpress needs torch, transformers and kvpress ({e}); run bash scripts/setup.sh") from e
+    return np, torch, transformers, kvpress
+
+
+def load_model(gguf_path):
+    """A transformers causal LM and its tokenizer from a GGUF file (dequantized to float32 by
+    transformers through the `gguf` package; CPU, eval mode). Returns (model, tokenizer). Raises
+    kvsim.Error naming the file when it is missing or transformers cannot load it."""
+    np, torch, transformers, _ = _imports()
+    gguf_path = os.fspath(gguf_path)
+    if not os.path.isfile(gguf_path):
+        raise Error(f"{gguf_path}: no such GGUF file")
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 - any loader failure is a bad input here
+        raise Error(f"{gguf_path}: transformers cannot load this GGUF ({type(e).__name__}: {e})") from e
+    return model.eval(), tok
+
+
+@dataclass
+class PressCapture:
+    """What a press kept of an n-token prompt.
+
+    kept[layer][kv_head]: int64 positions (0-based, ascending) still in the compressed cache.
+    scores[layer]: float64 [n_kv_heads, n] (the press's own `score` output, higher = kept) for presses
+      with a score method, else None.
+    n: prompt tokens; press: the press's class name.
+    """
+    kept: list
+    scores: list
+    n: int
+    press: str
+    n_kv_heads: int = field(default=0)
+
+
+def _full_cache(model, ids, torch, transformers):
+    cache = transformers.DynamicCache()
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
+    return [cache.layers[l].keys[0].float().cpu().numpy() for l in range(len(cache.layers))]
+
+
+def capture(press, model, input_ids):
+    """Runs `press` (a kvpress press) on the prompt `input_ids` (1-D ints) through `model` and returns
+    a PressCapture. Raises kvsim.Error naming the press when kvpress refuses the model or the prompt,
+    or when the compressed cache holds keys that are not rows of the full cache (a press that merges
+    or re-rotates keys: kvsim compares token selections only)."""
+    np, torch, transformers, kvpress = _imports()
+    name = type(press).__name__
+    ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64)).reshape(1, -1)
+    n = int(ids.shape[1])
+    full = _full_cache(model, ids, torch, transformers)
+    scores = {}
+    if hasattr(press, "score"):
+        inner = press.score
+
+        def recording_score(module, hidden_states, keys, values, attentions, kwargs):
+            s = inner(module, hidden_states, keys, values, attentions, kwargs)
+            scores[module.layer_idx] = s[0].detach().double().cpu().numpy()
+            return s
+
+        press.score = recording_score
+    cache = transformers.DynamicCache()
+    try:
+        with torch.no_grad(), press(model):
+            model(ids, past_key_values=cache, use_cache=True)
+    except Error:
+        raise
+    except Exception as e:  # noqa: BLE001 - kvpress's refusals are assertions and ValueErrors
+        raise Error(f"kvpress {name} cannot be applied to {type(model).__name__} on a {n}-token prompt "
+                    f"({type(e).__name__}: {e})") from e
+    finally:
+        if "score" in vars(press):
+            del press.score
+    kept = []
+    for layer, keys_full in enumerate(full):
+        small = cache.layers[layer].keys[0].float().cpu().numpy()
+        per_head = []
+        for h in range(keys_full.shape[0]):
+            where = {keys_full[h, j].tobytes(): j for j in range(n)}
+            pos = []
+            for row in small[h]:
+                j = where.get(row.tobytes())
+                if j is None:
+                    raise Error(f"kvpress {name}: layer {layer} KV head {h} holds a key that is no row of the "
+                                "uncompressed cache (the press merges or re-rotates keys; kvsim compares token "
+                                "selections only)")
+                pos.append(j)
+            masked = getattr(model.model.layers[layer].self_attn, "masked_key_indices", None)
+            if masked is not None:  # AdaKV-style presses mask instead of removing
+                raise Error(f"kvpress {name}: masks cache entries per head (masked_key_indices); not supported yet")
+            per_head.append(np.asarray(sorted(pos), dtype=np.int64))
+        kept.append(per_head)
+    return PressCapture(kept=kept, scores=[scores.get(l) for l in range(len(full))], n=n, press=name,
+                        n_kv_heads=len(kept[0]) if kept else 0)
+
+
+def near_ties(scores, kept, other, rel=1e-5):
+    """Of the tokens on which two kept sets of one KV head differ (kept △ other), how many are near-ties:
+    tokens the press ranked within `rel` (relative to the largest |score|) of its cut-off, where float32
+    rounding of the same formula may rank them either way. A token the press kept but `other` did not is
+    a near-tie when its score exceeds the best excluded token's by at most that much; a token `other`
+    kept but the press did not, when it falls short of the lowest kept token's by at most that much.
+    scores: [n] the press's scores for this head; kept: the press's set; other: the compared set.
+    Returns (n_differing, n_near_ties)."""
+    import numpy as np
+
+    s = np.asarray(scores, dtype=np.float64)
+    a = np.zeros(s.shape[0], dtype=bool)
+    a[np.asarray(kept, dtype=np.int64)] = True
+    b = np.zeros(s.shape[0], dtype=bool)
+    b[np.asarray(other, dtype=np.int64)] = True
+    only_a, only_b = np.flatnonzero(a & ~b), np.flatnonzero(b & ~a)
+    if only_a.size + only_b.size == 0:
+        return 0, 0
+    tol = rel * max(float(np.abs(s[np.isfinite(s)]).max(initial=0.0)), 1e-300)
+    lowest_kept = s[a].min() if a.any() else np.inf
+    best_excluded = s[~a].max() if (~a).any() else -np.inf
+    ties = int(np.sum(s[only_a] - best_excluded <= tol) + np.sum(lowest_kept - s[only_b] <= tol))
+    return int(only_a.size + only_b.size), ties

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""kvsim's policies beside kvpress's presses of the same name, token by token, on SmolLM2-135M.
+
+Usage: kvpress_conformance_test.py REPO MODELS_DIR SHARED_DATA [--tokens P] [--json FILE]
+
+One prompt of P = 512 tokens of Tiny Shakespeare. transformers loads the SmolLM2 GGUF (float32, CPU);
+datasets/export_hf.py records P + 1 tokens of it in float32 (the same tensors kvpress's cache holds),
+and kvpress runs each press on the first P. For compression ratios r in {0.25, 0.5, 0.75} (kvpress
+keeps n_kept = int(P·(1 − r)) tokens per layer and KV head), the kvsim policy mapped to the press
+(docs/kvpress.md) replays the recording with `[data] prefill = P`, and kvsim.kept_tokens gives its
+cache at the first decoded step P + 1 (the compressed prompt plus token P, which kvpress appends
+when decoding starts). Per layer and KV head the two prompt sets are compared:
+
+  StreamingLLMPress(n_sink=4)          sink(budget = n_kept + 1, sink = 4)          identical
+  SnapKVPress(window 64, kernel 5)     snapkv(budget = n_kept, window = 64,         identical but near-ties
+                                         kernel = 5, pooling = "avg")
+  KnormPress                           knorm(budget = n_kept + 1)                   identical but near-ties
+  PyramidKVPress(window 64, kernel 5)  pyramidkv(as snapkv, budgets = "kvpress")    identical but near-ties
+                                       pyramidkv(budgets = "paper", kvsim's default) differs by design: counted
+  TOVAPress                            tova(budget = n_kept + 1)                    differs by design: counted
+
+A near-tie is a token on which the sets differ whose kvpress score lies within 1e-5 (relative to the
+score range) of kvpress's cut-off. Negative controls: snapkv with max pooling (kvsim's default, not
+kvpress's) and knorm one token short must show differences that are not ties. TOVA: kvpress averages
+the last query's attention over all the layer's query heads and keeps one set for every KV head (the
+same set: checked); kvsim's tova, following the paper's stream, evicts one token per step by the
+group's weights; the differing share is printed.
+
+Exit 0 when every check holds, 1 otherwise, 77 (SKIPPED) when torch/transformers/kvpress or the
+model file is missing (tests/setup_check.py fails the suite in that case after setup).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RATIOS = (0.25, 0.5, 0.75)
+
+
+def run_ratio(c, ratio):
+    """The five presses (and the two controls) at one compression ratio."""
+    kvpress, bridge, model, ids, P, L, H = c["kvpress"], c["bridge"], c["model"], c["ids"], c["P"], c["L"], c["H"]
+    compare, check, np = c["compare"], c["check"], c["np"]
+    n_kept = max(1, int(P * (1 - ratio)))
+    streaming = bridge.capture(kvpress.StreamingLLMPress(compression_ratio=ratio, n_sink=4), model, ids)
+    r = compare("StreamingLLMPress", streaming, {"name": "sink", "budget": n_kept + 1, "sink": 4}, ratio, "identical")
+    check(r["differing_tokens"] == 0, f"StreamingLLMPress r={ratio}: sink keeps other tokens")
+
+    snap = bridge.capture(kvpress.SnapKVPress(compression_ratio=ratio, window_size=64, kernel_size=5), model, ids)
+    snap_policy = {"name": "snapkv", "budget": n_kept, "window": 64, "kernel": 5, "pooling": "avg"}
+    r = compare("SnapKVPress", snap, snap_policy, ratio, "identical but near-ties")
+    check(r["differing_tokens"] == r["near_ties"], f"SnapKVPress r={ratio}: differences beyond near-ties")
+    r = compare("SnapKVPress", snap, dict(snap_policy, pooling="max"), ratio, "differs (control)", control=True)
+    check(r["differing_tokens"] > r["near_ties"], f"SnapKVPress r={ratio}: the max-pooling control shows no difference")
+
+    pyramid = bridge.capture(kvpress.PyramidKVPress(compression_ratio=ratio, window_size=64, kernel_size=5),
+                             model, ids)
+    pyramid_policy = dict(snap_policy, name="pyramidkv", budgets="kvpress")
+    r = compare("PyramidKVPress", pyramid, pyramid_policy, ratio, "identical but near-ties")
+    check(r["differing_tokens"] == r["near_ties"], f"PyramidKVPress r={ratio}: differences beyond near-ties")
+    compare("PyramidKVPress", pyramid, dict(pyramid_policy, budgets="paper"), ratio, "differs by design (paper budgets)",
+            control=True)
+
+    knorm = bridge.capture(kvpress.KnormPress(compression_ratio=ratio), model, ids)
+    r = compare("KnormPress", knorm, {"name": "knorm", "budget": n_kept + 1}, ratio, "identical but near-ties")
+    check(r["differing_tokens"] == r["near_ties"], f"KnormPress r={ratio}: differences beyond near-ties")
+    r = compare("KnormPress", knorm, {"name": "knorm", "budget": n_kept}, ratio, "differs (control)", control=True)
+    check(r["differing_tokens"] > r["near_ties"], f"KnormPress r={ratio}: the one-token-short control shows no difference")
+
+    tova = bridge.capture(kvpress.TOVAPress(compression_ratio=ratio), model, ids)
+    check(all(np.array_equal(tova.kept[l][0], tova.kept[l][h]) for l in range(L) for h in range(H)),
+          f"TOVAPress r={ratio}: kvpress's sets differ across KV heads (expected one set per layer)")
+    compare("TOVAPress", tova, {"name": "tova", "budget": n_kept + 1}, ratio, "differs by design")
+
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("repo")
+    ap.add_argument("models")
+    ap.add_argument("data")
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    gguf = os.path.join(a.models, GGUF)
+    if not os.path.isfile(gguf):
+        print(f"SKIPPED: {gguf} missing (bash scripts/setup.sh fetches it)")
+        return 77
+    try:
+        import numpy as np
+        import kvpress
+    except ImportError as e:
+        print(f"SKIPPED: {e}")
+        return 77
+    import kvsim
+    from kvsim import kvpress as bridge
+
+    P = a.tokens
+    failures = []
+
+    def check(cond, what):
+        if not cond:
+            failures.append(what)
+            print("FAIL:", what)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(a.data, "tinyshakespeare", "input.txt"), encoding="utf-8") as f:
+            text = f.read()[:20000]
+        text_path = os.path.join(tmp, "text.txt")
+        with open(text_path, "w", encoding="utf-8") as f:
+            f.write(text)
+        rec = os.path.join(tmp, "prompt.h5")
+        subprocess.run([sys.executable, os.path.join(a.repo, "datasets", "export_hf.py"), "--model", a.models,
+                        "--gguf-file", GGUF, "--text", text_path, "--tokens", str(P + 1), "--dtype", "float32",
+                        "--model-dtype", "float32", "--device", "cpu", "--no-attn", "--out", rec],
+                       check=True, stdout=subprocess.DEVNULL)
+        recording = kvsim.Recording(rec)
+        ids = recording.tokens()[:P]
+        meta = recording.meta
+        L, H = meta["n_layers"], meta["n_kv_heads"]
+        model, _ = bridge.load_model(gguf)
+
+        def kvsim_sets(policy, ratio_label):
+            cfg = {"name": "kvpress_conformance", "data": {"path": rec, "prefill": P, "tokens": P + 1},
+                   "policy": [policy]}
+            out = {}
+            for (l, h), (k,) in kvsim.kept_tokens(cfg).items():
+                check(k[-1] == P, f"{ratio_label} {policy['name']} layer {l} KV head {h}: token P not in the cache")
+                out[l, h] = k[k < P]
+            return out
+
+        rows = []
+
+        def compare(press_name, capture, policy, ratio, expect, control=False):
+            label = f"{press_name} r={ratio} vs {policy}"
+            mine = kvsim_sets(policy, label)
+            total = ties = heads_differ = 0
+            for l in range(L):
+                for h in range(H):
+                    theirs = capture.kept[l][h]
+                    scores = capture.scores[l][h] if capture.scores[l] is not None else np.zeros(P)
+                    d, t = bridge.near_ties(scores, theirs, mine[l, h])
+                    total += d
+                    ties += t
+                    heads_differ += d > 0
+            row = {"press": press_name, "ratio": ratio, "policy": policy, "differing_tokens": total,
+                   "near_ties": ties, "heads_differing": heads_differ, "heads": L * H,
+                   "kept_per_head": int(np.mean([len(capture.kept[l][h]) for l in range(L) for h in range(H)])),
+                   "expect": expect, "control": control}
+            rows.append(row)
+            print(f"{label}: {total} differing tokens ({ties} near-ties) over {heads_differ}/{L * H} heads")
+            return row
+
+        ctx = dict(kvpress=kvpress, bridge=bridge, model=model, ids=ids, P=P, L=L, H=H, compare=compare, check=check, np=np)
+        for ratio in RATIOS:
+            run_ratio(ctx, ratio)
+
+        if a.json:
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump({"tokens": P, "model": GGUF, "kvpress": kvpress.__version__ if hasattr(kvpress, "__version__") else "",
+                           "rows": rows}, f, indent=1)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    print("kvpress conformance: all checks hold")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
