@@ -38,6 +38,7 @@ import tempfile
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RATIOS = (0.25, 0.5, 0.75)
+DECODE = 32  # decoded tokens after the prompt in the recording (the replay check decodes them)
 
 
 def run_ratio(c, ratio):
@@ -77,6 +78,35 @@ def run_ratio(c, ratio):
 
 
 
+def check_replay(c, kvsim, rec, tmp):
+    """A press file replayed by kvsim's press_replay: SnapKVPress's kept sets, decoded with every new token
+    appended, answer exactly as kvsim's snapkv with the mapped parameters (decode_window = -1 appends too)
+    at every decoded step; TOVAPress's set (negative control) does not; a wrong prompt length is refused."""
+    kvpress, bridge, P, check = c["kvpress"], c["bridge"], c["P"], c["check"]
+    n_kept = int(P * 0.5)
+    snap = bridge.save(bridge.capture(kvpress.SnapKVPress(compression_ratio=0.5, window_size=64, kernel_size=5),
+                                      c["model"], c["ids"]), os.path.join(tmp, "snapkv.h5"))
+    tova = bridge.save(bridge.capture(kvpress.TOVAPress(compression_ratio=0.5), c["model"], c["ids"]),
+                       os.path.join(tmp, "tova.h5"))
+    cfg = {"name": "press_replay", "data": {"path": rec, "prefill": P}, "eval": {"every": 8, "from": P + 1},
+           "policy": [{"name": "press_replay", "file": snap, "label": "snapkv_press"},
+                      {"name": "snapkv", "budget": n_kept, "window": 64, "kernel": 5, "pooling": "avg", "label": "snapkv_mapped"},
+                      {"name": "press_replay", "file": tova, "label": "tova_press"}]}
+    rows = kvsim.run(cfg).rows()
+    a, b, t = (rows[rows["label"] == name].reset_index(drop=True) for name in ("snapkv_press", "snapkv_mapped", "tova_press"))
+    worst = float((a["rel_err"] - b["rel_err"]).abs().max())
+    print(f"press_replay(SnapKVPress) vs snapkv over {len(a)} rows: worst rel_err difference {worst:.2e}; "
+          f"cache_tokens equal: {bool((a['cache_tokens'] == b['cache_tokens']).all())}")
+    check(len(a) == len(b) > 0 and worst <= 1e-12, "press_replay of SnapKVPress does not answer as snapkv")
+    check((a["cache_tokens"] == b["cache_tokens"]).all(), "press_replay's cache size differs from snapkv's")
+    check(float((t["rel_err"] - b["rel_err"]).abs().max()) > 1e-6, "control: the TOVA press file answers as snapkv")
+    try:
+        kvsim.run(cfg | {"data": {"path": rec, "prefill": P - 1}, "policy": cfg["policy"][:1]})
+        check(False, "a press file of another prompt length was accepted")
+    except kvsim.Error as e:
+        check("compressed a prompt of" in str(e), f"unexpected refusal: {e}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("repo")
@@ -114,7 +144,7 @@ def main():
             f.write(text)
         rec = os.path.join(tmp, "prompt.h5")
         subprocess.run([sys.executable, os.path.join(a.repo, "datasets", "export_hf.py"), "--model", a.models,
-                        "--gguf-file", GGUF, "--text", text_path, "--tokens", str(P + 1), "--dtype", "float32",
+                        "--gguf-file", GGUF, "--text", text_path, "--tokens", str(P + DECODE), "--dtype", "float32",
                         "--model-dtype", "float32", "--device", "cpu", "--no-attn", "--out", rec],
                        check=True, stdout=subprocess.DEVNULL)
         recording = kvsim.Recording(rec)
@@ -157,6 +187,7 @@ def main():
         ctx = dict(kvpress=kvpress, bridge=bridge, model=model, ids=ids, P=P, L=L, H=H, compare=compare, check=check, np=np)
         for ratio in RATIOS:
             run_ratio(ctx, ratio)
+        check_replay(ctx, kvsim, rec, tmp)
 
         if a.json:
             with open(a.json, "w", encoding="utf-8") as f:

@@ -1,6 +1,10 @@
 // The policy and metric registries: documentation that cannot drift from the code.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <set>
+#include <unistd.h>
+
+#include "kvsim/io/h5.hpp"
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/policies/registry.hpp"
@@ -19,13 +23,34 @@ StreamInfo small_stream() {
   return s;
 }
 
+/// A policy's example with its input files made: press_replay's `file` becomes a press file for
+/// small_stream() (layer 0, KV head 0: the prompt's even positions), written once.
+Params with_files(const Params& ex) {
+  if (!ex.has("file")) return ex;
+  static const std::string path = [] {
+    const std::string p = (std::filesystem::temp_directory_path() / ("kvsim_registry_press_" + std::to_string(::getpid()) + ".h5")).string();
+    h5::File f = h5::File::create(p);
+    f.set_attr("/", "kvsim_press", int64_t(1));
+    f.set_attr("/", "prompt", int64_t(32));
+    f.create_group("/layer_000");
+    std::vector<int64_t> even;
+    for (int64_t j = 0; j < 32; j += 2) even.push_back(j);
+    f.write_vector("/layer_000/kv_head_00", even);
+    return p;
+  }();
+  Params out = ex;
+  out.set("file", path, "test");
+  return out;
+}
+
 /// Distinct disagreements between `info`'s documented parameters and what its factory reads, over its examples.
 std::set<std::string> doc_mismatches(const PolicyInfo& info) {
   std::set<std::string> bad;
   std::set<std::string> documented, asked_somewhere;
   for (const auto& p : info.params) documented.insert(p.name);
   for (const Params& ex : info.examples) {
-    ParamReader params(ex);
+    const Params given = with_files(ex);
+    ParamReader params(given);
     info.make(params, small_stream());
     for (const auto& [key, def] : params.asked()) {
       asked_somewhere.insert(key);
@@ -55,7 +80,7 @@ TEST_CASE("registry: every policy's documented parameters and defaults are the o
     for (const auto& b : bad) UNSCOPED_INFO(b);
     CHECK(bad.empty());
     // The registry is the one way in: make_policy finds it by name.
-    CHECK(make_policy(info->name, info->examples.front(), small_stream()) != nullptr);
+    CHECK(make_policy(info->name, with_files(info->examples.front()), small_stream()) != nullptr);
   }
 }
 
@@ -97,7 +122,7 @@ TEST_CASE("registry: memory rules replace size parameters, and a policy without 
 TEST_CASE("registry: every policy file's KVSIM_POLICY definition is registered, in name order", "[registry]") {
   // The list is generated at build time from sim/policies/*.cpp (cmake/policy_list.cmake); this is
   // the set of policy files today, so a definition the scan missed (or a stray one) fails here.
-  const std::vector<std::string> expected = {"buzz", "exact", "h2o", "kivi", "knorm", "oracle_topk", "pyramidkv", "quest",
+  const std::vector<std::string> expected = {"buzz", "exact", "h2o", "kivi", "knorm", "oracle_topk", "press_replay", "pyramidkv", "quest",
                                              "scissorhands", "sink", "snapkv", "subgen", "subgen_kcenter", "tova",
                                              "uniform", "window"};
   CHECK(policy_names() == expected);

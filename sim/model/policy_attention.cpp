@@ -31,6 +31,7 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
   for (int l = 0; l < cfg.n_layers; ++l)
     for (int h = 0; h < caches; ++h) {
       info.layer = l;
+      info.kv_head = per_query_ ? h / G : h;
       const uint64_t head_id = per_query_ ? uint64_t(h) : uint64_t(h) + (1ULL << 32);
       info.seed = derive_seed({seed, uint64_t(l), head_id, 0, 0});
       auto p = make_policy(spec.name, spec.params, info);

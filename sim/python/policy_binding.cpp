@@ -256,6 +256,7 @@ void bind_policies(py::module_& m) {
       .def_readonly("seed", &StreamInfo::seed, "this instance's seed (config seed, layer, head, policy)")
       .def_readonly("prefill", &StreamInfo::prefill, "prompt tokens handed over before decoding (0: none)")
       .def_readonly("layer", &StreamInfo::layer)
+      .def_readonly("kv_head", &StreamInfo::kv_head, "this cache's KV head (in query_head mode, its query head's)")
       .def_readonly("n_layers", &StreamInfo::n_layers)
       .def("__repr__", [](const StreamInfo& s) {
         return "kvsim.Stream(n=" + std::to_string(s.n) + ", head_dim=" + std::to_string(s.head_dim) +

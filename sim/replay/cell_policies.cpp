@@ -92,6 +92,7 @@ StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, int he
   info.n_queries = ex.eval.gqa == GqaMode::query_head ? 1 : int(cell.heads.size());
   info.prefill = ex.data.prefill;
   info.layer = cell.layer;
+  info.kv_head = cell.kv_head;
   info.n_layers = n_layers;
   return info;
 }

@@ -38,6 +38,7 @@ struct StreamInfo {
   /// `[data] prefill = P` (docs/architecture.md, a replay step by step, prefill then decode): tokens 1..P are the prompt, handed to
   /// kvsim::prefill at once; decoding streams t = P+1..n. 0 = no prompt (every token streams).
   int64_t prefill = 0;
+  int kv_head = 0;   ///< this cache's KV head (0-based; in query_head mode the KV head of its query head)
   int layer = 0;     ///< this cache's layer (0-based) ...
   int n_layers = 1;  ///< ... of the model's n_layers (PyramidKV's layer budgets)
 };

@@ -155,3 +155,33 @@ def near_ties(scores, kept, other, rel=1e-5):
     best_excluded = s[~a].max() if (~a).any() else -np.inf
     ties = int(np.sum(s[only_a] - best_excluded <= tol) + np.sum(lowest_kept - s[only_b] <= tol))
     return int(only_a.size + only_b.size), ties
+
+
+def save(cap, path, **attrs):
+    """Writes a PressCapture as a press file for kvsim's `press_replay` policy (HDF5: root attributes
+    kvsim_press = 1, press, prompt = n, n_layers, n_kv_heads and `attrs`; /layer_LLL/kv_head_HH the kept
+    positions), atomically: to PATH.tmp, then renamed. A config then replays it with
+    `{"name": "press_replay", "file": path}` and `[data] prefill = n` on a recording of the same prompt."""
+    import h5py
+    import numpy as np
+
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["kvsim_press"] = np.int64(1)
+            f.attrs["press"] = cap.press
+            f.attrs["prompt"] = np.int64(cap.n)
+            f.attrs["n_layers"] = np.int64(len(cap.kept))
+            f.attrs["n_kv_heads"] = np.int64(cap.n_kv_heads)
+            for k, v in attrs.items():
+                f.attrs[k] = v
+            for layer, heads in enumerate(cap.kept):
+                for h, kept in enumerate(heads):
+                    f.create_dataset(f"layer_{layer:03d}/kv_head_{h:02d}", data=np.asarray(kept, dtype=np.int32))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
