@@ -15,6 +15,7 @@ when decoding starts). Per layer and KV head the two prompt sets are compared:
   SnapKVPress(window 64, kernel 5)     snapkv(budget = n_kept, window = 64,         identical but near-ties
                                          kernel = 5, pooling = "avg")
   KnormPress                           knorm(budget = n_kept + 1)                   identical but near-ties
+  KeyDiffPress                         keydiff(budget = n_kept), read at step P     identical but near-ties
   PyramidKVPress(window 64, kernel 5)  pyramidkv(as snapkv, budgets = "kvpress")    identical but near-ties
                                        pyramidkv(budgets = "paper", kvsim's default) differs by design: counted
   TOVAPress                            tova(budget = n_kept + 1)                    differs by design: counted
@@ -70,6 +71,10 @@ def run_ratio(c, ratio):
     check(r["differing_tokens"] == r["near_ties"], f"KnormPress r={ratio}: differences beyond near-ties")
     r = compare("KnormPress", knorm, {"name": "knorm", "budget": n_kept}, ratio, "differs (control)", control=True)
     check(r["differing_tokens"] > r["near_ties"], f"KnormPress r={ratio}: the one-token-short control shows no difference")
+
+    keydiff = bridge.capture(kvpress.KeyDiffPress(compression_ratio=ratio), model, ids)
+    r = compare("KeyDiffPress", keydiff, {"name": "keydiff", "budget": n_kept}, ratio, "identical but near-ties", step=P)
+    check(r["differing_tokens"] == r["near_ties"], f"KeyDiffPress r={ratio}: differences beyond near-ties")
 
     tova = bridge.capture(kvpress.TOVAPress(compression_ratio=ratio), model, ids)
     check(all(np.array_equal(tova.kept[l][0], tova.kept[l][h]) for l in range(L) for h in range(H)),
@@ -153,20 +158,20 @@ def main():
         L, H = meta["n_layers"], meta["n_kv_heads"]
         model, _ = bridge.load_model(gguf)
 
-        def kvsim_sets(policy, ratio_label):
+        def kvsim_sets(policy, ratio_label, step=0):
             cfg = {"name": "kvpress_conformance", "data": {"path": rec, "prefill": P, "tokens": P + 1},
                    "policy": [policy]}
             out = {}
-            for (l, h), (k,) in kvsim.kept_tokens(cfg).items():
-                check(k[-1] == P, f"{ratio_label} {policy['name']} layer {l} KV head {h}: token P not in the cache")
+            for (l, h), (k,) in kvsim.kept_tokens(cfg, step=step).items():
+                check(step == P or k[-1] == P, f"{ratio_label} {policy['name']} layer {l} KV head {h}: token P not in the cache")
                 out[l, h] = k[k < P]
             return out
 
         rows = []
 
-        def compare(press_name, capture, policy, ratio, expect, control=False):
+        def compare(press_name, capture, policy, ratio, expect, control=False, step=0):
             label = f"{press_name} r={ratio} vs {policy}"
-            mine = kvsim_sets(policy, label)
+            mine = kvsim_sets(policy, label, step)
             total = ties = heads_differ = 0
             for l in range(L):
                 for h in range(H):

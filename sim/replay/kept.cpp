@@ -23,8 +23,8 @@ std::vector<std::vector<int64_t>> kept_tokens(const Experiment& ex, const Stream
     throw Error("kept_tokens: layer " + std::to_string(layer) + " is out of range [0, " + std::to_string(meta.n_layers) + ")");
   if (kv_head < 0 || kv_head >= meta.n_kv_heads)
     throw Error("kept_tokens: KV head " + std::to_string(kv_head) + " is out of range [0, " + std::to_string(meta.n_kv_heads) + ")");
-  if (t <= P || t > n)
-    throw Error("kept_tokens: step " + std::to_string(t) + " is outside the decoded steps [" + std::to_string(P + 1) + ", " +
+  if (t < P || (t == P && P == 0) || t > n)
+    throw Error("kept_tokens: step " + std::to_string(t) + " is outside [" + std::to_string(std::max<int64_t>(P, 1)) + ", " +
                 std::to_string(n) + "] (data.prefill = " + std::to_string(P) + ")");
   const int G = meta.n_heads / meta.n_kv_heads;
   Cell cell{layer, kv_head, {}};
@@ -56,6 +56,10 @@ std::vector<std::vector<int64_t>> kept_tokens(const Experiment& ex, const Stream
       if (step < t && !inst->needs_every_query()) continue;
       for (size_t g = 0; g < heads.size(); ++g) q.row(Eigen::Index(g)) = s.queries_scaled[size_t(heads[g])].row(step - 1);
       inst->attend(step, q, step == t ? &answers : nullptr, nullptr);
+    }
+    if (t == P) {  // the compressed prompt: its cache read with the prompt's last query
+      for (size_t g = 0; g < heads.size(); ++g) q.row(Eigen::Index(g)) = s.queries_scaled[size_t(heads[g])].row(P - 1);
+      inst->attend(P, q, &answers, nullptr);
     }
     if (!answers[0].has_kept)
       throw Error("kept_tokens: policy '" + label + "' answers without a kept token set (its output is not attention over a subset of tokens)");

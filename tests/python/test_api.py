@@ -230,7 +230,27 @@ def test_kept_tokens_refuse_what_has_no_kept_set():
         kvsim.kept_tokens(KEPT_CONFIG, layer=0, kv_head=0, step=30, policy=3)
     with pytest.raises(kvsim.Error, match="non-causal oracle"):
         kvsim.kept_tokens(KEPT_CONFIG, layer=0, kv_head=0, step=30, policy=4)
-    with pytest.raises(kvsim.Error, match=r"step 81 is outside the decoded steps \[1, 80\]"):
+    with pytest.raises(kvsim.Error, match=r"step 81 is outside \[1, 80\]"):
         kvsim.kept_tokens(KEPT_CONFIG, layer=0, kv_head=0, step=81)
     with pytest.raises(kvsim.Error, match="KV head 2 is out of range"):
         kvsim.kept_tokens(KEPT_CONFIG, layer=0, kv_head=2, step=30)
+
+
+def test_keydiff_streaming_keeps_the_keys_least_like_the_anchor():
+    # KeyDiff with blocks of one token (Algorithm 1): token t joins; if B + 1 are cached, the older key with
+    # the highest cosine to the mean unit key of all B + 1 leaves. Simulated here from the keys alone.
+    cfg = {"data": {"synthetic": "clustered", "n": 60, "d": 8, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
+           "seed": 9, "policy": [{"name": "keydiff", "budget": 12}, {"name": "window", "budget": 12}]}
+    keys = kvsim.synth("clustered", n=60, d=8, layers=1, heads=2, kv_heads=1, seed=9).k(0, 0).astype(np.float64)
+    unit = keys / np.linalg.norm(keys, axis=1, keepdims=True)
+    cache = []
+    for t in range(60):
+        if len(cache) == 12:
+            anchor = unit[cache].sum(0) + unit[t]
+            cache.remove(cache[int(np.argmax(unit[cache] @ anchor))])
+        cache.append(t)
+        if t + 1 in (12, 13, 40, 60):
+            (got,) = kvsim.kept_tokens(cfg, layer=0, kv_head=0, step=t + 1)
+            assert got.tolist() == sorted(cache)
+    (window,) = kvsim.kept_tokens(cfg, layer=0, kv_head=0, step=60, policy=1)
+    assert window.tolist() != sorted(cache)  # control: not merely the most recent tokens

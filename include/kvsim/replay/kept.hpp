@@ -16,7 +16,8 @@ namespace kvsim {
 /// the policy needs every query; at step t its answer names the kept tokens. Returns one set per
 /// instance: one in `[eval] gqa = "kv_head"` mode (the KV head's whole query group), one per query head
 /// of the group in "query_head" mode. t in [P+1, n] (n: the stream's tokens, or `[data] tokens`); t = 0
-/// means P+1, the first decoded step.
+/// means P+1, the first decoded step; t = P (when P > 0) is the compressed prompt before any decoded
+/// token joins (the cache is read by showing the prompt's last query, q_P, once more).
 /// Throws kvsim::Error for a layer, KV head or step out of range, and for a policy whose answer is not
 /// attention over a token subset (subgen, kivi) or that is a non-causal oracle.
 std::vector<std::vector<int64_t>> kept_tokens(const Experiment& ex, const StreamSource& src, int layer, int kv_head,

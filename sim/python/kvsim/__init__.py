@@ -122,7 +122,7 @@ def kept_tokens(config, *, layer=None, kv_head=None, step=0, policy=0, overrides
 
     config: a TOML path or dict, as for kvsim.run; policy: the index of its [[policy]] entry (after
       sweeps expand); step: t in [P+1, n], 0 = P+1 (the first decoded step, whose cache is the
-      compressed prompt plus token P).
+      compressed prompt plus token P), or P itself (P > 0): the compressed prompt alone.
     Returns a list of int64 numpy arrays of 0-based positions, ascending: one for the KV head's cache
     (`[eval] gqa = "kv_head"`) or one per query head of its group ("query_head"). With layer and kv_head
     both None: a dict {(layer, kv_head): that list} over every cell of the stream. Raises kvsim.Error
