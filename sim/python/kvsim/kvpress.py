@@ -21,6 +21,7 @@ ends in a kvsim.Error naming the press, as does a model kvpress cannot apply the
 """
 from dataclasses import dataclass, field
 import os
+import weakref
 
 from . import Error
 
@@ -70,11 +71,21 @@ class PressCapture:
     n_kv_heads: int = field(default=0)
 
 
+_last_full = {}  # the uncompressed keys of the last (model, prompt): one entry, reused by the next capture
+
+
 def _full_cache(model, ids, torch, transformers):
-    cache = transformers.DynamicCache()
-    with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True)
-    return [cache.layers[l].keys[0].float().cpu().numpy() for l in range(len(cache.layers))]
+    """The uncompressed cache's keys per layer, [n_kv_heads, n, head_dim]. Several presses are usually
+    captured on one prompt, so the last prompt's keys are kept and the forward pass is not repeated."""
+    prompt = ids.numpy().tobytes()
+    same_model = _last_full.get("model") is not None and _last_full["model"]() is model  # a weak reference
+    if not (same_model and _last_full["prompt"] == prompt):
+        cache = transformers.DynamicCache()
+        with torch.no_grad():
+            model(ids, past_key_values=cache, use_cache=True)
+        keys = [cache.layers[l].keys[0].float().cpu().numpy() for l in range(len(cache.layers))]
+        _last_full.update(model=weakref.ref(model), prompt=prompt, keys=keys)
+    return _last_full["keys"]
 
 
 def capture(press, model, input_ids):
@@ -111,6 +122,9 @@ def capture(press, model, input_ids):
             del press.score
     kept = []
     for layer, keys_full in enumerate(full):
+        if getattr(model.model.layers[layer].self_attn, "masked_key_indices", None) is not None:
+            # AdaKV-style presses mask instead of removing
+            raise Error(f"kvpress {name}: masks cache entries per head (masked_key_indices); not supported yet")
         small = cache.layers[layer].keys[0].float().cpu().numpy()
         per_head = []
         for h in range(keys_full.shape[0]):
@@ -123,9 +137,6 @@ def capture(press, model, input_ids):
                                 "uncompressed cache (the press merges or re-rotates keys; kvsim compares token "
                                 "selections only)")
                 pos.append(j)
-            masked = getattr(model.model.layers[layer].self_attn, "masked_key_indices", None)
-            if masked is not None:  # AdaKV-style presses mask instead of removing
-                raise Error(f"kvpress {name}: masks cache entries per head (masked_key_indices); not supported yet")
             per_head.append(np.asarray(sorted(pos), dtype=np.int64))
         kept.append(per_head)
     return PressCapture(kept=kept, scores=[scores.get(l) for l in range(len(full))], n=n, press=name,
