@@ -3,7 +3,7 @@
 bit for bit, timings aside. A metric dataset that was all NaN before (a metric that does not apply)
 may be left out after.
 
-Usage: .venv/bin/python scripts/compare_results.py [--allow-new-rows] [--atol A] BEFORE_DIR AFTER_DIR
+Usage: .venv/bin/python scripts/compare_results.py [--allow-new-rows] [--atol A] [--rtol R] BEFORE_DIR AFTER_DIR
 
 --allow-new-rows: AFTER's CSVs may hold rows BEFORE's do not (policies added to a config); every row
 of BEFORE must still appear, in order. CSV columns are matched by name (added columns are ignored).
@@ -19,6 +19,10 @@ policy_ns rows of summary/cells. Prints one line per difference and exits 1 if t
 matrix-vector products): float datasets may differ by at most A in absolute value (NaN where NaN), and
 CSV numbers by A + 2e-5 relative (the CSVs print 6 significant digits, so the last one may flip); the
 report then lists, per (policy, metric), how many entries moved and the largest |Δ|.
+
+--rtol R: as --atol, with the bound A + R·|before| per entry (A = 0 unless given), and CSV numbers
+within A + max(R, 2e-5) relative: for two computations that agree to a relative precision, e.g. the
+CPU and GPU paths on one recording (scripts/gpu_check.sh), whose metrics span many magnitudes.
 """
 import csv
 import os
@@ -46,7 +50,7 @@ def files(root, suffix):
     return sorted(out)
 
 
-def compare_h5(a_path, b_path, diffs, omitted, atol=None, moved=None):
+def compare_h5(a_path, b_path, diffs, omitted, atol=None, moved=None, rtol=0.0):
     import h5py
     import numpy as np
     with h5py.File(a_path, "r") as a, h5py.File(b_path, "r") as b:
@@ -72,17 +76,25 @@ def compare_h5(a_path, b_path, diffs, omitted, atol=None, moved=None):
                     n = int(np.sum(~((x == y) | (np.isnan(x) & np.isnan(y))))) if x.shape == y.shape else -1
                     if atol is not None and n > 0 and x.dtype.kind == "f" and np.array_equal(np.isnan(x), np.isnan(y)):
                         ok = ~np.isnan(x)
-                        worst = float(np.max(np.abs(x[ok] - y[ok])))
-                        if worst <= atol:
+                        delta = np.abs(x[ok] - y[ok])
+                        worst = float(np.max(delta))
+                        if np.all(delta <= atol + rtol * np.abs(x[ok])):
                             key = (as_text(a[g].attrs.get("name")), ds)
                             c, w = moved.get(key, (0, 0.0))
                             moved[key] = (c + n, max(w, worst))
                             continue
-                    diffs.append(f"{b_path}: /{g}/{ds} differs ({n} entries)")
+                    detail = ""
+                    if x.shape == y.shape and x.dtype.kind == "f":
+                        ok = ~(np.isnan(x) | np.isnan(y))
+                        if ok.any():
+                            dx = np.abs(x[ok] - y[ok])
+                            rel = dx / np.maximum(np.abs(x[ok]), 1e-300)
+                            detail = f"; largest |Δ| {float(dx.max()):.3g}, largest |Δ|/|before| {float(rel.max()):.3g}"
+                    diffs.append(f"{b_path}: /{g}/{ds} differs ({n} entries{detail})")
 
 
-def close_rows(x, y, atol):
-    """CSV rows equal up to atol + 2e-5 relative on numbers (text cells exactly)."""
+def close_rows(x, y, atol, rtol=0.0):
+    """CSV rows equal up to atol + max(rtol, 2e-5) relative on numbers (text cells exactly)."""
     if len(x) != len(y):
         return False
     for u, v in zip(x, y):
@@ -92,12 +104,12 @@ def close_rows(x, y, atol):
             fu, fv = float(u), float(v)
         except ValueError:
             return False
-        if not abs(fu - fv) <= atol + 2e-5 * max(abs(fu), abs(fv)):
+        if not abs(fu - fv) <= atol + max(rtol, 2e-5) * max(abs(fu), abs(fv)):
             return False
     return True
 
 
-def compare_csv(a_path, b_path, diffs, allow_new_rows=False, atol=None):
+def compare_csv(a_path, b_path, diffs, allow_new_rows=False, atol=None, rtol=0.0):
     with open(a_path, newline="") as fa, open(b_path, newline="") as fb:
         ra, rb = list(csv.reader(fa)), list(csv.reader(fb))
     if not ra or not rb or not set(ra[0]) <= set(rb[0]):
@@ -130,7 +142,7 @@ def compare_csv(a_path, b_path, diffs, allow_new_rows=False, atol=None):
         diffs.append(f"{b_path}: {len(rb)} rows vs {len(ra)}")
         return
     for i, (x, y) in enumerate(zip(ra, rb)):
-        if x != y and not (atol is not None and close_rows(x, y, atol)):
+        if x != y and not (atol is not None and close_rows(x, y, atol, rtol)):
             diffs.append(f"{b_path}: row {i + 2}: {','.join(y)} (before: {','.join(x)})")
 
 
@@ -146,8 +158,17 @@ def main():
         except (IndexError, ValueError):
             die("--atol needs a number")
         del args[i:i + 2]
+    rtol = 0.0
+    if "--rtol" in args:
+        i = args.index("--rtol")
+        try:
+            rtol = float(args[i + 1])
+        except (IndexError, ValueError):
+            die("--rtol needs a number")
+        del args[i:i + 2]
+        atol = atol or 0.0
     if len(args) != 2:
-        die("usage: compare_results.py [--allow-new-rows] [--atol A] BEFORE_DIR AFTER_DIR")
+        die("usage: compare_results.py [--allow-new-rows] [--atol A] [--rtol R] BEFORE_DIR AFTER_DIR")
     a_root, b_root = args
     for r in (a_root, b_root):
         if not os.path.isdir(r):
@@ -158,22 +179,22 @@ def main():
         if not os.path.exists(b):
             diffs.append(f"{b}: missing")
             continue
-        compare_h5(os.path.join(a_root, rel), b, diffs, omitted, atol, moved)
+        compare_h5(os.path.join(a_root, rel), b, diffs, omitted, atol, moved, rtol)
         n += 1
     for rel in files(a_root, ".csv"):
         b = os.path.join(b_root, rel)
         if not os.path.exists(b):
             diffs.append(f"{b}: missing")
             continue
-        compare_csv(os.path.join(a_root, rel), b, diffs, allow_new_rows, atol)
+        compare_csv(os.path.join(a_root, rel), b, diffs, allow_new_rows, atol, rtol)
         n += 1
     for d in diffs:
         print(d)
     if diffs:
         sys.exit(1)
     for (name, ds), (c, w) in sorted(moved.items()):
-        print(f"  within --atol: policy {name}, {ds}: {c} entries moved, largest |Δ| {w:.3g}")
-    print(f"compare_results: {n} files identical (timings aside{'; ' + str(len(moved)) + ' (policy, metric) pairs within --atol' if moved else ''}); "
+        print(f"  within tolerance: policy {name}, {ds}: {c} entries moved, largest |Δ| {w:.3g}")
+    print(f"compare_results: {n} files identical (timings aside{'; ' + str(len(moved)) + ' (policy, metric) pairs within tolerance' if moved else ''}); "
           f"{len(omitted)} all-NaN datasets left out (metrics that do not apply)")
 
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include "helpers.hpp"
 #include "kvsim/cuda/cuda.hpp"
@@ -83,6 +84,10 @@ TEST_CASE("cuda: exact attention matches the CPU reference on synthetic GQA head
     INFO(preset);
     SynthSource src(test::small_synth(preset, 700, 64, 1, 8, 2));
     compare_heads(src, 0, {1, 2, 63, 64, 65, 255, 256, 512, 700});
+    // Many rows: the gemm implementation's chunks of 64 / group = 16 rows, so 9 chunks, the last partial.
+    std::vector<int64_t> dense;
+    for (int64_t t = 3; t <= 700; t += 5) dense.push_back(t);
+    compare_heads(src, 0, dense);
   }
 }
 
@@ -127,18 +132,33 @@ memory = 0.2
   auto src = open_source(cpu.data);
   RunResult a = run_experiment(cpu, *src, 2), b = run_experiment(gpu, *src, 2);
   REQUIRE(a.policies.size() == b.policies.size());
+  // Relative errors and ε near fp32's rounding floor (a policy still holding every token: ~1e-7 on
+  // both paths, each against its own reference) are compared with an absolute floor of 5e-6; above
+  // it, within 1e-4 relative. Every row is checked; the report gives each (policy, metric)'s count
+  // of violations and the worst one.
   for (size_t p = 0; p < a.policies.size(); ++p) {
     INFO(a.policies[p].spec.label);
     REQUIRE(a.policies[p].rows.size() == b.policies[p].rows.size());
+    std::map<std::string, std::pair<int, std::string>> bad;
+    auto expect = [&](const char* metric, size_t i, double x, double y, double tol) {
+      if (std::abs(y - x) <= tol) return;
+      auto& [count, first] = bad[metric];
+      if (count++ == 0) first = "row " + std::to_string(i) + ": CPU " + std::to_string(x) + ", GPU " + std::to_string(y);
+    };
     for (size_t i = 0; i < a.policies[p].rows.size(); ++i) {
       const MetricRow &x = a.policies[p].rows[i], &y = b.policies[p].rows[i];
       // every policy but exact runs on the GPU in the cuda run (GpuReplayable).
-      REQUIRE(metric_of(x, "cache_tokens") == metric_of(y, "cache_tokens"));
-      REQUIRE(metric_of(x, "cache_bytes") == metric_of(y, "cache_bytes"));
-      REQUIRE(rel(metric_of(y, "rel_err"), metric_of(x, "rel_err")) <= 1e-4 + 1e-6 / std::max(metric_of(x, "rel_err"), 1e-2));
-      REQUIRE(rel(metric_of(y, "eps_spectral"), metric_of(x, "eps_spectral")) <= 1e-4 + 1e-6 / std::max(metric_of(x, "eps_spectral"), 1e-2));
-      if (!std::isnan(metric_of(x, "kept_mass"))) REQUIRE(std::abs(metric_of(y, "kept_mass") - metric_of(x, "kept_mass")) <= 1e-4);
-      if (!std::isnan(metric_of(x, "tau_rel_err"))) REQUIRE(std::abs(metric_of(y, "tau_rel_err") - metric_of(x, "tau_rel_err")) <= 1e-4 * (1 + metric_of(x, "tau_rel_err")));
+      expect("cache_tokens", i, metric_of(x, "cache_tokens"), metric_of(y, "cache_tokens"), 0);
+      expect("cache_bytes", i, metric_of(x, "cache_bytes"), metric_of(y, "cache_bytes"), 0);
+      for (const char* m : {"rel_err", "eps_spectral"})
+        expect(m, i, metric_of(x, m), metric_of(y, m), 1e-4 * std::abs(metric_of(x, m)) + 5e-6);
+      if (!std::isnan(metric_of(x, "kept_mass"))) expect("kept_mass", i, metric_of(x, "kept_mass"), metric_of(y, "kept_mass"), 1e-4);
+      if (!std::isnan(metric_of(x, "tau_rel_err")))
+        expect("tau_rel_err", i, metric_of(x, "tau_rel_err"), metric_of(y, "tau_rel_err"), 1e-4 * (1 + metric_of(x, "tau_rel_err")));
+    }
+    for (const auto& [metric, v] : bad) {
+      INFO(metric << ": " << v.first << " rows differ; first: " << v.second);
+      CHECK(v.first == 0);
     }
   }
 }

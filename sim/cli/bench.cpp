@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -54,6 +55,7 @@ std::string e2e_bench(const BenchOptions& o, int threads) {
   auto t0 = Clock::now();
   run_experiment(gpu, src, threads);
   const double g = seconds_since(t0);
+  std::cout << "end to end, --device cuda: " << g << " s for " << L << " layers (the CPU path's layer 0 next)\n" << std::flush;
   Experiment cpu = ex;
   cpu.data.layers = {0};
   t0 = Clock::now();
@@ -239,7 +241,10 @@ double gemm_gflops(int n, bool f32) { return f32 ? gemm_rate<float>(n) : gemm_ra
 
 std::string run_bench(const BenchOptions& o) {
   const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  if (o.device == "cuda") return cuda::bench(o.quick) + e2e_bench(o, N);
+  if (o.device == "cuda") {  // printed as each part ends: the end-to-end part takes minutes
+    std::cout << cuda::bench(o.quick) << std::flush;
+    return e2e_bench(o, N);
+  }
   BenchOut b;
   const int gn = o.quick ? 256 : 1024;
   b.gemm = gemm_rate<float>(gn);

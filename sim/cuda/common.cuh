@@ -27,7 +27,8 @@ template <class T>
 struct DeviceBuffer {
   T* p = nullptr;
   bool async = true;
-  explicit DeviceBuffer(size_t n) {
+  size_t size_ = 0;
+  explicit DeviceBuffer(size_t n) : size_(n) {
     const size_t bytes = n * sizeof(T) + 1;
     if (cudaMallocAsync(reinterpret_cast<void**>(&p), bytes, cudaStreamPerThread) != cudaSuccess) {
       (void)cudaGetLastError();  // clear the error; fall back to the synchronous allocator
@@ -41,6 +42,7 @@ struct DeviceBuffer {
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  size_t size() const { return size_; }  ///< elements, as made
   void upload(const T* h, size_t n, const char* what) { check(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice), what); }
   void download(T* h, size_t n, const char* what) const {
     check(cudaMemcpy(h, p, n * sizeof(T), cudaMemcpyDeviceToHost), what);
@@ -119,6 +121,40 @@ __device__ inline void block_argmin(double my_d, int64_t my_i, double* sd, int64
   *i = si[0];
   __syncthreads();
 }
+
+/// The exact pass's implementation (sim/cuda/exact.cu): cuBLAS SGEMMs around a softmax kernel, per
+/// chunk of rows (gemm) or with several chunks per grouped-batched SGEMM (grouped), or the first
+/// version's one block per (step, query head). KVSIM_CUDA_EXACT=gemm|grouped|kernel (default gemm).
+enum class ExactImpl { gemm, grouped, kernel };
+ExactImpl exact_impl_from_env();
+
+/// A layer's exact pass on the device: inputs, outputs and the evaluated steps (increasing, ≤ n).
+/// q and out are [kv head][row][group member][d] (query head h = kv·group + g); k, v [kv head][n][d];
+/// log_tau, pnorm [h][row]; probs [h][row][t_max] when asked for (t_max = the last step).
+struct ExactDevice {
+  int heads, kv_heads, group, rows;
+  long long n;
+  int d;
+  long long t_max;
+  size_t q_size() const { return size_t(heads) * rows * d; }
+  size_t k_size() const { return size_t(kv_heads) * n * d; }
+  DeviceBuffer<float> q, k, v, out, log_tau, pnorm, probs;
+  DeviceBuffer<long long> steps;
+  std::vector<long long> step_list;  ///< the steps, host copy
+  bool has_probs;
+  ExactDevice(int heads, int kv_heads, int64_t n, int d, const std::vector<int64_t>& steps, bool want_probs);
+};
+/// Runs the pass on this thread's stream (asynchronous: sync() before reading the outputs).
+void exact_on_device(ExactDevice& x, float scale, ExactImpl impl);
+
+/// The module's implementations of cuda::exact_attention and cuda::device_description (exact.cu).
+void exact_attention(const float* Q, const float* K, const float* V, int heads, int kv_heads, int64_t n, int d,
+                     double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
+                     std::vector<double>& log_tau, std::vector<double>& probs_norm, std::vector<float>* probs);
+std::string device_description();
+
+/// `kvsim bench --device cuda`'s GPU figures (sim/cuda/bench.cu).
+std::string bench(bool quick);
 
 /// Usable devices (0 with `why`); require_device throws naming the reason.
 int device_count(std::string* why);

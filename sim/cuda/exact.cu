@@ -1,19 +1,23 @@
 // kvsim CUDA path: exact causal attention for evaluated steps, all query heads of a layer at once.
-// One thread block per (evaluated step, query head): pass 1 computes the scaled logits of the t
-// cached keys (one key per thread, strided) into a scratch row and each thread's online-softmax
-// state; a block reduction merges the states (hd::OnlineSoftmax::merge — the same code the CPU tests
-// run); pass 2 forms the output with one thread per output dimension (coalesced reads of V) and,
-// when asked, writes the normalized attention row. fp32 arithmetic throughout.
-// Built as the module libkvsim_cuda.so, loaded by sim/cuda/loader.cpp on first use
-// (include/kvsim/cuda/module.hpp); the functions below implement include/kvsim/cuda/cuda.hpp's API.
-// First version, written and compiled without a GPU: correctness is checked by the parity tests
-// (tests/cuda_parity.cpp) wherever a device exists; speed has not been tuned yet.
+// Two implementations of the same function (KVSIM_CUDA_EXACT=gemm|kernel picks one; gemm is the default):
+//  - gemm: the evaluated steps in chunks of about 64 query rows per KV head (the rows of its query
+//    heads together, GQA); per chunk, one strided-batched cuBLAS SGEMM (fp32, no TF32) forms the
+//    scaled logits S = scale·Q Kᵀ over the chunk's keys 0..t_c−1 for every KV head, a softmax kernel
+//    masks each row at its own step t (causal) and normalizes it in place (hd::OnlineSoftmax, the CPU
+//    tests' code), and a second SGEMM forms P V. The masked triangle inside a chunk is the only
+//    arithmetic spent on tokens a row does not attend (about 64·stride/2 tokens per row).
+//  - kernel: one thread block per (evaluated step, query head): the logits of the t cached keys (one
+//    key per thread) into a scratch row with each thread's online-softmax state, a block merge, then
+//    the output with one thread per output dimension — a matrix-vector pass per row (the first
+//    version; kept as the reference the bench compares against).
+// fp32 arithmetic throughout. Built as the module libkvsim_cuda.so, loaded by sim/cuda/loader.cpp on
+// first use (include/kvsim/cuda/module.hpp); the functions below implement include/kvsim/cuda/cuda.hpp's API.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <chrono>
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
+#include <cstdlib>
 
 #include <string>
 #include <vector>
@@ -28,15 +32,19 @@ namespace {
 
 constexpr int kThreads = 128;
 
+/// kernel implementation. Layouts: Qsel and out [kv head][row][group member][d] (the query head is
+/// h = kv·group + g), logits scratch [h][row][t_max].
 __global__ void exact_kernel(const float* Qsel, const float* K, const float* V, int group, long long n, int d,
                              float scale, const long long* steps, int rows, long long t_max, float* out, float* log_tau,
                              float* pnorm, float* probs, float* logits) {
   const int r = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const long long t = steps[r];
-  const float* Kh = K + (long long)(h / group) * n * d;
-  const float* Vh = V + (long long)(h / group) * n * d;
+  const int kv = h / group, g = h % group;
+  const float* Kh = K + (long long)kv * n * d;
+  const float* Vh = V + (long long)kv * n * d;
+  const long long qrow = ((long long)kv * rows + r) * group + g;
   extern __shared__ float qs[];  // the scaled query, [d]
-  for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Qsel[((long long)h * rows + r) * d + i];
+  for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Qsel[qrow * d + i];
   __syncthreads();
   float* lg = logits + ((long long)h * rows + r) * t_max;
   hd::OnlineSoftmax<float> st;
@@ -52,7 +60,7 @@ __global__ void exact_kernel(const float* Qsel, const float* K, const float* V, 
   for (int i = tid; i < d; i += blockDim.x) {
     float acc = 0.f;
     for (long long j = 0; j < t; ++j) acc += expf(lg[j] - tot.m) * Vh[j * d + i];
-    out[((long long)h * rows + r) * d + i] = acc / tot.s1;
+    out[qrow * d + i] = acc / tot.s1;
   }
   if (probs)
     for (long long j = tid; j < t_max; j += blockDim.x)
@@ -61,6 +69,64 @@ __global__ void exact_kernel(const float* Qsel, const float* K, const float* V, 
     log_tau[h * rows + r] = tot.log_tau();
     pnorm[h * rows + r] = tot.prob_norm();
   }
+}
+
+/// gemm implementation, between the two SGEMMs: one block per (chunk row m, KV head). Row m of the
+/// chunk starting at row r0 is query head kv·group + m % group at step steps[r0 + m / group]; its
+/// logits S[kv][m][0..tc) are masked at that step, replaced by the softmax weights (0 past the step),
+/// and log τ, ‖a‖ and (when asked) the probability row [h][row][t_max] are written.
+/// With `chunks` (grouped implementation: one launch for several chunks, blockIdx.z the chunk), each
+/// chunk's S offset, t_c, M and r0 come from chunks[4z..4z+3] instead of the scalars; rows past the
+/// chunk's M return at once.
+__global__ void softmax_rows_kernel(float* S, long long tc, int M, int group, int r0, const long long* chunks,
+                                    const long long* steps, int rows, long long t_max, float* log_tau, float* pnorm,
+                                    float* probs) {
+  const int m = blockIdx.x, kv = blockIdx.y, tid = threadIdx.x;
+  if (chunks) {
+    const long long* c = chunks + 4 * blockIdx.z;
+    S += c[0];
+    tc = c[1];
+    M = int(c[2]);
+    r0 = int(c[3]);
+    if (m >= M) return;  // the whole block: the last chunk may be partial
+  }
+  const int r = r0 + m / group, h = kv * group + m % group;
+  const long long t = steps[r];
+  float* row = S + ((long long)kv * M + m) * tc;
+  hd::OnlineSoftmax<float> st;
+  for (long long j = tid; j < t; j += blockDim.x) st.add(row[j]);
+  __shared__ float sm[kThreads], s1[kThreads], s2[kThreads];
+  const hd::OnlineSoftmax<float> tot = block_merge(st, sm, s1, s2);
+  float* pr = probs ? probs + ((long long)h * rows + r) * t_max : nullptr;
+  for (long long j = tid; j < tc; j += blockDim.x) {
+    const float p = j < t ? tot.prob(row[j]) : 0.f;
+    row[j] = p;
+    if (pr) pr[j] = p;
+  }
+  if (pr)
+    for (long long j = tc + tid; j < t_max; j += blockDim.x) pr[j] = 0.f;
+  if (tid == 0) {
+    log_tau[h * rows + r] = tot.log_tau();
+    pnorm[h * rows + r] = tot.prob_norm();
+  }
+}
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS: ") + what + " failed (status " + std::to_string(int(s)) + ")");
+}
+
+/// This host thread's cuBLAS handle on its per-thread default stream, its default math, fp32 without tensor cores (no TF32).
+/// Created on first use and kept for the thread's life (destroying it at exit could run after the
+/// CUDA runtime has shut down).
+cublasHandle_t thread_handle() {
+  thread_local cublasHandle_t h = [] {
+    cublasHandle_t x;
+    check_cublas(cublasCreate(&x), "cublasCreate");
+    check_cublas(cublasSetStream(x, cudaStreamPerThread), "cublasSetStream");
+    check_cublas(cublasSetMathMode(x, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    return x;
+  }();
+  return h;
 }
 
 }  // namespace
@@ -89,164 +155,167 @@ std::string device_description() {
          std::to_string(p.totalGlobalMem >> 30) + " GiB)";
 }
 
+ExactImpl exact_impl_from_env() {
+  const char* e = std::getenv("KVSIM_CUDA_EXACT");
+  if (!e || !*e || std::string(e) == "gemm") return ExactImpl::gemm;
+  if (std::string(e) == "kernel") return ExactImpl::kernel;
+  if (std::string(e) == "grouped") return ExactImpl::grouped;
+  throw Error(std::string("KVSIM_CUDA_EXACT: '") + e + "' is not gemm, grouped or kernel");
+}
+
+ExactDevice::ExactDevice(int heads_, int kv_heads_, int64_t n_, int d_, const std::vector<int64_t>& steps_, bool want_probs)
+    : heads(heads_), kv_heads(kv_heads_), group(heads_ / kv_heads_), rows(int(steps_.size())), n(n_), d(d_),
+      t_max(steps_.back()), q(size_t(heads_) * steps_.size() * d_), k(size_t(kv_heads_) * n_ * d_), v(k_size()),
+      out(q_size()), log_tau(size_t(heads_) * steps_.size()), pnorm(size_t(heads_) * steps_.size()),
+      probs(want_probs ? size_t(heads_) * steps_.size() * steps_.back() : 1), steps(steps_.size()), step_list(steps_.begin(), steps_.end()),
+      has_probs(want_probs) {
+  steps.upload(step_list.data(), step_list.size(), "copy steps");
+}
+
+namespace {
+/// grouped implementation: the chunks of the gemm implementation in as few calls as S's budget (1 GiB)
+/// allows, each call one grouped-batched SGEMM (a group per chunk, a batch entry per KV head), one
+/// softmax launch and one more grouped SGEMM: more thread blocks per launch than a chunk alone gives
+/// (P·V of one chunk has only d × M outputs per KV head).
+void exact_grouped(ExactDevice& x, float scale, int C) {
+  const int G = x.group, rows = x.rows, d = x.d, H = x.kv_heads;
+  const std::vector<long long>& st = x.step_list;
+  float* probs = x.has_probs ? x.probs.p : nullptr;
+  const long long budget = 1ll << 28;  // floats of S per call
+  long long biggest = 0;
+  for (int r0 = 0; r0 < rows; r0 += C) biggest = std::max(biggest, (long long)H * std::min(C, rows - r0) * G * st[size_t(std::min(rows, r0 + C) - 1)]);
+  DeviceBuffer<float> S(size_t(std::max(std::min(budget, (long long)H * rows * G * x.t_max), biggest)));
+  cublasHandle_t h = thread_handle();
+  const long long kstride = x.n * d;
+  for (int r0 = 0; r0 < rows;) {
+    // This call's chunks: while S has room.
+    std::vector<long long> table;  // per chunk: S offset, t_c, M, r0
+    long long used = 0;
+    for (int c0 = r0; c0 < rows; c0 += C) {
+      const int M = std::min(C, rows - c0) * G;
+      const long long tc = st[size_t(std::min(rows, c0 + C) - 1)], need = (long long)H * M * tc;
+      if (!table.empty() && used + need > (long long)S.size()) break;
+      table.insert(table.end(), {used, tc, M, c0});
+      used += need;
+    }
+    const int nc = int(table.size() / 4);
+    std::vector<cublasOperation_t> opT(size_t(nc), CUBLAS_OP_T), opN(size_t(nc), CUBLAS_OP_N);
+    std::vector<int> mk(static_cast<size_t>(nc)), Ms(static_cast<size_t>(nc)), dd(size_t(nc), d), group(size_t(nc), H);
+    std::vector<float> alpha(size_t(nc), scale), one(size_t(nc), 1.f), zero(size_t(nc), 0.f);
+    std::vector<const float*> Kp, Qp, Vp, Sc;
+    std::vector<float*> Sp, Op;
+    for (int c = 0; c < nc; ++c) {
+      const long long off = table[4 * c], tc = table[4 * c + 1], M = table[4 * c + 2], c0 = table[4 * c + 3];
+      mk[size_t(c)] = int(tc);
+      Ms[size_t(c)] = int(M);
+      for (int kv = 0; kv < H; ++kv) {
+        Kp.push_back(x.k.p + kv * kstride);
+        Vp.push_back(x.v.p + kv * kstride);
+        Qp.push_back(x.q.p + ((long long)kv * rows * G + c0 * G) * d);
+        Sp.push_back(S.p + off + kv * M * tc);
+        Sc.push_back(Sp.back());
+        Op.push_back(x.out.p + ((long long)kv * rows * G + c0 * G) * d);
+      }
+    }
+    DeviceBuffer<const float*> dK(Kp.size()), dQ(Qp.size()), dV(Vp.size()), dSc(Sc.size());
+    DeviceBuffer<float*> dS(Sp.size()), dO(Op.size());
+    DeviceBuffer<long long> dt(table.size());
+    dK.upload(Kp.data(), Kp.size(), "copy pointers");
+    dQ.upload(Qp.data(), Qp.size(), "copy pointers");
+    dV.upload(Vp.data(), Vp.size(), "copy pointers");
+    dSc.upload(Sc.data(), Sc.size(), "copy pointers");
+    dS.upload(Sp.data(), Sp.size(), "copy pointers");
+    dO.upload(Op.data(), Op.size(), "copy pointers");
+    dt.upload(table.data(), table.size(), "copy chunk table");
+    // Per chunk, as the gemm implementation: column-major Sᵀ (t_c × M) = K · Qᵀ, then Oᵀ (d × M) = Vᵀ · Pᵀ.
+    check_cublas(cublasSgemmGroupedBatched(h, opT.data(), opN.data(), mk.data(), Ms.data(), dd.data(), alpha.data(), dK.p,
+                                           dd.data(), dQ.p, dd.data(), zero.data(), dS.p, mk.data(), nc, group.data()),
+                 "grouped SGEMM Q Kᵀ");
+    softmax_rows_kernel<<<dim3(C * G, H, nc), kThreads>>>(S.p, 0, 0, G, 0, dt.p, x.steps.p, rows, x.t_max, x.log_tau.p,
+                                                          x.pnorm.p, probs);
+    check(cudaGetLastError(), "softmax_rows_kernel launch");
+    check_cublas(cublasSgemmGroupedBatched(h, opN.data(), opN.data(), dd.data(), Ms.data(), mk.data(), one.data(), dV.p,
+                                           dd.data(), dSc.p, mk.data(), zero.data(), dO.p, dd.data(), nc, group.data()),
+                 "grouped SGEMM P V");
+    sync("grouped exact pass");  // the pointer arrays and the table are freed next
+    r0 = int(table[4 * (nc - 1) + 3]) + C;
+  }
+}
+}  // namespace
+
+void exact_on_device(ExactDevice& x, float scale, ExactImpl impl) {
+  const int G = x.group, rows = x.rows, d = x.d;
+  float* probs = x.has_probs ? x.probs.p : nullptr;
+  const std::vector<long long>& st = x.step_list;
+  if (impl == ExactImpl::kernel) {
+    DeviceBuffer<float> logits(size_t(x.heads) * rows * x.t_max);
+    exact_kernel<<<dim3(rows, x.heads), kThreads, d * sizeof(float)>>>(x.q.p, x.k.p, x.v.p, G, x.n, d, scale, x.steps.p, rows,
+                                                                      x.t_max, x.out.p, x.log_tau.p, x.pnorm.p, probs, logits.p);
+    check(cudaGetLastError(), "exact_kernel launch");
+    return;
+  }
+  // Chunks of C rows: M = C·G query rows per KV head (about 64), keys 0..t_c−1 with t_c the chunk's last step.
+  const int C = std::max(1, 64 / G), Mmax = C * G;
+  if (impl == ExactImpl::grouped) return exact_grouped(x, scale, C);
+  DeviceBuffer<float> S(size_t(x.kv_heads) * Mmax * x.t_max);
+  cublasHandle_t h = thread_handle();
+  const float one = 1.f, zero = 0.f;
+  const long long qstride = (long long)rows * G * d, kstride = x.n * d;
+  for (int r0 = 0; r0 < rows; r0 += C) {
+    const int cr = std::min(C, rows - r0), M = cr * G;
+    const long long tc = st[size_t(r0 + cr - 1)];
+    // Row-major S (M × tc) = scale · Q_chunk (M × d) · K[0..tc)ᵀ, i.e. column-major Sᵀ = K · Qᵀ.
+    check_cublas(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, int(tc), M, d, &scale, x.k.p, d, kstride,
+                                           x.q.p + (long long)r0 * G * d, d, qstride, &zero, S.p, int(tc),
+                                           (long long)M * tc, x.kv_heads),
+                 "SGEMM Q Kᵀ");
+    softmax_rows_kernel<<<dim3(M, x.kv_heads), kThreads>>>(S.p, tc, M, G, r0, nullptr, x.steps.p, rows, x.t_max,
+                                                           x.log_tau.p, x.pnorm.p, probs);
+    check(cudaGetLastError(), "softmax_rows_kernel launch");
+    // Row-major O (M × d) = P (M × tc) · V[0..tc), i.e. column-major Oᵀ = Vᵀ · Pᵀ.
+    check_cublas(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, d, M, int(tc), &one, x.v.p, d, kstride, S.p,
+                                           int(tc), (long long)M * tc, &zero, x.out.p + (long long)r0 * G * d, d, qstride,
+                                           x.kv_heads),
+                 "SGEMM P V");
+  }
+}
+
 void exact_attention(const float* Q, const float* K, const float* V, int heads, int kv_heads, int64_t n, int d,
                      double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
                      std::vector<double>& log_tau, std::vector<double>& probs_norm, std::vector<float>* probs) {
   require_device();
   if (steps.empty() || heads < 1 || kv_heads < 1 || heads % kv_heads || d < 1 || steps.back() > n || steps.front() < 1)
     throw Error("cuda::exact_attention: bad shapes or steps");
-  const int rows = int(steps.size());
-  const long long t_max = steps.back();
-  // Only the evaluated query rows travel to the device.
-  std::vector<float> qsel(size_t(heads) * rows * d);
+  for (size_t i = 1; i < steps.size(); ++i)
+    if (steps[i] <= steps[i - 1]) throw Error("cuda::exact_attention: steps must increase");
+  const ExactImpl impl = exact_impl_from_env();
+  ExactDevice x(heads, kv_heads, n, d, steps, probs != nullptr);
+  const int rows = x.rows, G = x.group;
+  // Only the evaluated query rows travel to the device, as [kv head][row][group member][d].
+  std::vector<float> qsel(x.q_size());
   for (int h = 0; h < heads; ++h)
     for (int r = 0; r < rows; ++r)
-      for (int i = 0; i < d; ++i)
-        qsel[(size_t(h) * rows + r) * d + i] = Q[(size_t(h) * n + size_t(steps[r] - 1)) * d + i];
-  std::vector<long long> st(steps.begin(), steps.end());
-  const size_t kv = size_t(kv_heads) * n * d, hr = size_t(heads) * rows;
-  DeviceBuffer<float> dq(qsel.size()), dk(kv), dv(kv), dout(hr * d), dlt(hr), dpn(hr), dlg(hr * t_max);
-  DeviceBuffer<float> dpr(probs ? hr * t_max : 1);
-  DeviceBuffer<long long> dst(st.size());
-  check(cudaMemcpy(dq.p, qsel.data(), qsel.size() * sizeof(float), cudaMemcpyHostToDevice), "copy Q");
-  check(cudaMemcpy(dk.p, K, kv * sizeof(float), cudaMemcpyHostToDevice), "copy K");
-  check(cudaMemcpy(dv.p, V, kv * sizeof(float), cudaMemcpyHostToDevice), "copy V");
-  check(cudaMemcpy(dst.p, st.data(), st.size() * sizeof(long long), cudaMemcpyHostToDevice), "copy steps");
-  dim3 grid(rows, heads);
-  exact_kernel<<<grid, kThreads, d * sizeof(float)>>>(dq.p, dk.p, dv.p, heads / kv_heads, n, d, float(scale), dst.p, rows,
-                                                      t_max, dout.p, dlt.p, dpn.p, probs ? dpr.p : nullptr, dlg.p);
-  check(cudaGetLastError(), "exact_kernel launch");
-  sync("exact_kernel");
-  out.resize(hr * d);
-  std::vector<float> lt(hr), pn(hr);
-  check(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost), "copy out");
-  check(cudaMemcpy(lt.data(), dlt.p, hr * sizeof(float), cudaMemcpyDeviceToHost), "copy log_tau");
-  check(cudaMemcpy(pn.data(), dpn.p, hr * sizeof(float), cudaMemcpyDeviceToHost), "copy probs_norm");
+      std::copy_n(Q + (size_t(h) * n + size_t(steps[r] - 1)) * d, d, qsel.begin() + ((size_t(h / G) * rows + r) * G + h % G) * d);
+  x.q.upload(qsel.data(), qsel.size(), "copy Q");
+  x.k.upload(K, x.k_size(), "copy K");
+  x.v.upload(V, x.k_size(), "copy V");
+  exact_on_device(x, float(scale), impl);
+  sync("exact attention");
+  std::vector<float> o(x.q_size()), lt(size_t(heads) * rows), pn(lt.size());
+  x.out.download(o.data(), o.size(), "copy out");
+  x.log_tau.download(lt.data(), lt.size(), "copy log_tau");
+  x.pnorm.download(pn.data(), pn.size(), "copy probs_norm");
+  out.resize(o.size());  // back to [h][row][d]
+  for (int h = 0; h < heads; ++h)
+    for (int r = 0; r < rows; ++r)
+      std::copy_n(o.begin() + ((size_t(h / G) * rows + r) * G + h % G) * d, d, out.begin() + (size_t(h) * rows + r) * d);
   log_tau.assign(lt.begin(), lt.end());
   probs_norm.assign(pn.begin(), pn.end());
   if (probs) {
-    probs->resize(hr * t_max);
-    check(cudaMemcpy(probs->data(), dpr.p, probs->size() * sizeof(float), cudaMemcpyDeviceToHost), "copy probs");
+    probs->resize(size_t(heads) * rows * x.t_max);
+    x.probs.download(probs->data(), probs->size(), "copy probs");
   }
 }
-
-namespace {
-
-/// Rooflines: cuBLAS SGEMM, fp32 and TF32 tensor-core math, best of 5 after a warm-up.
-void bench_rooflines(bool quick, std::string& out) {
-  char buf[256];
-  const int g = quick ? 2048 : 8192;
-  {
-    DeviceBuffer<float> a(size_t(g) * g), b(size_t(g) * g), c(size_t(g) * g);
-    check(cudaMemset(a.p, 0, size_t(g) * g * sizeof(float)), "memset");
-    check(cudaMemset(b.p, 0, size_t(g) * g * sizeof(float)), "memset");
-    cublasHandle_t h;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("CUDA: cublasCreate failed");
-    cublasSetStream(h, cudaStreamPerThread);  // the stream sync() waits for
-    for (auto [mode, name] : {std::pair{CUBLAS_DEFAULT_MATH, "fp32"}, std::pair{CUBLAS_TF32_TENSOR_OP_MATH, "tf32"}}) {
-      cublasSetMathMode(h, mode);
-      const float one = 1.f, zero = 0.f;
-      double best = 1e30;
-      for (int rep = 0; rep < 6; ++rep) {
-        sync("sync");
-        auto t0 = std::chrono::steady_clock::now();
-        cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, g, g, g, &one, a.p, g, b.p, g, &zero, c.p, g);
-        sync("sgemm");
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (rep > 0) best = std::min(best, s);
-      }
-      std::snprintf(buf, sizeof buf, "cuBLAS SGEMM %d^3 (%s): %.1f TFLOP/s\n", g, name, 2.0 * g * g * double(g) / best / 1e12);
-      out += buf;
-    }
-    cublasDestroy(h);
-  }
-}
-
-/// The exact causal pass of 32 heads × n × 128 in TFLOP/s.
-void bench_exact(bool quick, std::string& out) {
-  char buf[256];
-  out += "exact causal pass (32 heads, head_dim 128, every 16th step, fp32; host transfers included):\n";
-  out += "      n     seconds   TFLOP/s\n";
-  const int heads = 32, d = 128;
-  for (long long n : quick ? std::vector<long long>{2048} : std::vector<long long>{2048, 8192, 32768}) {
-    std::vector<float> Q(size_t(heads) * n * d, 0.01f), K(Q.size(), 0.02f), V(Q.size(), 0.03f);
-    std::vector<int64_t> steps;
-    for (long long t = 16; t <= n; t += 16) steps.push_back(t);
-    std::vector<float> z;
-    std::vector<double> lt, pn;
-    exact_attention(Q.data(), K.data(), V.data(), heads, heads, n, d, 1.0, steps, z, lt, pn, nullptr);  // warm-up
-    auto t0 = std::chrono::steady_clock::now();
-    exact_attention(Q.data(), K.data(), V.data(), heads, heads, n, d, 1.0, steps, z, lt, pn, nullptr);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double flops = 0;
-    for (int64_t t : steps) flops += 4.0 * double(t) * d * heads;  // q·k and a·v per cached token
-    std::snprintf(buf, sizeof buf, "%7lld %11.3f %9.3f\n", n, s, flops / s / 1e12);
-    out += buf;
-  }
-}
-
-/// Policy replays (replay_policy): 32 KV heads × 1 query head each, 20% budgets, every 16th step
-/// answered; head-steps per second = heads × n / seconds (host transfers included).
-void bench_replays(bool quick, std::string& out) {
-  char buf[256];
-  const int heads = 32, d = 128;
-  out += "policy replays on the GPU (32 KV heads, head_dim 128, 20% budget, every 16th step answered):\n";
-  out += "policy              n     seconds  head-steps/s\n";
-  {
-    const long long n = quick ? 2048 : 8192;
-    std::vector<float> Q(size_t(heads) * n * d), K(Q.size()), V(Q.size());
-    uint32_t x = 12345;  // deterministic pseudo-random inputs (distinct scores: no tie-heavy h2o)
-    for (auto* vec : {&Q, &K, &V})
-      for (float& f : *vec) {
-        x = x * 1664525u + 1013904223u;
-        f = float(x >> 8) / float(1u << 24) - 0.5f;
-      }
-    std::vector<int64_t> steps;
-    for (long long t = 16; t <= n; t += 16) steps.push_back(t);
-    const long long B = n / 5;
-    std::vector<cuda::PolicyReplay> specs = {{"window", 0, B, 0, 0, 0}, {"sink", 4, B - 4, 0, 0, 0}, {"h2o", 0, 0, B, B / 2, 0}};
-    cuda::PolicyReplay u{"uniform", 0, 0, B, 0, 0};
-    for (int h = 0; h < heads; ++h) u.seeds.push_back(0x9e3779b97f4a7c15ULL * uint64_t(h + 1));
-    specs.push_back(u);
-    // buzz at the same memory: sink 4 + window w + body < T with T/w = 6 (Theorem 3.1, s = 5).
-    cuda::PolicyReplay b{"buzz", 4, (B - 4) / 7, 0, 0, 0};
-    b.threshold = 6 * b.window;
-    b.stride = 5;
-    specs.push_back(b);
-    specs.push_back({"oracle_topk", 0, 0, B, 0, 0});
-    cuda::PolicyReplay kc{"subgen_kcenter", 0, 0, B / 2, B - B / 2, 0};  // streaming: recent + centers = B
-    specs.push_back(kc);
-    cuda::PolicyReplay sg{"subgen", 0, 0, 0, 0, 0};  // fixed-memory SubGen at the same memory, t = 1
-    sg.s = B / 2;
-    sg.t = 1;
-    sg.max_clusters = (B - sg.s) / 2;
-    sg.seeds = u.seeds;
-    specs.push_back(sg);
-    for (const auto& p : specs) {
-      std::vector<float> z;
-      std::vector<double> ls;
-      std::vector<int64_t> kept;
-      int64_t cap = 0;
-      auto t0 = std::chrono::steady_clock::now();
-      cuda_impl::replay_policy(p, Q.data(), K.data(), V.data(), heads, 1, n, d, 1.0 / std::sqrt(double(d)), steps, z, ls, kept, cap);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::snprintf(buf, sizeof buf, "%-14s %6lld %11.3f %13.0f\n", p.name.c_str(), n, s, double(heads) * n / s);
-      out += buf;
-    }
-  }
-}
-
-}  // namespace
-
-std::string bench(bool quick) {
-  require_device();
-  std::string out = "device: " + device_description() + "\n";
-  bench_rooflines(quick, out);
-  bench_exact(quick, out);
-  bench_replays(quick, out);
-  return out;
-}
-
 }  // namespace kvsim::cuda_impl
 
 // ---- the module's exported table (no exception crosses it) ----------------------------------------

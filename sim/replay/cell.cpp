@@ -15,12 +15,12 @@
 namespace kvsim {
 
 void replay_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, int64_t n,
-                 std::vector<std::vector<MetricRow>>& out) {
+                 std::vector<std::vector<MetricRow>>& out, cell::GpuLayerBatch* batch) {
   const double scale = src.meta().softmax_scale;
   const cell::Streams streams(src, cell, n, scale);
   cell::Reference reference(ex.eval, streams, n, scale);
   cell::Metrics metrics(ex, cell, n, src.meta().head_dim, reference);
-  cell::PolicySteps policies(ex, cell, n, src.meta().n_layers, streams, scale, reference, metrics);
+  cell::PolicySteps policies(ex, cell, n, src.meta().n_layers, streams, scale, reference, metrics, batch);
   policies.make();
   policies.global_scores();
   reference.objective_attention();

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "kvsim/core/rng.hpp"
+#include "gpu_layer_batch.hpp"
 #include "kvsim/policies/gpu_replay.hpp"
 
 namespace kvsim::cell {
@@ -13,9 +14,15 @@ using Clock = std::chrono::steady_clock;
 double ns_since(Clock::time_point t0) { return std::chrono::duration<double, std::nano>(Clock::now() - t0).count(); }
 }  // namespace
 
+uint64_t instance_seed(const Experiment& ex, const Cell& cell, size_t p, int i) {
+  const bool per_query = ex.eval.gqa == GqaMode::query_head;
+  const uint64_t head_id = per_query ? uint64_t(cell.heads[size_t(i)]) : uint64_t(cell.kv_head) + (1ULL << 32);
+  return derive_seed({ex.seed, uint64_t(cell.layer), head_id, uint64_t(p), 0});
+}
+
 PolicySteps::PolicySteps(const Experiment& ex, const Cell& cell, int64_t n, int n_layers, const Streams& streams,
-                         double scale, Reference& reference, Metrics& metrics)
-    : ex_(ex), cell_(cell), n_(n), d_(int(streams.keys32.cols())), G_(int(cell.heads.size())), n_layers_(n_layers),
+                         double scale, Reference& reference, Metrics& metrics, GpuLayerBatch* batch)
+    : ex_(ex), cell_(cell), batch_(batch), n_(n), d_(int(streams.keys32.cols())), G_(int(cell.heads.size())), n_layers_(n_layers),
       per_query_(ex.eval.gqa == GqaMode::query_head), s_(streams), scale_(scale), ref_(reference), metrics_(metrics),
       q_group_(G_, d_), q_one_(1, d_), answers_(size_t(G_)), one_(1), probs_group_(size_t(G_)), probs_one_(1) {}
 
@@ -32,13 +39,15 @@ void PolicySteps::make() {
   for (size_t p = 0; p < runs_.size(); ++p) {
     StreamInfo info = cell_stream(ex_, cell_, n_, d_, n_layers_);
     for (int i = 0; i < (per_query_ ? G_ : 1); ++i) {
-      const uint64_t head_id = per_query_ ? uint64_t(cell_.heads[i]) : uint64_t(cell_.kv_head) + (1ULL << 32);
-      info.seed = derive_seed({ex_.seed, uint64_t(cell_.layer), head_id, uint64_t(p), 0});
+      info.seed = instance_seed(ex_, cell_, p, i);
       auto inst = make_policy(ex_.policies[p].name, ex_.policies[p].params, info);
       if (ex_.eval.device == Device::cuda && gpu_replay(*inst)) {
         std::vector<const MatF*> qs;
         for (int g : heads_of(size_t(i))) qs.push_back(&s_.queries32[g]);
-        inst = make_gpu_replay(std::move(inst), std::move(qs), s_.keys32, s_.values32, scale_, eval_steps(ex_.eval, n_));
+        // kv_head mode: the layer's cells replayed together (one launch, a block per KV head).
+        PolicyReplayFn replay = batch_ && !per_query_ ? batch_->replay_fn(cell_, p) : PolicyReplayFn{};
+        inst = make_gpu_replay(std::move(inst), std::move(qs), s_.keys32, s_.values32, scale_, eval_steps(ex_.eval, n_),
+                               std::move(replay));
       }
       runs_[p].inst.push_back(std::move(inst));
     }

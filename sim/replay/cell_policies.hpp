@@ -9,6 +9,12 @@
 
 namespace kvsim::cell {
 
+class GpuLayerBatch;
+
+/// The seed of instance i of policy entry p in `cell` (kv_head mode: i = 0; query_head mode: the
+/// cell's i-th query head): derive_seed(seed, layer, head id, p, 0).
+uint64_t instance_seed(const Experiment& ex, const Cell& cell, size_t p, int i);
+
 /// The instances of one policy spec inside a cell: one (kv_head mode) or one per query head.
 struct PolicyRun {
   std::vector<std::unique_ptr<Policy>> inst;
@@ -27,9 +33,10 @@ struct PolicyRun {
 class PolicySteps {
  public:
   PolicySteps(const Experiment& ex, const Cell& cell, int64_t n, int n_layers, const Streams& streams, double scale,
-              Reference& reference, Metrics& metrics);
+              Reference& reference, Metrics& metrics, GpuLayerBatch* batch = nullptr);
   /// One run per [[policy]] entry, seeded by (seed, layer, head, entry index); GPU replays when
-  /// `[eval] device = "cuda"` and the policy has one (sim/policies/gpu_replay.cpp).
+  /// `[eval] device = "cuda"` and the policy has one (sim/policies/gpu_replay.cpp), through `batch`
+  /// (one replay per layer) when given.
   void make();
   /// Hands non-causal oracles (H2O's "global" heavy hitters) the exact column sums, if any asks.
   void global_scores();
@@ -47,6 +54,7 @@ class PolicySteps {
 
   const Experiment& ex_;
   const Cell& cell_;
+  GpuLayerBatch* batch_;
   const int64_t n_;
   const int d_, G_, n_layers_;
   const bool per_query_;

@@ -1,11 +1,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <new>
 #include <cmath>
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <set>
 #include <tuple>
 #include <mutex>
@@ -13,6 +15,7 @@
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/io/results.hpp"
+#include "gpu_layer_batch.hpp"
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/replay/mpi.hpp"
 
@@ -103,14 +106,35 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
   std::exception_ptr err;
   std::mutex mu;
   int done = spill ? int(spill->cells_resumed()) : 0;
+  // GPU replays of a layer's cells in one launch per policy (kv_head mode; sim/replay/gpu_layer_batch.hpp).
+  // KVSIM_CUDA_LAYER_BATCH=0 launches per cell instead (to measure what batching gains; same numbers).
+  std::unique_ptr<cell::GpuLayerBatch> batch;
+  const char* batch_env = std::getenv("KVSIM_CUDA_LAYER_BATCH");
+  if (ex.eval.device == Device::cuda && ex.eval.gqa == GqaMode::kv_head && !(batch_env && std::string(batch_env) == "0")) {
+    std::vector<bool> will_run(cells.size());
+    for (size_t i = 0; i < cells.size(); ++i) will_run[i] = !(spill && spill->cell_done(i));
+    batch = std::make_unique<cell::GpuLayerBatch>(ex, src, cells, will_run, n);
+  }
+  // The order workers take cells in (results are stored by cell, so it changes no number): by layer,
+  // except with the batch, where the layers take turns (each layer's first KV head, then each second…)
+  // so that the workers start the replays of several layers at once and the GPU runs them side by side.
+  std::vector<size_t> order(cells.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  if (batch) {
+    std::map<int, int> seen;
+    std::vector<int> rank(cells.size());
+    for (size_t i = 0; i < cells.size(); ++i) rank[i] = seen[cells[i].layer]++;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rank[a] < rank[b]; });
+  }
   auto worker = [&] {
     for (;;) {
-      size_t i = next++;
-      if (i >= cells.size() || failed) return;
+      const size_t k = next++;
+      if (k >= cells.size() || failed) return;
+      const size_t i = order[k];
       if (spill && spill->cell_done(i)) continue;  // resumed from the checkpoint
       try {
         cell_out[i].resize(ex.policies.size());
-        replay_cell(ex, src, cells[i], n, cell_out[i]);
+        replay_cell(ex, src, cells[i], n, cell_out[i], batch.get());
         if (spill) {
           spill->write_cell(i, cell_out[i]);
           std::vector<std::vector<MetricRow>>().swap(cell_out[i]);

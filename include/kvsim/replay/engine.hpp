@@ -52,9 +52,15 @@ struct Cell {
 /// the cell's group), `[eval] group_agg` and `policy_precision`, `[data] prefill`, the layer.
 StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, int head_dim, int n_layers);
 
+namespace cell {
+class GpuLayerBatch;  // sim/replay/gpu_layer_batch.hpp
+}
+
 /// Replays one cell's first n tokens; out[p] receives policy p's rows (query head-major, then step).
+/// `batch`: with `[eval] device = "cuda"`, the GPU replays shared by the cells of each layer (one
+/// launch per layer and policy); null: one launch per cell.
 void replay_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, int64_t n,
-                 std::vector<std::vector<MetricRow>>& out);
+                 std::vector<std::vector<MetricRow>>& out, cell::GpuLayerBatch* batch = nullptr);
 
 RunResult run_experiment(const Experiment& ex, const StreamSource& src, int threads,
                          const std::function<void(int, int)>& progress = {}, ResultSpill* spill = nullptr);

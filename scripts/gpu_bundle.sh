@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Prepares a run of scripts/gpu_check.sh on a machine with an NVIDIA GPU but without kvsim's build
+# dependencies (the device machine: CUDA driver and runtime, no HDF5, no network). Here, on the
+# development machine:
+#  1. configures and builds BUILD (default build-gpu) with the CUDA module: nvcc from /usr/local/cuda,
+#     cuBLAS from PyPI's nvidia-cublas wheel (Debian's CUDA 13 toolkit here ships no cuBLAS), portable
+#     x86-64-v3 code instead of -march=native, no MPI, no Python module;
+#  2. gathers into .gpu/bundle.tar.gz (.gpu is ignored by git through .git/info/exclude, never committed):
+#     .gpu/bin   kvsim, libkvsim_cuda.so, kvsim_cuda_tests
+#     .gpu/lib   the shared libraries they need beyond glibc, libstdc++ and the CUDA driver
+#     .gpu/data  stories260K and the TinyStories sample from ../shared/data (the parity test reads them)
+# Then, through the device tool: carry .gpu (and the SmolLM2 recording of experiments/smollm2_gpu_8192.toml)
+# and run `bash scripts/gpu_check.sh`.
+# Usage: bash scripts/gpu_bundle.sh [BUILD]
+set -euo pipefail
+B=${1:-build-gpu}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+CACHE=${KVSIM_CACHE:-$HOME/.cache/kvsim}/cublas
+PY=${KVSIM_PYTHON:-.venv/bin/python}
+CUBLAS_VERSION=13.0.2.14
+if [ ! -f "$CACHE/nvidia/cu13/lib/libcublas.so.13" ]; then
+  mkdir -p "$CACHE"
+  "$PY" -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_27_x86_64 \
+    --python-version 3.11 -d "$CACHE" "nvidia-cublas==$CUBLAS_VERSION"
+  "$PY" -m zipfile -e "$CACHE"/nvidia_cublas-"$CUBLAS_VERSION"-*.whl "$CACHE"
+fi
+C=$CACHE/nvidia/cu13
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSIM_NATIVE=OFF -DKVSIM_MPI=OFF \
+  -DKVSIM_PYTHON_MODULE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_FLAGS="-I$C/include" \
+  -DCUDA_cublas_LIBRARY="$C/lib/libcublas.so.13" -DCUDA_cublasLt_LIBRARY="$C/lib/libcublasLt.so.13" > /dev/null
+cmake --build "$B" -j "$(nproc)" --target kvsim kvsim_cuda kvsim_cuda_tests
+[ -f "$B/libkvsim_cuda.so" ] || { echo "gpu_bundle: $B/libkvsim_cuda.so was not built (is nvcc at /usr/local/cuda?)" >&2; exit 1; }
+
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib .gpu/data
+cp "$B/kvsim" "$B/libkvsim_cuda.so" "$(find "$B" -name kvsim_cuda_tests -type f | head -1)" .gpu/bin/
+strip --strip-unneeded .gpu/bin/* 2>/dev/null || true
+# Every library the three need, except the C/C++ runtime (the device machine's is newer) and CUDA's
+# driver and cuBLAS (the device machine's own); the CUDA runtime travels, it is small.
+for f in .gpu/bin/*; do ldd "$f"; done | awk '$3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
+  case $(basename "$lib") in
+    libc.so*|libm.so*|libpthread*|libdl.so*|librt.so*|libresolv*|libnsl*|libutil*|libanl*|ld-linux*|libstdc++*|libgcc_s*|libcuda.so*|libcublas*) ;;
+    *) cp -L "$lib" .gpu/lib/ ;;
+  esac
+done
+SHARED=${KVSIM_SHARED_DATA:-$ROOT/../shared/data}
+cp -r "$SHARED/stories260K" "$SHARED/tinystories-sample" .gpu/data/
+# One compressed file travels (the device tool carries at most 64 MiB in all); gpu_check.sh unpacks it.
+tar -C .gpu -czf .gpu/bundle.tar.gz bin lib data
+rm -rf .gpu/bin .gpu/lib .gpu/data
+du -sh .gpu/bundle.tar.gz

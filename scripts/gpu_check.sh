@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The GPU checks of issue "First runs on a GPU", in one command for a machine with an NVIDIA GPU
+# (the device machine: no network, a CUDA driver, compute-sanitizer, python3 with h5py and pandas).
+# Run from the repository root after scripts/gpu_bundle.sh has built the CUDA build here and gathered
+# what the device machine lacks into .gpu/ (the binaries in .gpu/bin, libraries in .gpu/lib, the test
+# data in .gpu/data):
+#   bash scripts/gpu_check.sh [BIN] [LOG_DIR] [STEPS]
+# BIN: the folder with kvsim, libkvsim_cuda.so and kvsim_cuda_tests (default .gpu/bin); LOG_DIR: where logs go (default $OUT, else /tmp/gpu_check);
+# STEPS: a comma list of env,parity,sanitizer,bench_quick,bench,smollm2 (default: all, in that order).
+# Each step runs under its own time limit, so one hang cannot eat the others' time; the summary at the
+# end lists each step's exit status and seconds. Everything is appended to LOG_DIR/gpu.log.
+set -u
+B=${1:-.gpu/bin}
+LOG=${2:-${OUT:-/tmp/gpu_check}}
+STEPS=${3:-env,parity,sanitizer,quickstart,smollm2,bench}
+# KVSIM_GPU_DEADLINE: seconds for the whole script (default 540); each step's limit is cut to what is
+# left, and a step with under 5 s left is skipped.
+DEADLINE=$(($(date +%s) + ${KVSIM_GPU_DEADLINE:-540}))
+mkdir -p "$LOG"
+ROOT=$PWD
+SUMMARY=""
+if [ -f .gpu/bundle.tar.gz ] && [ ! -d .gpu/bin ]; then tar -C .gpu -xzf .gpu/bundle.tar.gz; fi
+
+# Runtime libraries: the ones gathered by gpu_bundle.sh (.gpu/lib), then the machine's cuBLAS
+# (PyTorch's wheel ships it; the CUDA toolkit may too).
+CUBLAS_DIR=$(dirname "$(find /usr/local/cuda* /opt /usr/lib -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+export LD_LIBRARY_PATH="$ROOT/.gpu/lib:${CUBLAS_DIR:-}:${LD_LIBRARY_PATH:-}"
+export KVSIM_SHARED_DATA="$ROOT/.gpu/data"
+export KVSIM_CUDA_MODULE="$ROOT/$B/libkvsim_cuda.so"
+
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+# step NAME LIMIT_S CMD...: runs CMD under `timeout`, output appended to gpu.log and echoed.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((DEADLINE - $(date +%s)))
+  if [ "$left" -lt 5 ]; then
+    echo "=== $name: skipped (the deadline has passed)" | tee -a "$LOG/gpu.log"
+    SUMMARY+=$(printf '%-24s skipped' "$name")$'\n'
+    return
+  fi
+  [ "$left" -lt "$limit" ] && limit=$left
+  echo "=== $name: $*" | tee -a "$LOG/gpu.log"
+  local t0=$(date +%s%N)
+  timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$LOG/gpu.log"
+  local rc=${PIPESTATUS[0]}
+  local ms=$((($(date +%s%N) - t0) / 1000000))
+  echo "=== $name: rc=$rc in $ms ms" | tee -a "$LOG/gpu.log"
+  SUMMARY+=$(printf '%-24s rc=%-4s %8d ms' "$name" "$rc" "$ms")$'\n'
+}
+
+if has env; then
+  step env 30 bash -c "date -u; nvidia-smi; nvcc --version | tail -2; nproc; grep -m1 'model name' /proc/cpuinfo;
+    echo cublas: $CUBLAS_DIR; ldd $B/kvsim $B/libkvsim_cuda.so | grep -i 'not found' || echo 'all libraries found'"
+fi
+if has parity; then
+  # The cases `ctest -L gpu` runs (catch_discover_tests with TEST_SPEC "[cuda]"), in one process.
+  step parity 150 "$B/kvsim_cuda_tests" "[cuda]" --durations yes
+  # The exact-attention cases again with the first version's kernel (KVSIM_CUDA_EXACT=kernel).
+  step parity_exact_kernel 60 env KVSIM_CUDA_EXACT=kernel "$B/kvsim_cuda_tests" "cuda: exact*" --durations yes
+  step parity_grouped 60 env KVSIM_CUDA_EXACT=grouped "$B/kvsim_cuda_tests" "[cuda]" --durations yes
+fi
+if has sanitizer; then
+  for tool in memcheck racecheck; do
+    step "sanitizer_$tool" 75 compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
+      "$B/kvsim" run experiments/gpu_sanitizer.toml --device cuda --out "/tmp/gpu_sanitizer_$tool" --quiet
+  done
+fi
+if has quickstart; then  # docs/performance.md's GPU example
+  step quickstart_cuda 60 "$B/kvsim" run experiments/quickstart.toml --device cuda --out /tmp/quickstart_cuda
+fi
+if has smollm2; then
+  cfg=experiments/smollm2_gpu_8192.toml
+  step smollm2_cuda 120 "$B/kvsim" run "$cfg" --device cuda --out /tmp/smollm2_cuda --quiet
+  # The same with one replay launch per cell instead of per layer (what the layer batch gains).
+  step smollm2_cuda_per_cell 120 env KVSIM_CUDA_LAYER_BATCH=0 "$B/kvsim" run "$cfg" --device cuda --out /tmp/smollm2_cuda_pc --quiet
+  step smollm2_cpu 150 "$B/kvsim" run "$cfg" --out /tmp/smollm2_cpu --quiet
+  step smollm2_compare 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-6 --rtol 1e-4 /tmp/smollm2_cpu /tmp/smollm2_cuda
+  step smollm2_compare_per_cell 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py /tmp/smollm2_cuda /tmp/smollm2_cuda_pc
+  cp /tmp/smollm2_cuda/summary.csv "$LOG/smollm2_cuda_summary.csv" 2>/dev/null
+  cp /tmp/smollm2_cpu/summary.csv "$LOG/smollm2_cpu_summary.csv" 2>/dev/null
+fi
+if has bench_quick; then
+  step bench_quick 90 "$B/kvsim" bench --device cuda --quick
+fi
+if has bench; then
+  step bench 420 "$B/kvsim" bench --device cuda
+fi
+echo "=== summary" | tee -a "$LOG/gpu.log"
+printf '%s' "$SUMMARY" | tee -a "$LOG/gpu.log"

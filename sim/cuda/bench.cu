@@ -1,0 +1,198 @@
+// `kvsim bench --device cuda`: the GPU's own figures (device, cuBLAS SGEMM rooflines, the exact pass
+// of both implementations, policy replays); the end-to-end run against the CPU path is in
+// sim/cli/bench.cpp. Timings of device work use CUDA events around the work (median of several runs
+// after a warm-up) on pseudo-random inputs generated on the device (never zeros).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+
+namespace kvsim::cuda_impl {
+namespace {
+
+/// Uniform values in [−0.5, 0.5) from a hash of (index, seed).
+__global__ void fill_uniform_kernel(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed ^ uint32_t(i >> 32) * 40503u;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    p[i] = float(x >> 8) * (1.0f / 16777216.0f) - 0.5f;
+  }
+}
+
+void fill_uniform(DeviceBuffer<float>& b, size_t n, uint32_t seed) {
+  fill_uniform_kernel<<<1024, 256>>>(b.p, n, seed);
+  check(cudaGetLastError(), "fill_uniform_kernel launch");
+}
+
+/// Median milliseconds of `reps` runs of f() (after one warm-up run), timed by CUDA events on this
+/// thread's stream.
+template <class F>
+double median_ms(int reps, F&& f) {
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "cudaEventCreate");
+  check(cudaEventCreate(&b), "cudaEventCreate");
+  f();
+  sync("warm-up");
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    check(cudaEventRecord(a, cudaStreamPerThread), "cudaEventRecord");
+    f();
+    check(cudaEventRecord(b, cudaStreamPerThread), "cudaEventRecord");
+    check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float x = 0;
+    check(cudaEventElapsedTime(&x, a, b), "cudaEventElapsedTime");
+    ms.push_back(x);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+/// Rooflines: cuBLAS SGEMM g³ in fp32 (default math: no tensor cores) and TF32 tensor-core math, median of 5.
+/// Returns the fp32 rate (TFLOP/s).
+double bench_rooflines(bool quick, std::string& out) {
+  char buf[256];
+  const int g = quick ? 2048 : 8192;
+  const size_t gg = size_t(g) * g;
+  DeviceBuffer<float> a(gg), b(gg), c(gg);
+  fill_uniform(a, gg, 1);
+  fill_uniform(b, gg, 2);
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw Error("CUDA: cublasCreate failed");
+  cublasSetStream(h, cudaStreamPerThread);
+  double fp32 = 0;
+  for (auto [mode, name] : {std::pair{CUBLAS_DEFAULT_MATH, "fp32"}, std::pair{CUBLAS_TF32_TENSOR_OP_MATH, "tf32"}}) {
+    cublasSetMathMode(h, mode);
+    const float one = 1.f, zero = 0.f;
+    const double ms = median_ms(5, [&] {
+      if (cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, g, g, g, &one, a.p, g, b.p, g, &zero, c.p, g) != CUBLAS_STATUS_SUCCESS)
+        throw Error("CUDA: cublasSgemm failed");
+    });
+    const double rate = 2.0 * g * g * double(g) / (ms * 1e-3) / 1e12;
+    if (fp32 == 0) fp32 = rate;
+    std::snprintf(buf, sizeof buf, "cuBLAS SGEMM %d^3 (%s): %.1f TFLOP/s (median of 5, %.3f ms)\n", g, name, rate, ms);
+    out += buf;
+  }
+  cublasDestroy(h);
+  return fp32;
+}
+
+/// The exact causal pass of 32 heads × n × 128 (MHA), every 16th step, both implementations, device
+/// time only (inputs already on the device); then one host-to-host call at n = 8192 for the transfers.
+void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
+  char buf[256];
+  out += "exact causal pass (32 heads, head_dim 128, every 16th step, fp32, device time, median of 3):\n";
+  out += "      n  impl      ms     TFLOP/s  of fp32 SGEMM\n";
+  const int heads = 32, d = 128;
+  for (long long n : quick ? std::vector<long long>{2048} : std::vector<long long>{2048, 8192, 32768}) {
+    std::vector<int64_t> steps;
+    for (long long t = 16; t <= n; t += 16) steps.push_back(t);
+    double flops = 0;
+    for (int64_t t : steps) flops += 4.0 * double(t) * d * heads;  // q·k and a·v per cached token
+    ExactDevice x(heads, heads, n, d, steps, false);
+    fill_uniform(x.q, x.q_size(), 3);
+    fill_uniform(x.k, x.k_size(), 4);
+    fill_uniform(x.v, x.k_size(), 5);
+    for (ExactImpl impl : {ExactImpl::gemm, ExactImpl::grouped, ExactImpl::kernel}) {
+      const double ms = median_ms(3, [&] { exact_on_device(x, float(1 / std::sqrt(double(d))), impl); });
+      const double rate = flops / (ms * 1e-3) / 1e12;
+      std::snprintf(buf, sizeof buf, "%7lld  %-7s %8.3f %9.2f %9.1f%%\n", n, impl == ExactImpl::gemm ? "gemm" : impl == ExactImpl::grouped ? "grouped" : "kernel", ms,
+                    rate, 100 * rate / sgemm_fp32);
+      out += buf;
+    }
+  }
+  const long long n = quick ? 2048 : 8192;
+  std::vector<float> Q(size_t(heads) * n * d), K(Q.size()), V(Q.size());
+  uint32_t s = 7;
+  for (auto* vec : {&Q, &K, &V})
+    for (float& f : *vec) {
+      s = s * 1664525u + 1013904223u;
+      f = float(s >> 8) / float(1u << 24) - 0.5f;
+    }
+  std::vector<int64_t> steps;
+  for (long long t = 16; t <= n; t += 16) steps.push_back(t);
+  std::vector<float> z;
+  std::vector<double> lt, pn;
+  exact_attention(Q.data(), K.data(), V.data(), heads, heads, n, d, 0.088, steps, z, lt, pn, nullptr);  // warm-up
+  auto t0 = std::chrono::steady_clock::now();
+  exact_attention(Q.data(), K.data(), V.data(), heads, heads, n, d, 0.088, steps, z, lt, pn, nullptr);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::snprintf(buf, sizeof buf, "  the same from host memory at n = %lld (copies of Q, K, V in, answers out): %.3f ms\n", n, sec * 1e3);
+  out += buf;
+}
+
+/// Policy replays (replay_policy): 32 KV heads × 1 query head each, 20% budgets, every 16th step
+/// answered; head-steps per second = heads × n / seconds (host transfers included).
+void bench_replays(bool quick, std::string& out) {
+  char buf[256];
+  const int heads = 32, d = 128;
+  out += "policy replays on the GPU (32 KV heads, head_dim 128, 20% budget, every 16th step answered):\n";
+  out += "policy              n     seconds  head-steps/s\n";
+  {
+    const long long n = quick ? 2048 : 8192;
+    std::vector<float> Q(size_t(heads) * n * d), K(Q.size()), V(Q.size());
+    uint32_t x = 12345;  // deterministic pseudo-random inputs (distinct scores: no tie-heavy h2o)
+    for (auto* vec : {&Q, &K, &V})
+      for (float& f : *vec) {
+        x = x * 1664525u + 1013904223u;
+        f = float(x >> 8) / float(1u << 24) - 0.5f;
+      }
+    std::vector<int64_t> steps;
+    for (long long t = 16; t <= n; t += 16) steps.push_back(t);
+    const long long B = n / 5;
+    std::vector<cuda::PolicyReplay> specs = {{cuda::ReplayKind::window, 0, B, 0, 0, 0}, {cuda::ReplayKind::sink, 4, B - 4, 0, 0, 0}, {cuda::ReplayKind::h2o, 0, 0, B, B / 2, 0}};
+    cuda::PolicyReplay u{cuda::ReplayKind::uniform, 0, 0, B, 0, 0};
+    for (int h = 0; h < heads; ++h) u.seeds.push_back(0x9e3779b97f4a7c15ULL * uint64_t(h + 1));
+    specs.push_back(u);
+    // buzz at the same memory: sink 4 + window w + body < T with T/w = 6 (Theorem 3.1, s = 5).
+    cuda::PolicyReplay b{cuda::ReplayKind::buzz, 4, (B - 4) / 7, 0, 0, 0};
+    b.threshold = 6 * b.window;
+    b.stride = 5;
+    specs.push_back(b);
+    specs.push_back({cuda::ReplayKind::oracle_topk, 0, 0, B, 0, 0});
+    cuda::PolicyReplay kc{cuda::ReplayKind::subgen_kcenter, 0, 0, B / 2, B - B / 2, 0};  // streaming: recent + centers = B
+    specs.push_back(kc);
+    cuda::PolicyReplay sg{cuda::ReplayKind::subgen, 0, 0, 0, 0, 0};  // fixed-memory SubGen at the same memory, t = 1
+    sg.s = B / 2;
+    sg.t = 1;
+    sg.max_clusters = (B - sg.s) / 2;
+    sg.seeds = u.seeds;
+    specs.push_back(sg);
+    for (const auto& p : specs) {
+      std::vector<float> z;
+      std::vector<double> ls;
+      std::vector<int64_t> kept;
+      int64_t cap = 0;
+      auto t0 = std::chrono::steady_clock::now();
+      cuda_impl::replay_policy(p, Q.data(), K.data(), V.data(), heads, 1, n, d, 1.0 / std::sqrt(double(d)), steps, z, ls, kept, cap);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::snprintf(buf, sizeof buf, "%-14s %6lld %11.3f %13.0f\n", cuda::to_string(p.kind), n, s, double(heads) * n / s);
+      out += buf;
+    }
+  }
+}
+
+}  // namespace
+
+std::string bench(bool quick) {
+  require_device();
+  std::string out = "device: " + device_description() + "\n";
+  const double fp32 = bench_rooflines(quick, out);
+  bench_exact(quick, fp32, out);
+  bench_replays(quick, out);
+  return out;
+}
+
+}  // namespace kvsim::cuda_impl

@@ -1,0 +1,106 @@
+// One GPU replay per (layer, policy) for all the layer's cells (sim/replay/gpu_layer_batch.hpp).
+#include "gpu_layer_batch.hpp"
+
+#include <algorithm>
+
+#include "cell_policies.hpp"
+#include "kvsim/core/error.hpp"
+
+namespace kvsim::cell {
+
+GpuLayerBatch::GpuLayerBatch(const Experiment& ex, const StreamSource& src, const std::vector<Cell>& cells,
+                             const std::vector<bool>& will_run, int64_t n, PolicyReplayFn replay)
+    : ex_(ex), src_(src), cells_(cells), will_run_(will_run), n_(n),
+      replay_(replay ? std::move(replay) : PolicyReplayFn(cuda::replay_policy)) {
+  if (will_run_.size() != cells_.size()) throw Error("internal: GpuLayerBatch: will_run has the wrong size");
+}
+
+int GpuLayerBatch::replays() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return replays_;
+}
+
+std::shared_ptr<GpuLayerBatch::Entry> GpuLayerBatch::entry(const Key& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& e = entries_[key];
+  if (!e) {
+    e = std::make_shared<Entry>();
+    for (size_t i = 0; i < cells_.size(); ++i)
+      if (will_run_[i] && cells_[i].layer == key.layer && cells_[i].heads.size() == key.group) ++e->remaining;
+  }
+  return e;
+}
+
+void GpuLayerBatch::run(const Key& key, Entry& e) {
+  const auto& meta = src_.meta();
+  const int d = meta.head_dim, G = int(key.group);
+  const int64_t n = n_;
+  std::vector<const Cell*> group;
+  for (const Cell& c : cells_)
+    if (c.layer == key.layer && c.heads.size() == key.group) group.push_back(&c);
+  const int kv_heads = int(group.size());
+  const auto& pol = ex_.policies[key.policy];
+  cuda::PolicyReplay spec;
+  std::vector<float> Q(size_t(kv_heads) * G * n * d), K(size_t(kv_heads) * n * d), V(K.size());
+  const size_t nd = size_t(n) * d;
+  for (int c = 0; c < kv_heads; ++c) {
+    const Cell& cell = *group[size_t(c)];
+    // The instance exactly as the cell builds it (PolicySteps::make): its spec and, for uniform and
+    // subgen, its seed.
+    StreamInfo info = cell_stream(ex_, cell, n, d, meta.n_layers);
+    info.seed = instance_seed(ex_, cell, key.policy, 0);
+    const std::optional<cuda::PolicyReplay> s = gpu_replay(*make_policy(pol.name, pol.params, info));
+    if (!s) throw Error("internal: GpuLayerBatch: policy '" + pol.name + "' has no GPU replay");
+    if (c == 0) {
+      spec = *s;
+      spec.seeds.clear();
+    }
+    spec.seeds.insert(spec.seeds.end(), s->seeds.begin(), s->seeds.end());
+    const MatF k = src_.read(cell.layer, Tensor::k, cell.kv_head), v = src_.read(cell.layer, Tensor::v, cell.kv_head);
+    std::copy_n(k.data(), nd, K.begin() + size_t(c) * nd);
+    std::copy_n(v.data(), nd, V.begin() + size_t(c) * nd);
+    for (int g = 0; g < G; ++g) {
+      const MatF q = src_.read(cell.layer, Tensor::q, cell.heads[size_t(g)]);
+      std::copy_n(q.data(), nd, Q.begin() + (size_t(c) * G + g) * nd);
+    }
+    e.kv_heads.push_back(cell.kv_head);
+  }
+  replay_(spec, Q.data(), K.data(), V.data(), kv_heads, G, n, d, meta.softmax_scale, eval_steps(ex_.eval, n), e.z,
+          e.log_sum, e.kept, e.cap);
+  std::lock_guard<std::mutex> lk(mu_);
+  ++replays_;
+}
+
+PolicyReplayFn GpuLayerBatch::replay_fn(const Cell& cell, size_t p) {
+  const Key key{cell.layer, p, cell.heads.size()};
+  return [this, key, kv = cell.kv_head](const cuda::PolicyReplay&, const float*, const float*, const float*, int kv_heads,
+                                        int group, int64_t n, int d, double, const std::vector<int64_t>& steps,
+                                        std::vector<float>& z, std::vector<double>& log_sum, std::vector<int64_t>& kept,
+                                        int64_t& kept_cap) {
+    if (kv_heads != 1 || size_t(group) != key.group || n != n_)
+      throw Error("internal: GpuLayerBatch: a cell's replay differs from its layer's");
+    std::shared_ptr<Entry> e = entry(key);
+    std::call_once(e->once, [&] {
+      try {
+        run(key, *e);
+      } catch (...) {
+        e->err = std::current_exception();
+      }
+    });
+    if (e->err) std::rethrow_exception(e->err);
+    const auto it = std::find(e->kv_heads.begin(), e->kv_heads.end(), kv);
+    if (it == e->kv_heads.end()) throw Error("internal: GpuLayerBatch: KV head not in its layer's replay");
+    const size_t c = size_t(it - e->kv_heads.begin()), rows = steps.size(), G = key.group;
+    const size_t zn = G * rows * size_t(d), ln = G * rows, kn = rows * size_t(e->cap);
+    if (e->z.size() < (c + 1) * zn || e->log_sum.size() < (c + 1) * ln || e->kept.size() < (c + 1) * kn)
+      throw Error("internal: GpuLayerBatch: the replay returned arrays of the wrong size");
+    z.assign(e->z.begin() + c * zn, e->z.begin() + (c + 1) * zn);
+    log_sum.assign(e->log_sum.begin() + c * ln, e->log_sum.begin() + (c + 1) * ln);
+    kept.assign(e->kept.begin() + c * kn, e->kept.begin() + (c + 1) * kn);
+    kept_cap = e->cap;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (--e->remaining == 0) entries_.erase(key);  // the last cell of the layer: the results go
+  };
+}
+
+}  // namespace kvsim::cell

@@ -1,0 +1,64 @@
+// Internal to the replay: with `[eval] device = "cuda"`, the GPU replays of a layer's cells run as one
+// cuda::replay_policy call per (layer, policy) — one thread block per KV head in one launch — instead
+// of one launch per cell (a sequential policy kernel such as h2o's occupies one multiprocessor per
+// KV head, so a launch per cell leaves the rest of the GPU to whatever other cells run at the time).
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "kvsim/io/recording.hpp"
+#include "kvsim/policies/gpu_replay.hpp"
+#include "kvsim/replay/engine.hpp"
+
+namespace kvsim::cell {
+
+/// Shared by the cells of one run. The first cell of a layer that needs policy p's replay reads the
+/// layer's queries, keys and values (the cells with as many query heads as its own), builds each
+/// cell's instance as the cell itself would (same seed: instance_seed), and replays them all in one
+/// call; the others wait for it and take their slice. A layer's results are freed once every cell
+/// that will run has taken its slice. The first error reaches every cell of the layer.
+class GpuLayerBatch {
+ public:
+  /// `cells`: the run's planned cells; `will_run[i]`: cell i runs in this process (false: resumed
+  /// from a checkpoint, or another MPI rank's). `replay` defaults to cuda::replay_policy.
+  GpuLayerBatch(const Experiment& ex, const StreamSource& src, const std::vector<Cell>& cells,
+                const std::vector<bool>& will_run, int64_t n, PolicyReplayFn replay = {});
+  /// The replay function to hand make_gpu_replay for `cell`'s (kv_head mode) instance of policy p.
+  PolicyReplayFn replay_fn(const Cell& cell, size_t p);
+  /// Calls of the replay function so far (one per layer, policy and group size): for tests.
+  int replays() const;
+
+ private:
+  struct Key {
+    int layer;
+    size_t policy, group;
+    bool operator<(const Key& o) const { return std::tie(layer, policy, group) < std::tie(o.layer, o.policy, o.group); }
+  };
+  struct Entry {
+    std::once_flag once;
+    std::exception_ptr err;
+    std::vector<int> kv_heads;  // the batched cells' KV heads, in replay order
+    std::vector<float> z;
+    std::vector<double> log_sum;
+    std::vector<int64_t> kept;
+    int64_t cap = 0;
+    int remaining = 0;  // cells still to take their slice
+  };
+  void run(const Key& key, Entry& e);
+  std::shared_ptr<Entry> entry(const Key& key);
+
+  const Experiment& ex_;
+  const StreamSource& src_;
+  const std::vector<Cell>& cells_;
+  std::vector<bool> will_run_;
+  int64_t n_;
+  PolicyReplayFn replay_;
+  mutable std::mutex mu_;
+  std::map<Key, std::shared_ptr<Entry>> entries_;
+  int replays_ = 0;
+};
+
+}  // namespace kvsim::cell
