@@ -39,9 +39,25 @@ void naming_stand_in(const cuda::PolicyReplay& p, const float* Q, const float* K
     }
 }
 
+/// Counts reads (the batch reads each layer's streams once for all its policies).
+class CountingSource final : public StreamSource {
+ public:
+  explicit CountingSource(const SynthParams& p) : src_(p) {}
+  const RecordingMeta& meta() const override { return src_.meta(); }
+  MatF read(int layer, Tensor which, int head) const override {
+    ++reads;
+    return src_.read(layer, which, head);
+  }
+  std::string describe() const override { return "counting " + src_.describe(); }
+  mutable int reads = 0;
+
+ private:
+  SynthSource src_;
+};
+
 struct Setup {
   Experiment ex;
-  std::unique_ptr<SynthSource> src;
+  std::unique_ptr<CountingSource> src;
   std::vector<Cell> cells;
   int64_t n = 120;
   Setup() {
@@ -53,7 +69,7 @@ struct Setup {
     u.set("budget", int64_t(30));
     w.set("budget", int64_t(20));
     ex.policies = {{"uniform", "uniform", u}, {"window", "window", w}};
-    src = std::make_unique<SynthSource>(ex.data.synth);
+    src = std::make_unique<CountingSource>(ex.data.synth);
     for (int l = 0; l < 2; ++l)
       for (int kv = 0; kv < 2; ++kv) cells.push_back(Cell{l, kv, {2 * kv, 2 * kv + 1}});
   }
@@ -90,12 +106,16 @@ struct Setup {
 TEST_CASE("gpu layer batch: each cell gets its own replay from one replay per layer and policy", "[replay][cuda]") {
   Setup s;
   cell::GpuLayerBatch batch(s.ex, *s.src, s.cells, std::vector<bool>(s.cells.size(), true), s.n, naming_stand_in);
+  std::vector<std::vector<Setup::Out>> got(2);
   for (size_t p = 0; p < 2; ++p)
-    for (const Cell& c : s.cells) {
-      INFO("policy " << p << " layer " << c.layer << " KV head " << c.kv_head);
-      CHECK(s.batched(batch, c, p) == s.alone(c, p));
-    }
+    for (const Cell& c : s.cells) got[p].push_back(s.batched(batch, c, p));
   CHECK(batch.replays() == 4);  // 2 layers × 2 policies, not one per cell (8)
+  CHECK(s.src->reads == 16);    // per layer 2 cells × (2 query heads, k, v), once for both policies
+  for (size_t p = 0; p < 2; ++p)
+    for (size_t i = 0; i < s.cells.size(); ++i) {
+      INFO("policy " << p << " layer " << s.cells[i].layer << " KV head " << s.cells[i].kv_head);
+      CHECK(got[p][i] == s.alone(s.cells[i], p));
+    }
   // Negative control: the two KV heads of a layer get different answers (and uniform different seeds),
   // so the comparison above could not hold with slices swapped.
   CHECK_FALSE(s.alone(s.cells[0], 0).z == s.alone(s.cells[1], 0).z);
@@ -110,8 +130,14 @@ TEST_CASE("gpu layer batch: a layer's results are freed after its last running c
   cell::GpuLayerBatch batch(s.ex, *s.src, s.cells, will_run, s.n, naming_stand_in);
   CHECK(s.batched(batch, s.cells[0], 1) == s.alone(s.cells[0], 1));
   CHECK(batch.replays() == 1);
+  const int reads = s.src->reads;  // layer 0's streams, kept for its other policy
   CHECK(s.batched(batch, s.cells[1], 1) == s.alone(s.cells[1], 1));
   CHECK(batch.replays() == 2);
+  CHECK(s.src->reads == reads + 4);  // + alone()'s reads only: the layer's streams were kept
+  // Two replays over layer 0's streams (its two policies): freed, so the next replay reads them again.
+  const int before = s.src->reads;
+  s.batched(batch, s.cells[0], 0);
+  CHECK(s.src->reads == before + 8);
 
   int calls = 0;
   auto failing = [&](const cuda::PolicyReplay&, const float*, const float*, const float*, int, int, int64_t, int, double,

@@ -31,6 +31,53 @@ std::shared_ptr<GpuLayerBatch::Entry> GpuLayerBatch::entry(const Key& key) {
   return e;
 }
 
+std::shared_ptr<GpuLayerBatch::Inputs> GpuLayerBatch::inputs(const Key& key, const std::vector<const Cell*>& group) {
+  std::shared_ptr<Inputs> in;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto& slot = inputs_[{key.layer, key.group}];
+    if (!slot) {
+      slot = std::make_shared<Inputs>();
+      // As many releases as the layer has policies with a GPU replay (an instance of each, as built
+      // for its first cell, tells).
+      const Cell& c0 = *group.front();
+      StreamInfo info = cell_stream(ex_, c0, n_, src_.meta().head_dim, src_.meta().n_layers);
+      for (size_t p = 0; p < ex_.policies.size(); ++p)
+        if (gpu_replay(*make_policy(ex_.policies[p].name, ex_.policies[p].params, info))) ++slot->remaining;
+    }
+    in = slot;
+  }
+  std::call_once(in->once, [&] {
+    try {
+      const int d = src_.meta().head_dim, G = int(key.group);
+      const size_t nd = size_t(n_) * d, C = group.size();
+      in->Q.resize(C * G * nd);
+      in->K.resize(C * nd);
+      in->V.resize(C * nd);
+      for (size_t c = 0; c < C; ++c) {
+        const Cell& cell = *group[c];
+        const MatF k = src_.read(cell.layer, Tensor::k, cell.kv_head), v = src_.read(cell.layer, Tensor::v, cell.kv_head);
+        std::copy_n(k.data(), nd, in->K.begin() + c * nd);
+        std::copy_n(v.data(), nd, in->V.begin() + c * nd);
+        for (int g = 0; g < G; ++g) {
+          const MatF q = src_.read(cell.layer, Tensor::q, cell.heads[size_t(g)]);
+          std::copy_n(q.data(), nd, in->Q.begin() + (c * G + g) * nd);
+        }
+      }
+    } catch (...) {
+      in->err = std::current_exception();
+    }
+  });
+  if (in->err) std::rethrow_exception(in->err);
+  return in;
+}
+
+void GpuLayerBatch::release(const Key& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto it = inputs_.find({key.layer, key.group});
+  if (it != inputs_.end() && --it->second->remaining <= 0) inputs_.erase(it);
+}
+
 void GpuLayerBatch::run(const Key& key, Entry& e) {
   const auto& meta = src_.meta();
   const int d = meta.head_dim, G = int(key.group);
@@ -41,8 +88,13 @@ void GpuLayerBatch::run(const Key& key, Entry& e) {
   const int kv_heads = int(group.size());
   const auto& pol = ex_.policies[key.policy];
   cuda::PolicyReplay spec;
-  std::vector<float> Q(size_t(kv_heads) * G * n * d), K(size_t(kv_heads) * n * d), V(K.size());
-  const size_t nd = size_t(n) * d;
+  // Released whatever happens below, so the layer's streams go after its last policy.
+  struct Release {
+    GpuLayerBatch* b;
+    const Key& k;
+    ~Release() { b->release(k); }
+  } release_after{this, key};
+  const std::shared_ptr<Inputs> in = inputs(key, group);
   for (int c = 0; c < kv_heads; ++c) {
     const Cell& cell = *group[size_t(c)];
     // The instance exactly as the cell builds it (PolicySteps::make): its spec and, for uniform and
@@ -56,17 +108,10 @@ void GpuLayerBatch::run(const Key& key, Entry& e) {
       spec.seeds.clear();
     }
     spec.seeds.insert(spec.seeds.end(), s->seeds.begin(), s->seeds.end());
-    const MatF k = src_.read(cell.layer, Tensor::k, cell.kv_head), v = src_.read(cell.layer, Tensor::v, cell.kv_head);
-    std::copy_n(k.data(), nd, K.begin() + size_t(c) * nd);
-    std::copy_n(v.data(), nd, V.begin() + size_t(c) * nd);
-    for (int g = 0; g < G; ++g) {
-      const MatF q = src_.read(cell.layer, Tensor::q, cell.heads[size_t(g)]);
-      std::copy_n(q.data(), nd, Q.begin() + (size_t(c) * G + g) * nd);
-    }
     e.kv_heads.push_back(cell.kv_head);
   }
-  replay_(spec, Q.data(), K.data(), V.data(), kv_heads, G, n, d, meta.softmax_scale, eval_steps(ex_.eval, n), e.z,
-          e.log_sum, e.kept, e.cap);
+  replay_(spec, in->Q.data(), in->K.data(), in->V.data(), kv_heads, G, n, d, meta.softmax_scale, eval_steps(ex_.eval, n),
+          e.z, e.log_sum, e.kept, e.cap);
   std::lock_guard<std::mutex> lk(mu_);
   ++replays_;
 }

@@ -15,11 +15,12 @@
 
 namespace kvsim::cell {
 
-/// Shared by the cells of one run. The first cell of a layer that needs policy p's replay reads the
-/// layer's queries, keys and values (the cells with as many query heads as its own), builds each
-/// cell's instance as the cell itself would (same seed: instance_seed), and replays them all in one
-/// call; the others wait for it and take their slice. A layer's results are freed once every cell
-/// that will run has taken its slice. The first error reaches every cell of the layer.
+/// Shared by the cells of one run. The first cell of a layer that needs policy p's replay builds each
+/// cell's instance as the cell itself would (same seed: instance_seed) and replays them all in one
+/// call over the layer's queries, keys and values (the cells with as many query heads as its own),
+/// read once per layer for all its policies and freed after the layer's last GPU policy; the other
+/// cells wait for it and take their slice. A layer's results are freed once every cell that will run
+/// has taken its slice. The first error reaches every cell of the layer.
 class GpuLayerBatch {
  public:
   /// `cells`: the run's planned cells; `will_run[i]`: cell i runs in this process (false: resumed
@@ -37,6 +38,13 @@ class GpuLayerBatch {
     size_t policy, group;
     bool operator<(const Key& o) const { return std::tie(layer, policy, group) < std::tie(o.layer, o.policy, o.group); }
   };
+  /// A layer's streams for its batched replays: [cell][query head][n][d], [cell][n][d].
+  struct Inputs {
+    std::once_flag once;
+    std::exception_ptr err;
+    std::vector<float> Q, K, V;
+    int remaining = 0;  // GPU policies still to replay over them
+  };
   struct Entry {
     std::once_flag once;
     std::exception_ptr err;
@@ -49,6 +57,9 @@ class GpuLayerBatch {
   };
   void run(const Key& key, Entry& e);
   std::shared_ptr<Entry> entry(const Key& key);
+  /// The layer's streams (read on first use), and the release after one policy's replay.
+  std::shared_ptr<Inputs> inputs(const Key& key, const std::vector<const Cell*>& group);
+  void release(const Key& key);
 
   const Experiment& ex_;
   const StreamSource& src_;
@@ -58,6 +69,7 @@ class GpuLayerBatch {
   PolicyReplayFn replay_;
   mutable std::mutex mu_;
   std::map<Key, std::shared_ptr<Entry>> entries_;
+  std::map<std::pair<int, size_t>, std::shared_ptr<Inputs>> inputs_;  // by (layer, group size)
   int replays_ = 0;
 };
 
