@@ -16,19 +16,9 @@ set -euo pipefail
 B=${1:-build-gpu}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-CACHE=${KVSIM_CACHE:-$HOME/.cache/kvsim}/cublas
-PY=${KVSIM_PYTHON:-.venv/bin/python}
-CUBLAS_VERSION=13.0.2.14
-if [ ! -f "$CACHE/nvidia/cu13/lib/libcublas.so.13" ]; then
-  mkdir -p "$CACHE"
-  "$PY" -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_27_x86_64 \
-    --python-version 3.11 -d "$CACHE" "nvidia-cublas==$CUBLAS_VERSION"
-  "$PY" -m zipfile -e "$CACHE"/nvidia_cublas-"$CUBLAS_VERSION"-*.whl "$CACHE"
-fi
-C=$CACHE/nvidia/cu13
+# shellcheck disable=SC2046  # word-split on purpose: cublas.sh prints separate -D arguments (or none)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSIM_NATIVE=OFF -DKVSIM_MPI=OFF \
-  -DKVSIM_PYTHON_MODULE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_FLAGS="-I$C/include" \
-  -DCUDA_cublas_LIBRARY="$C/lib/libcublas.so.13" -DCUDA_cublasLt_LIBRARY="$C/lib/libcublasLt.so.13" > /dev/null
+  -DKVSIM_PYTHON_MODULE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 $(bash scripts/cublas.sh) > /dev/null
 cmake --build "$B" -j "$(nproc)" --target kvsim kvsim_cuda kvsim_cuda_tests
 [ -f "$B/libkvsim_cuda.so" ] || { echo "gpu_bundle: $B/libkvsim_cuda.so was not built (is nvcc at /usr/local/cuda?)" >&2; exit 1; }
 

@@ -71,11 +71,11 @@ if has quickstart; then  # docs/performance.md's GPU example
 fi
 if has smollm2; then
   cfg=experiments/smollm2_gpu_8192.toml
-  step smollm2_cuda 120 "$B/kvsim" run "$cfg" --device cuda --out /tmp/smollm2_cuda --quiet
+  step smollm2_cuda 120 env KVSIM_CUDA_LAYER_BATCH=1 "$B/kvsim" run "$cfg" --device cuda --out /tmp/smollm2_cuda --quiet
   # The same with one replay launch per cell instead of per layer (what the layer batch gains).
   step smollm2_cuda_per_cell 120 env KVSIM_CUDA_LAYER_BATCH=0 "$B/kvsim" run "$cfg" --device cuda --out /tmp/smollm2_cuda_pc --quiet
   step smollm2_cpu 150 "$B/kvsim" run "$cfg" --out /tmp/smollm2_cpu --quiet
-  step smollm2_compare 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-6 --rtol 1e-4 /tmp/smollm2_cpu /tmp/smollm2_cuda
+  step smollm2_compare 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-4 --rtol 1e-4 /tmp/smollm2_cpu /tmp/smollm2_cuda
   step smollm2_compare_per_cell 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py /tmp/smollm2_cuda /tmp/smollm2_cuda_pc
   cp /tmp/smollm2_cuda/summary.csv "$LOG/smollm2_cuda_summary.csv" 2>/dev/null
   cp /tmp/smollm2_cpu/summary.csv "$LOG/smollm2_cpu_summary.csv" 2>/dev/null

@@ -130,7 +130,24 @@ memory = 0.2
   Experiment cpu = parse_experiment(cfg, "parity.toml");
   Experiment gpu = parse_experiment(cfg, "parity.toml", {"eval.device=\"cuda\""});
   auto src = open_source(cpu.data);
-  RunResult a = run_experiment(cpu, *src, 2), b = run_experiment(gpu, *src, 2);
+  RunResult a = run_experiment(cpu, *src, 2);
+  // The GPU replays once per cell and once batched per layer (sim/replay/gpu_layer_batch.hpp): the
+  // same kernels on the same data, so the same rows to the bit.
+  setenv("KVSIM_CUDA_LAYER_BATCH", "0", 1);
+  RunResult b = run_experiment(gpu, *src, 2);
+  setenv("KVSIM_CUDA_LAYER_BATCH", "1", 1);
+  RunResult bb = run_experiment(gpu, *src, 2);
+  unsetenv("KVSIM_CUDA_LAYER_BATCH");
+  REQUIRE(bb.policies.size() == b.policies.size());
+  for (size_t p = 0; p < b.policies.size(); ++p) {
+    INFO(b.policies[p].spec.label << " batched per layer vs per cell");
+    REQUIRE(bb.policies[p].rows.size() == b.policies[p].rows.size());
+    for (size_t i = 0; i < b.policies[p].rows.size(); ++i)
+      for (const char* m : {"rel_err", "eps_spectral", "cache_tokens", "kept_mass", "tau_rel_err"}) {
+        const double x = metric_of(b.policies[p].rows[i], m), y = metric_of(bb.policies[p].rows[i], m);
+        REQUIRE(((x == y) || (std::isnan(x) && std::isnan(y))));
+      }
+  }
   REQUIRE(a.policies.size() == b.policies.size());
   // Relative errors and ε near fp32's rounding floor (a policy still holding every token: ~1e-7 on
   // both paths, each against its own reference) are compared with an absolute floor of 5e-6; above
