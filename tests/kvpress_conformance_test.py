@@ -16,13 +16,17 @@ when decoding starts). Per layer and KV head the two prompt sets are compared:
                                          kernel = 5, pooling = "avg")
   KnormPress                           knorm(budget = n_kept + 1)                   identical but near-ties
   KeyDiffPress                         keydiff(budget = n_kept), read at step P     identical but near-ties
+  LagKVPress(n_sink 4, lag_size 128)   lagkv(budget = n_kept, sink = 4, lag = 128), identical but near-ties
+                                         read at step P
   PyramidKVPress(window 64, kernel 5)  pyramidkv(as snapkv, budgets = "kvpress")    identical but near-ties
                                        pyramidkv(budgets = "paper", kvsim's default) differs by design: counted
   TOVAPress                            tova(budget = n_kept + 1)                    differs by design: counted
 
 A near-tie is a token on which the sets differ whose kvpress score lies within 1e-5 (relative to the
 score range) of kvpress's cut-off. Negative controls: snapkv with max pooling (kvsim's default, not
-kvpress's) and knorm one token short must show differences that are not ties. TOVA: kvpress averages
+kvpress's), knorm one token short and lagkv with lag = 32 must show differences that are not ties.
+(LagKV's scores are ranks within a partition, so ties are exact and many: at r = 0.75 kvpress keeps
+128 of the 256 tokens scored 1, its choice among them torch.topk's.) TOVA: kvpress averages
 the last query's attention over all the layer's query heads and keeps one set for every KV head (the
 same set: checked); kvsim's tova, following the paper's stream, evicts one token per step by the
 group's weights; the differing share is printed.
@@ -75,6 +79,13 @@ def run_ratio(c, ratio):
     keydiff = bridge.capture(kvpress.KeyDiffPress(compression_ratio=ratio), model, ids)
     r = compare("KeyDiffPress", keydiff, {"name": "keydiff", "budget": n_kept}, ratio, "identical but near-ties", step=P)
     check(r["differing_tokens"] == r["near_ties"], f"KeyDiffPress r={ratio}: differences beyond near-ties")
+
+    lag = bridge.capture(kvpress.LagKVPress(compression_ratio=ratio, n_sink=4, lag_size=128), model, ids)
+    lag_policy = {"name": "lagkv", "budget": n_kept, "sink": 4, "lag": 128}
+    r = compare("LagKVPress", lag, lag_policy, ratio, "identical but near-ties", step=P)
+    check(r["differing_tokens"] == r["near_ties"], f"LagKVPress r={ratio}: differences beyond near-ties")
+    r = compare("LagKVPress", lag, dict(lag_policy, lag=32), ratio, "differs (control)", control=True, step=P)
+    check(r["differing_tokens"] > r["near_ties"], f"LagKVPress r={ratio}: the lag-32 control shows no difference")
 
     tova = bridge.capture(kvpress.TOVAPress(compression_ratio=ratio), model, ids)
     check(all(np.array_equal(tova.kept[l][0], tova.kept[l][h]) for l in range(L) for h in range(H)),

@@ -33,6 +33,11 @@ std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, dou
 /// budget is `budget` tokens (pyramidkv's `budgets = "kvpress"`).
 std::vector<int64_t> pyramidkv_kvpress_budgets(int64_t budget, int64_t window, double beta, int n_layers, int64_t prompt);
 
+/// LagKV's scores of the first m rows of K and V [≥ m, head_dim] with `sink` sink tokens and partitions
+/// of L tokens (sim/policies/lagkv.cpp), higher = keep: 1 for the sinks and the tail, a token's rank
+/// within its partition / L for the others. Size m.
+VecD lagkv_scores(const MatF& K, const MatF& V, int64_t m, int64_t sink, int64_t L);
+
 /// Body sizes after each eviction of a `buzz` policy instance (tests).
 const std::vector<int64_t>& buzz_body_history(const Policy& p);
 
