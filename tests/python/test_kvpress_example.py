@@ -1,6 +1,7 @@
 """docs/kvpress.md's complete example runs as written: its ```sh recording block, then its ```python
 block, from the repository root; the printed table has both presses and kvsim's h2o with finite errors.
-SKIPPED without the SmolLM2 model file or kvpress (tests/setup_check.py fails the suite in that case
+And `python -m kvsim.kvpress` writes a press file, or exits 2 with one line naming the bad press,
+argument or file. SKIPPED without the SmolLM2 model file or kvpress (tests/setup_check.py fails the suite in that case
 after setup)."""
 import os
 import re
@@ -37,3 +38,43 @@ def test_docs_kvpress_example_runs(shared_data, kvsim_bin, tmp_path):
         rel_err, kept_mass, cache = (float(x) for x in table[label])
         assert 0 < rel_err < 1 and 0.5 < kept_mass < 1 and 128 < cache < 192  # 128 kept + the decoded tokens
     assert "kvsim" in out.stdout
+
+
+def _cli(kvsim_bin, *args):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(Path(kvsim_bin).parent / "python"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "kvsim.kvpress", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+
+
+def test_kvpress_cli_writes_a_press_file_and_names_bad_input(shared_data, kvsim_bin, tmp_path):
+    """`python -m kvsim.kvpress`: a press file press_replay reads, or exit 2 with one line naming the fault."""
+    gguf = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not gguf.exists():
+        pytest.skip("models/SmolLM2-135M-Instruct.Q4_1.gguf missing (bash scripts/setup.sh)")
+    pytest.importorskip("kvpress")
+    h5py = pytest.importorskip("h5py")
+    text = shared_data / "tinyshakespeare" / "input.txt"
+    out = tmp_path / "snap.h5"
+    ok = _cli(kvsim_bin, "SnapKVPress", "--model", gguf, "--text", text, "--tokens", 64, "--ratio", 0.5,
+              "--set", "window_size=16", "--out", out)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    with h5py.File(out, "r") as f:
+        assert f.attrs["press"] == "SnapKVPress" and f.attrs["prompt"] == 64 and f.attrs["ratio"] == 0.5
+        kept = [f[f"layer_{l:03d}/kv_head_{h:02d}"][()] for l in range(30) for h in range(3)]
+    assert all(len(k) == 32 and k.min() >= 0 and k.max() < 64 for k in kept)
+    assert any(not (k == kept[0]).all() for k in kept)  # a real selection: the heads disagree somewhere
+
+    cases = [(("NoSuchPress",), "NoSuchPress"),
+             (("SnapKVPress", "--set", "no_such_argument=1"), "no_such_argument"),
+             (("SnapKVPress", "--ratio", 1.5), "SnapKVPress"),
+             (("SnapKVPress", "--model", tmp_path / "absent.gguf"), "absent.gguf")]
+    for args, named in cases:
+        base = ["--model", gguf, "--text", text, "--tokens", 64, "--out", tmp_path / "bad.h5"]
+        if "--model" in args:
+            base = base[2:]
+        r = _cli(kvsim_bin, *args, *base)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and named in lines[0] and lines[0].startswith("kvsim.kvpress: error:"), (args, r.stderr)
+        assert not (tmp_path / "bad.h5").exists()

@@ -11,6 +11,12 @@ docs/kvpress.md's parameter mapping checked.
                                    the press's scores where it has a `score` method (ScorerPress)
   near_ties(scores, kept, other)   the tokens two kept sets disagree on whose scores sit within float32
                                    rounding of the press's cut-off
+  save(cap, path)                  a press file for kvsim's `press_replay` policy
+
+From the command line (PYTHONPATH=build/python), a press file in one step:
+  python -m kvsim.kvpress PRESS --model GGUF --text FILE --tokens P --out FILE [--ratio R] [--set KEY=VALUE]...
+It exits 2 with one line naming the press, the model or the file when kvpress has no such press, the
+press refuses its parameters or the model, or a file is missing (main() below).
 
 How the kept positions are found: the prompt is run once without the press (the full cache) and once
 with it; every key row left in the compressed cache is looked up, bit for bit, among the full cache's
@@ -124,7 +130,8 @@ def capture(press, model, input_ids):
     for layer, keys_full in enumerate(full):
         if getattr(model.model.layers[layer].self_attn, "masked_key_indices", None) is not None:
             # AdaKV-style presses mask instead of removing
-            raise Error(f"kvpress {name}: masks cache entries per head (masked_key_indices); not supported yet")
+            raise Error(f"kvpress {name} on {type(model).__name__}: masks cache entries per head "
+                        "(masked_key_indices); not supported yet")
         small = cache.layers[layer].keys[0].float().cpu().numpy()
         per_head = []
         for h in range(keys_full.shape[0]):
@@ -196,3 +203,79 @@ def save(cap, path, **attrs):
             os.remove(tmp)
         raise
     return path
+
+
+def _value(text):
+    """A --set value: a Python literal (int, float, bool, None, string in quotes), else the text."""
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def main(argv=None):
+    """`python -m kvsim.kvpress PRESS --model GGUF --text FILE --tokens P --out FILE [--ratio R]
+    [--set KEY=VALUE]...`: runs kvpress's PRESS (a class of the kvpress package, built with
+    compression_ratio = R and the --set keyword arguments) on the first P tokens of FILE as the GGUF's
+    tokenizer encodes it (special tokens included, as datasets/export_hf.py records), and writes the kept
+    positions as a press file for `press_replay` (save). Returns 0, or 2 after one line on stderr naming
+    the press, the model or the file at fault (argparse's own usage errors exit 2 too)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m kvsim.kvpress",
+                                 description="Run a kvpress press on a GGUF model and save the tokens it keeps "
+                                             "for kvsim's press_replay policy.")
+    ap.add_argument("press", help="a kvpress press class, e.g. SnapKVPress")
+    ap.add_argument("--model", required=True, help="GGUF file (transformers loads it, float32, CPU)")
+    ap.add_argument("--text", required=True, help="UTF-8 text; its first --tokens tokens are the prompt")
+    ap.add_argument("--tokens", type=int, required=True, help="prompt length P")
+    ap.add_argument("--out", required=True, help="the press file to write (HDF5)")
+    ap.add_argument("--ratio", type=float, default=0.5, help="compression_ratio (default 0.5)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another press argument")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loading bar: the output stays one line
+    try:
+        _, _, _, kvpress = _imports()
+        cls = getattr(kvpress, a.press, None)
+        if not (isinstance(cls, type) and a.press.endswith("Press")):
+            raise Error(f"kvpress has no press '{a.press}'")
+        kwargs = {"compression_ratio": a.ratio}
+        for kv in a.set:
+            key, eq, val = kv.partition("=")
+            if not eq or not key:
+                raise Error(f"--set {kv!r}: expected KEY=VALUE")
+            kwargs[key] = _value(val)
+        try:
+            press = cls(**kwargs)
+        except Exception as e:  # noqa: BLE001 - a refused argument is bad input
+            raise Error(f"kvpress {a.press}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}): "
+                        f"{type(e).__name__}: {e}") from e
+        if a.tokens < 1:
+            raise Error(f"--tokens {a.tokens}: must be at least 1")
+        try:
+            with open(a.text, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise Error(f"{a.text}: cannot read the text ({type(e).__name__}: {e})") from e
+        model, tok = load_model(a.model)
+        ids = tok(text, return_tensors="pt").input_ids[0][: a.tokens]
+        if len(ids) < a.tokens:
+            raise Error(f"{a.text}: {len(ids)} tokens, fewer than --tokens {a.tokens}")
+        cap = capture(press, model, ids.tolist())
+        save(cap, a.out, ratio=a.ratio, model=os.path.basename(a.model))
+    except Error as e:
+        print(f"kvsim.kvpress: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    kept = sum(len(h) for layer in cap.kept for h in layer) / max(1, len(cap.kept) * cap.n_kv_heads)
+    print(f"{a.press} (compression_ratio {a.ratio}) on {os.path.basename(a.model)}: {len(cap.kept)} layers x "
+          f"{cap.n_kv_heads} KV heads keep {kept:.1f} of {cap.n} tokens on average -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
