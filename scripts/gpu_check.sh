@@ -58,7 +58,6 @@ if has parity; then
   step parity 150 "$B/kvsim_cuda_tests" "[cuda]" --durations yes
   # The exact-attention cases again with the first version's kernel (KVSIM_CUDA_EXACT=kernel).
   step parity_exact_kernel 60 env KVSIM_CUDA_EXACT=kernel "$B/kvsim_cuda_tests" "cuda: exact*" --durations yes
-  step parity_grouped 60 env KVSIM_CUDA_EXACT=grouped "$B/kvsim_cuda_tests" "[cuda]" --durations yes
 fi
 if has sanitizer; then
   for tool in memcheck racecheck; do

@@ -105,10 +105,10 @@ void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
     fill_uniform(x.q, x.q_size(), 3);
     fill_uniform(x.k, x.k_size(), 4);
     fill_uniform(x.v, x.k_size(), 5);
-    for (ExactImpl impl : {ExactImpl::gemm, ExactImpl::grouped, ExactImpl::kernel}) {
+    for (ExactImpl impl : {ExactImpl::gemm, ExactImpl::kernel}) {
       const double ms = median_ms(3, [&] { exact_on_device(x, float(1 / std::sqrt(double(d))), impl); });
       const double rate = flops / (ms * 1e-3) / 1e12;
-      std::snprintf(buf, sizeof buf, "%7lld  %-7s %8.3f %9.2f %9.1f%%\n", n, impl == ExactImpl::gemm ? "gemm" : impl == ExactImpl::grouped ? "grouped" : "kernel", ms,
+      std::snprintf(buf, sizeof buf, "%7lld  %-7s %8.3f %9.2f %9.1f%%\n", n, impl == ExactImpl::gemm ? "gemm" : "kernel", ms,
                     rate, 100 * rate / sgemm_fp32);
       out += buf;
     }

@@ -27,8 +27,7 @@ template <class T>
 struct DeviceBuffer {
   T* p = nullptr;
   bool async = true;
-  size_t size_ = 0;
-  explicit DeviceBuffer(size_t n) : size_(n) {
+  explicit DeviceBuffer(size_t n) {
     const size_t bytes = n * sizeof(T) + 1;
     if (cudaMallocAsync(reinterpret_cast<void**>(&p), bytes, cudaStreamPerThread) != cudaSuccess) {
       (void)cudaGetLastError();  // clear the error; fall back to the synchronous allocator
@@ -42,7 +41,6 @@ struct DeviceBuffer {
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  size_t size() const { return size_; }  ///< elements, as made
   void upload(const T* h, size_t n, const char* what) { check(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice), what); }
   void download(T* h, size_t n, const char* what) const {
     check(cudaMemcpy(h, p, n * sizeof(T), cudaMemcpyDeviceToHost), what);
@@ -123,9 +121,9 @@ __device__ inline void block_argmin(double my_d, int64_t my_i, double* sd, int64
 }
 
 /// The exact pass's implementation (sim/cuda/exact.cu): cuBLAS SGEMMs around a softmax kernel, per
-/// chunk of rows (gemm) or with several chunks per grouped-batched SGEMM (grouped), or the first
-/// version's one block per (step, query head). KVSIM_CUDA_EXACT=gemm|grouped|kernel (default gemm).
-enum class ExactImpl { gemm, grouped, kernel };
+/// chunk of rows (gemm), or the first version's one block per (step, query head).
+/// KVSIM_CUDA_EXACT=gemm|kernel (default gemm).
+enum class ExactImpl { gemm, kernel };
 ExactImpl exact_impl_from_env();
 
 /// A layer's exact pass on the device: inputs, outputs and the evaluated steps (increasing, ≤ n).

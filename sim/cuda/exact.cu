@@ -1,5 +1,6 @@
 // kvsim CUDA path: exact causal attention for evaluated steps, all query heads of a layer at once.
-// Two implementations of the same function (KVSIM_CUDA_EXACT=gemm|kernel picks one; gemm is the default):
+// Two implementations of the same function (KVSIM_CUDA_EXACT=gemm|kernel picks one; gemm is the default;
+// a third, several chunks per grouped-batched SGEMM, measured slower on the H200 and was removed):
 //  - gemm: the evaluated steps in chunks of about 64 query rows per KV head (the rows of its query
 //    heads together, GQA); per chunk, one strided-batched cuBLAS SGEMM (fp32, no TF32) forms the
 //    scaled logits S = scale·Q Kᵀ over the chunk's keys 0..t_c−1 for every KV head, a softmax kernel
@@ -75,21 +76,9 @@ __global__ void exact_kernel(const float* Qsel, const float* K, const float* V, 
 /// chunk starting at row r0 is query head kv·group + m % group at step steps[r0 + m / group]; its
 /// logits S[kv][m][0..tc) are masked at that step, replaced by the softmax weights (0 past the step),
 /// and log τ, ‖a‖ and (when asked) the probability row [h][row][t_max] are written.
-/// With `chunks` (grouped implementation: one launch for several chunks, blockIdx.z the chunk), each
-/// chunk's S offset, t_c, M and r0 come from chunks[4z..4z+3] instead of the scalars; rows past the
-/// chunk's M return at once.
-__global__ void softmax_rows_kernel(float* S, long long tc, int M, int group, int r0, const long long* chunks,
-                                    const long long* steps, int rows, long long t_max, float* log_tau, float* pnorm,
-                                    float* probs) {
+__global__ void softmax_rows_kernel(float* S, long long tc, int M, int group, int r0, const long long* steps, int rows,
+                                    long long t_max, float* log_tau, float* pnorm, float* probs) {
   const int m = blockIdx.x, kv = blockIdx.y, tid = threadIdx.x;
-  if (chunks) {
-    const long long* c = chunks + 4 * blockIdx.z;
-    S += c[0];
-    tc = c[1];
-    M = int(c[2]);
-    r0 = int(c[3]);
-    if (m >= M) return;  // the whole block: the last chunk may be partial
-  }
   const int r = r0 + m / group, h = kv * group + m % group;
   const long long t = steps[r];
   float* row = S + ((long long)kv * M + m) * tc;
@@ -159,8 +148,7 @@ ExactImpl exact_impl_from_env() {
   const char* e = std::getenv("KVSIM_CUDA_EXACT");
   if (!e || !*e || std::string(e) == "gemm") return ExactImpl::gemm;
   if (std::string(e) == "kernel") return ExactImpl::kernel;
-  if (std::string(e) == "grouped") return ExactImpl::grouped;
-  throw Error(std::string("KVSIM_CUDA_EXACT: '") + e + "' is not gemm, grouped or kernel");
+  throw Error(std::string("KVSIM_CUDA_EXACT: '") + e + "' is not gemm or kernel");
 }
 
 ExactDevice::ExactDevice(int heads_, int kv_heads_, int64_t n_, int d_, const std::vector<int64_t>& steps_, bool want_probs)
@@ -171,77 +159,6 @@ ExactDevice::ExactDevice(int heads_, int kv_heads_, int64_t n_, int d_, const st
       has_probs(want_probs) {
   steps.upload(step_list.data(), step_list.size(), "copy steps");
 }
-
-namespace {
-/// grouped implementation: the chunks of the gemm implementation in as few calls as S's budget (1 GiB)
-/// allows, each call one grouped-batched SGEMM (a group per chunk, a batch entry per KV head), one
-/// softmax launch and one more grouped SGEMM: more thread blocks per launch than a chunk alone gives
-/// (P·V of one chunk has only d × M outputs per KV head).
-void exact_grouped(ExactDevice& x, float scale, int C) {
-  const int G = x.group, rows = x.rows, d = x.d, H = x.kv_heads;
-  const std::vector<long long>& st = x.step_list;
-  float* probs = x.has_probs ? x.probs.p : nullptr;
-  const long long budget = 1ll << 28;  // floats of S per call
-  long long biggest = 0;
-  for (int r0 = 0; r0 < rows; r0 += C) biggest = std::max(biggest, (long long)H * std::min(C, rows - r0) * G * st[size_t(std::min(rows, r0 + C) - 1)]);
-  DeviceBuffer<float> S(size_t(std::max(std::min(budget, (long long)H * rows * G * x.t_max), biggest)));
-  cublasHandle_t h = thread_handle();
-  const long long kstride = x.n * d;
-  for (int r0 = 0; r0 < rows;) {
-    // This call's chunks: while S has room.
-    std::vector<long long> table;  // per chunk: S offset, t_c, M, r0
-    long long used = 0;
-    for (int c0 = r0; c0 < rows; c0 += C) {
-      const int M = std::min(C, rows - c0) * G;
-      const long long tc = st[size_t(std::min(rows, c0 + C) - 1)], need = (long long)H * M * tc;
-      if (!table.empty() && used + need > (long long)S.size()) break;
-      table.insert(table.end(), {used, tc, M, c0});
-      used += need;
-    }
-    const int nc = int(table.size() / 4);
-    std::vector<cublasOperation_t> opT(size_t(nc), CUBLAS_OP_T), opN(size_t(nc), CUBLAS_OP_N);
-    std::vector<int> mk(static_cast<size_t>(nc)), Ms(static_cast<size_t>(nc)), dd(size_t(nc), d), group(size_t(nc), H);
-    std::vector<float> alpha(size_t(nc), scale), one(size_t(nc), 1.f), zero(size_t(nc), 0.f);
-    std::vector<const float*> Kp, Qp, Vp, Sc;
-    std::vector<float*> Sp, Op;
-    for (int c = 0; c < nc; ++c) {
-      const long long off = table[4 * c], tc = table[4 * c + 1], M = table[4 * c + 2], c0 = table[4 * c + 3];
-      mk[size_t(c)] = int(tc);
-      Ms[size_t(c)] = int(M);
-      for (int kv = 0; kv < H; ++kv) {
-        Kp.push_back(x.k.p + kv * kstride);
-        Vp.push_back(x.v.p + kv * kstride);
-        Qp.push_back(x.q.p + ((long long)kv * rows * G + c0 * G) * d);
-        Sp.push_back(S.p + off + kv * M * tc);
-        Sc.push_back(Sp.back());
-        Op.push_back(x.out.p + ((long long)kv * rows * G + c0 * G) * d);
-      }
-    }
-    DeviceBuffer<const float*> dK(Kp.size()), dQ(Qp.size()), dV(Vp.size()), dSc(Sc.size());
-    DeviceBuffer<float*> dS(Sp.size()), dO(Op.size());
-    DeviceBuffer<long long> dt(table.size());
-    dK.upload(Kp.data(), Kp.size(), "copy pointers");
-    dQ.upload(Qp.data(), Qp.size(), "copy pointers");
-    dV.upload(Vp.data(), Vp.size(), "copy pointers");
-    dSc.upload(Sc.data(), Sc.size(), "copy pointers");
-    dS.upload(Sp.data(), Sp.size(), "copy pointers");
-    dO.upload(Op.data(), Op.size(), "copy pointers");
-    dt.upload(table.data(), table.size(), "copy chunk table");
-    // Per chunk, as the gemm implementation: column-major Sᵀ (t_c × M) = K · Qᵀ, then Oᵀ (d × M) = Vᵀ · Pᵀ.
-    check_cublas(cublasSgemmGroupedBatched(h, opT.data(), opN.data(), mk.data(), Ms.data(), dd.data(), alpha.data(), dK.p,
-                                           dd.data(), dQ.p, dd.data(), zero.data(), dS.p, mk.data(), nc, group.data()),
-                 "grouped SGEMM Q Kᵀ");
-    softmax_rows_kernel<<<dim3(C * G, H, nc), kThreads>>>(S.p, 0, 0, G, 0, dt.p, x.steps.p, rows, x.t_max, x.log_tau.p,
-                                                          x.pnorm.p, probs);
-    check(cudaGetLastError(), "softmax_rows_kernel launch");
-    check_cublas(cublasSgemmGroupedBatched(h, opN.data(), opN.data(), dd.data(), Ms.data(), mk.data(), one.data(), dV.p,
-                                           dd.data(), dSc.p, mk.data(), zero.data(), dO.p, dd.data(), nc, group.data()),
-                 "grouped SGEMM P V");
-    sync("grouped exact pass");  // the pointer arrays and the table are freed next
-    r0 = int(table[4 * (nc - 1) + 3]) + C;
-  }
-}
-}  // namespace
 
 void exact_on_device(ExactDevice& x, float scale, ExactImpl impl) {
   const int G = x.group, rows = x.rows, d = x.d;
@@ -256,7 +173,6 @@ void exact_on_device(ExactDevice& x, float scale, ExactImpl impl) {
   }
   // Chunks of C rows: M = C·G query rows per KV head (about 64), keys 0..t_c−1 with t_c the chunk's last step.
   const int C = std::max(1, 64 / G), Mmax = C * G;
-  if (impl == ExactImpl::grouped) return exact_grouped(x, scale, C);
   DeviceBuffer<float> S(size_t(x.kv_heads) * Mmax * x.t_max);
   cublasHandle_t h = thread_handle();
   const float one = 1.f, zero = 0.f;
@@ -269,8 +185,8 @@ void exact_on_device(ExactDevice& x, float scale, ExactImpl impl) {
                                            x.q.p + (long long)r0 * G * d, d, qstride, &zero, S.p, int(tc),
                                            (long long)M * tc, x.kv_heads),
                  "SGEMM Q Kᵀ");
-    softmax_rows_kernel<<<dim3(M, x.kv_heads), kThreads>>>(S.p, tc, M, G, r0, nullptr, x.steps.p, rows, x.t_max,
-                                                           x.log_tau.p, x.pnorm.p, probs);
+    softmax_rows_kernel<<<dim3(M, x.kv_heads), kThreads>>>(S.p, tc, M, G, r0, x.steps.p, rows, x.t_max, x.log_tau.p,
+                                                           x.pnorm.p, probs);
     check(cudaGetLastError(), "softmax_rows_kernel launch");
     // Row-major O (M × d) = P (M × tc) · V[0..tc), i.e. column-major Oᵀ = Vᵀ · Pᵀ.
     check_cublas(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, d, M, int(tc), &one, x.v.p, d, kstride, S.p,
