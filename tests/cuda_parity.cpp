@@ -366,12 +366,21 @@ TEST_CASE("cuda: window sink and h2o replayed on the GPU match the CPU policies"
     w.set("budget", int64_t(96));
     s.set("budget", int64_t(96));
     s.set("sink", int64_t(4));
-    cuda::PolicyReplay gw{cuda::ReplayKind::window, 0, 96, 0, 0, 0}, gs{cuda::ReplayKind::sink, 4, 92, 0, 0, 0};
+    cuda::PolicyReplay gw, gs;
+    gw.kind = cuda::ReplayKind::window;
+    gw.window = 96;
+    gs.kind = cuda::ReplayKind::sink;
+    gs.sink = 4;
+    gs.window = 92;
     compare_policy(src, "window", w, gw, "mean", steps);
     compare_policy(src, "sink", s, gs, "mean", steps);
     for (auto [agg, code] : {std::pair{"mean", int(hd::kAggMean)}, std::pair{"max", int(hd::kAggMax)}}) {
       h.set("budget", int64_t(96));  // heavy_ratio 0.5: 48 heavy + 48 recent
-      cuda::PolicyReplay gh{cuda::ReplayKind::h2o, 0, 0, 96, 48, code};
+      cuda::PolicyReplay gh;
+      gh.kind = cuda::ReplayKind::h2o;
+      gh.budget = 96;
+      gh.recent = 48;
+      gh.group_agg = code;
       compare_policy(src, "h2o", h, gh, agg, steps);
     }
   }
