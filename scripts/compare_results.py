@@ -146,26 +146,28 @@ def compare_csv(a_path, b_path, diffs, allow_new_rows=False, atol=None, rtol=0.0
             diffs.append(f"{b_path}: row {i + 2}: {','.join(y)} (before: {','.join(x)})")
 
 
+def pop_number(args, flag):
+    """The number after `flag` in args (both removed), or None when the flag is absent."""
+    if flag not in args:
+        return None
+    i = args.index(flag)
+    try:
+        x = float(args[i + 1])
+    except (IndexError, ValueError):
+        die(f"{flag} needs a number")
+    del args[i:i + 2]
+    return x
+
+
 def main():
     args = sys.argv[1:]
     allow_new_rows = "--allow-new-rows" in args
     args = [a for a in args if a != "--allow-new-rows"]
-    atol = None
-    if "--atol" in args:
-        i = args.index("--atol")
-        try:
-            atol = float(args[i + 1])
-        except (IndexError, ValueError):
-            die("--atol needs a number")
-        del args[i:i + 2]
-    rtol = 0.0
-    if "--rtol" in args:
-        i = args.index("--rtol")
-        try:
-            rtol = float(args[i + 1])
-        except (IndexError, ValueError):
-            die("--rtol needs a number")
-        del args[i:i + 2]
+    atol = pop_number(args, "--atol")
+    rtol = pop_number(args, "--rtol")
+    if rtol is None:
+        rtol = 0.0
+    else:
         atol = atol or 0.0
     if len(args) != 2:
         die("usage: compare_results.py [--allow-new-rows] [--atol A] [--rtol R] BEFORE_DIR AFTER_DIR")

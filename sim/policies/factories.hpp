@@ -1,7 +1,9 @@
 // Internal: helpers shared by the policy files (sim/policies/*.cpp), each of which defines one
 // policy and its PolicyInfo (include/kvsim/policies/registry.hpp).
 #pragma once
+#include <algorithm>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +25,17 @@ inline Params example_params(std::initializer_list<std::pair<std::string, ParamV
   Params p;
   for (const auto& [k, v] : kv) p.set(k, v, "example");
   return p;
+}
+
+/// The indices of the k highest scores (ties: the earlier index), in increasing index order: the
+/// tokens a one-shot scorer keeps (keydiff's and lagkv's prompt, lagkv's rescored cache).
+inline std::vector<int64_t> top_rows(const VecD& score, int64_t k) {
+  std::vector<int64_t> order(static_cast<size_t>(score.size()));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
+  order.resize(size_t(std::min<int64_t>(k, score.size())));
+  std::sort(order.begin(), order.end());
+  return order;
 }
 
 /// PyramidKV's budget per layer (sim/policies/pyramidkv.cpp): window + the selected part, which falls

@@ -13,7 +13,6 @@
 // cache that answers q_t holds min(t, B) tokens including token t. The normalized key uses
 // max(‖k‖, 1e-12), as torch's F.normalize.
 #include <cmath>
-#include <numeric>
 
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
@@ -37,12 +36,7 @@ class KeyDiffPolicy final : public Policy, public PromptCompressor {
       const double kn = double(K.row(j).cast<double>().norm());
       score[j] = -K.row(j).cast<double>().dot(anchor) / std::max(kn * an, 1e-8);  // torch's cosine_similarity
     }
-    std::vector<int64_t> order(static_cast<size_t>(P));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
-    order.resize(size_t(std::min(B_, P)));
-    std::sort(order.begin(), order.end());
-    for (int64_t j : order) join(j, K.row(j).data(), V.row(j).data(), unit.row(j).transpose());
+    for (int64_t j : top_rows(score, B_)) join(j, K.row(j).data(), V.row(j).data(), unit.row(j).transpose());
   }
 
   void observe(int64_t t, const float* k, const float* v) override {

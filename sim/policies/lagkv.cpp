@@ -82,7 +82,7 @@ class LagKVPolicy final : public Policy, public PromptCompressor {
 
   void prefill(int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>&) override {
     const VecD score = lagkv_scores(K, V, P, sink_, lag_);
-    for (int64_t j : best(score, std::min(B_, P))) append(j, K.row(j).data(), V.row(j).data());
+    for (int64_t j : top_rows(score, B_)) append(j, K.row(j).data(), V.row(j).data());
     rebuild();
   }
 
@@ -94,7 +94,7 @@ class LagKVPolicy final : public Policy, public PromptCompressor {
     }
     // A full cache and token t: rescore the B + 1 tokens as one sequence, keep the best B + 1 − interval.
     const VecD score = lagkv_scores(K_, V_, m_, sink_, lag_);
-    const std::vector<int64_t> kept = best(score, keep_);
+    const std::vector<int64_t> kept = top_rows(score, keep_);
     for (size_t i = 0; i < kept.size(); ++i) {  // compact, in position order (kept is sorted)
       K_.row(Eigen::Index(i)) = K_.row(kept[i]);
       V_.row(Eigen::Index(i)) = V_.row(kept[i]);
@@ -113,15 +113,6 @@ class LagKVPolicy final : public Policy, public PromptCompressor {
   bool capacity_matched() const override { return true; }
 
  private:
-  /// The rows of the `k` highest scores (ties: the earlier row), in row order.
-  static std::vector<int64_t> best(const VecD& score, int64_t k) {
-    std::vector<int64_t> order(static_cast<size_t>(score.size()));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
-    order.resize(size_t(k));
-    std::sort(order.begin(), order.end());
-    return order;
-  }
   void append(int64_t t, const float* k, const float* v) {
     K_.row(m_) = Eigen::Map<const VecF>(k, d_).transpose();
     V_.row(m_) = Eigen::Map<const VecF>(v, d_).transpose();
