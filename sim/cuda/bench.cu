@@ -35,6 +35,24 @@ void fill_uniform(DeviceBuffer<float>& b, size_t n, uint32_t seed) {
   check(cudaGetLastError(), "fill_uniform_kernel launch");
 }
 
+/// Host inputs for the from-host runs: `size` values in [−0.5, 0.5) from a linear congruential
+/// generator started at `state` (deterministic; distinct values, so no tie-heavy h2o).
+std::vector<float> host_uniform(size_t size, uint32_t state) {
+  std::vector<float> v(size);
+  for (float& f : v) {
+    state = state * 1664525u + 1013904223u;
+    f = float(state >> 8) / float(1u << 24) - 0.5f;
+  }
+  return v;
+}
+
+/// The evaluated steps of every bench run: every 16th of n.
+std::vector<int64_t> every_16th(long long n) {
+  std::vector<int64_t> steps;
+  for (long long t = 16; t <= n; t += 16) steps.push_back(t);
+  return steps;
+}
+
 /// Median milliseconds of `reps` runs of f() (after one warm-up run), timed by CUDA events on this
 /// thread's stream.
 template <class F>
@@ -97,8 +115,7 @@ void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
   out += "      n  impl      ms     TFLOP/s  of fp32 SGEMM\n";
   const int heads = 32, d = 128;
   for (long long n : quick ? std::vector<long long>{2048} : std::vector<long long>{2048, 8192, 32768}) {
-    std::vector<int64_t> steps;
-    for (long long t = 16; t <= n; t += 16) steps.push_back(t);
+    const std::vector<int64_t> steps = every_16th(n);
     double flops = 0;
     for (int64_t t : steps) flops += 4.0 * double(t) * d * heads;  // q·k and a·v per cached token
     ExactDevice x(heads, heads, n, d, steps, false);
@@ -114,20 +131,15 @@ void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
     }
   }
   const long long n = quick ? 2048 : 8192;
-  std::vector<float> Q(size_t(heads) * n * d), K(Q.size()), V(Q.size());
-  uint32_t s = 7;
-  for (auto* vec : {&Q, &K, &V})
-    for (float& f : *vec) {
-      s = s * 1664525u + 1013904223u;
-      f = float(s >> 8) / float(1u << 24) - 0.5f;
-    }
-  std::vector<int64_t> steps;
-  for (long long t = 16; t <= n; t += 16) steps.push_back(t);
+  const size_t size = size_t(heads) * n * d;
+  const std::vector<float> qkv = host_uniform(3 * size, 7);  // Q, K, V one after the other
+  const float *Q = qkv.data(), *K = Q + size, *V = K + size;
+  const std::vector<int64_t> steps = every_16th(n);
   std::vector<float> z;
   std::vector<double> lt, pn;
-  exact_attention(Q.data(), K.data(), V.data(), heads, heads, n, d, 0.088, steps, z, lt, pn, nullptr);  // warm-up
+  exact_attention(Q, K, V, heads, heads, n, d, 0.088, steps, z, lt, pn, nullptr);  // warm-up
   auto t0 = std::chrono::steady_clock::now();
-  exact_attention(Q.data(), K.data(), V.data(), heads, heads, n, d, 0.088, steps, z, lt, pn, nullptr);
+  exact_attention(Q, K, V, heads, heads, n, d, 0.088, steps, z, lt, pn, nullptr);
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::snprintf(buf, sizeof buf, "  the same from host memory at n = %lld (copies of Q, K, V in, answers out): %.3f ms\n", n, sec * 1e3);
   out += buf;
@@ -142,15 +154,10 @@ void bench_replays(bool quick, std::string& out) {
   out += "policy              n     seconds  head-steps/s\n";
   {
     const long long n = quick ? 2048 : 8192;
-    std::vector<float> Q(size_t(heads) * n * d), K(Q.size()), V(Q.size());
-    uint32_t x = 12345;  // deterministic pseudo-random inputs (distinct scores: no tie-heavy h2o)
-    for (auto* vec : {&Q, &K, &V})
-      for (float& f : *vec) {
-        x = x * 1664525u + 1013904223u;
-        f = float(x >> 8) / float(1u << 24) - 0.5f;
-      }
-    std::vector<int64_t> steps;
-    for (long long t = 16; t <= n; t += 16) steps.push_back(t);
+    const size_t size = size_t(heads) * n * d;
+    const std::vector<float> qkv = host_uniform(3 * size, 12345);  // Q, K, V one after the other
+    const float *Q = qkv.data(), *K = Q + size, *V = K + size;
+    const std::vector<int64_t> steps = every_16th(n);
     const long long B = n / 5;
     std::vector<cuda::PolicyReplay> specs = {{cuda::ReplayKind::window, 0, B, 0, 0, 0}, {cuda::ReplayKind::sink, 4, B - 4, 0, 0, 0}, {cuda::ReplayKind::h2o, 0, 0, B, B / 2, 0}};
     cuda::PolicyReplay u{cuda::ReplayKind::uniform, 0, 0, B, 0, 0};
@@ -176,7 +183,7 @@ void bench_replays(bool quick, std::string& out) {
       std::vector<int64_t> kept;
       int64_t cap = 0;
       auto t0 = std::chrono::steady_clock::now();
-      cuda_impl::replay_policy(p, Q.data(), K.data(), V.data(), heads, 1, n, d, 1.0 / std::sqrt(double(d)), steps, z, ls, kept, cap);
+      cuda_impl::replay_policy(p, Q, K, V, heads, 1, n, d, 1.0 / std::sqrt(double(d)), steps, z, ls, kept, cap);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::snprintf(buf, sizeof buf, "%-14s %6lld %11.3f %13.0f\n", cuda::to_string(p.kind), n, s, double(heads) * n / s);
       out += buf;

@@ -154,6 +154,16 @@ std::string device_description();
 /// `kvsim bench --device cuda`'s GPU figures (sim/cuda/bench.cu).
 std::string bench(bool quick);
 
+/// The checks both entry points make of their shapes and evaluated steps: `shapes_ok` (the caller's
+/// own), steps non-empty in [1, n]; throws "`who`: bad shapes or steps", then, unless the steps strictly
+/// increase, "`who`: steps must increase".
+inline void check_shapes_and_steps(bool shapes_ok, const std::vector<int64_t>& steps, int64_t n, const char* who) {
+  if (!shapes_ok || steps.empty() || steps.front() < 1 || steps.back() > n)
+    throw Error(std::string(who) + ": bad shapes or steps");
+  for (size_t i = 1; i < steps.size(); ++i)
+    if (steps[i] <= steps[i - 1]) throw Error(std::string(who) + ": steps must increase");
+}
+
 /// Usable devices (0 with `why`); require_device throws naming the reason.
 int device_count(std::string* why);
 void require_device();

@@ -200,10 +200,8 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
                      double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
                      std::vector<double>& log_tau, std::vector<double>& probs_norm, std::vector<float>* probs) {
   require_device();
-  if (steps.empty() || heads < 1 || kv_heads < 1 || heads % kv_heads || d < 1 || steps.back() > n || steps.front() < 1)
-    throw Error("cuda::exact_attention: bad shapes or steps");
-  for (size_t i = 1; i < steps.size(); ++i)
-    if (steps[i] <= steps[i - 1]) throw Error("cuda::exact_attention: steps must increase");
+  check_shapes_and_steps(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && d >= 1, steps, n,
+                         "cuda::exact_attention");
   const ExactImpl impl = exact_impl_from_env();
   ExactDevice x(heads, kv_heads, n, d, steps, probs != nullptr);
   const int rows = x.rows, G = x.group;

@@ -49,10 +49,7 @@ long long validate_replay(const cuda::PolicyReplay& p, int kv_heads, int group, 
                           const std::vector<int64_t>& steps) {
   using cuda::ReplayKind;
   const std::string name = cuda::to_string(p.kind);
-  if (steps.empty() || kv_heads < 1 || group < 1 || d < 1 || n < 1 || steps.front() < 1 || steps.back() > n)
-    throw Error("cuda::replay_policy: bad shapes or steps");
-  for (size_t i = 1; i < steps.size(); ++i)
-    if (steps[i] <= steps[i - 1]) throw Error("cuda::replay_policy: steps must increase");
+  check_shapes_and_steps(kv_heads >= 1 && group >= 1 && d >= 1 && n >= 1, steps, n, "cuda::replay_policy");
   const long long cap = cuda::replay_capacity(p);
   bool ok = cap >= 1;
   switch (p.kind) {
