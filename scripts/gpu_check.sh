@@ -6,13 +6,14 @@
 # data in .gpu/data):
 #   bash scripts/gpu_check.sh [BIN] [LOG_DIR] [STEPS]
 # BIN: the folder with kvsim, libkvsim_cuda.so and kvsim_cuda_tests (default .gpu/bin); LOG_DIR: where logs go (default $OUT, else /tmp/gpu_check);
-# STEPS: a comma list of env,parity,sanitizer,bench_quick,bench,smollm2 (default: all, in that order).
+# STEPS: a comma list of env,parity,sanitizer,quickstart,e2e_layer,smollm2,bench_quick,bench (default: all
+# but bench_quick, in that order).
 # Each step runs under its own time limit, so one hang cannot eat the others' time; the summary at the
 # end lists each step's exit status and seconds. Everything is appended to LOG_DIR/gpu.log.
 set -u
 B=${1:-.gpu/bin}
 LOG=${2:-${OUT:-/tmp/gpu_check}}
-STEPS=${3:-env,parity,sanitizer,quickstart,smollm2,bench}
+STEPS=${3:-env,parity,sanitizer,quickstart,e2e_layer,smollm2,bench}
 # KVSIM_GPU_DEADLINE: seconds for the whole script (default 540); each step's limit is cut to what is
 # left, and a step with under 5 s left is skipped.
 DEADLINE=$(($(date +%s) + ${KVSIM_GPU_DEADLINE:-540}))
@@ -58,6 +59,9 @@ if has parity; then
   step parity 150 "$B/kvsim_cuda_tests" "[cuda]" --durations yes
   # The exact-attention cases again with the first version's kernel (KVSIM_CUDA_EXACT=kernel).
   step parity_exact_kernel 60 env KVSIM_CUDA_EXACT=kernel "$B/kvsim_cuda_tests" "cuda: exact*" --durations yes
+  # And gemm with chunks of 7 rows (many chunk edges) and of 256.
+  step parity_exact_rows7 60 env KVSIM_CUDA_EXACT_ROWS=7 "$B/kvsim_cuda_tests" "cuda: exact*"
+  step parity_exact_rows256 60 env KVSIM_CUDA_EXACT_ROWS=256 "$B/kvsim_cuda_tests" "cuda: exact*"
 fi
 if has sanitizer; then
   for tool in memcheck racecheck; do
@@ -67,6 +71,13 @@ if has sanitizer; then
 fi
 if has quickstart; then  # docs/performance.md's GPU example
   step quickstart_cuda 60 "$B/kvsim" run experiments/quickstart.toml --device cuda --out /tmp/quickstart_cuda
+fi
+if has e2e_layer; then  # one layer of the bench's end-to-end run: its metrics, GPU against CPU
+  cfg=experiments/gpu_e2e_layer.toml
+  step e2e_layer_cuda 90 "$B/kvsim" run "$cfg" --device cuda --out /tmp/e2e_cuda --quiet
+  step e2e_layer_cpu 90 "$B/kvsim" run "$cfg" --out /tmp/e2e_cpu --quiet
+  step e2e_layer_compare 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-4 --rtol 1e-4 /tmp/e2e_cpu /tmp/e2e_cuda
+  cp /tmp/e2e_cuda/summary.csv "$LOG/e2e_layer_cuda_summary.csv" 2>/dev/null
 fi
 if has smollm2; then
   cfg=experiments/smollm2_gpu_8192.toml

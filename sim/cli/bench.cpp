@@ -31,6 +31,25 @@ using namespace bench;
 /// policies with a GPU replay on the GPU; subgen, exact and the metrics on the CPU) against the CPU
 /// path on the same machine. The CPU run replays layer 0 only and is scaled by the layer count
 /// (layers are independent cells of equal cost): a measured figure times L, printed as such.
+/// Seconds of replay per policy of a run: its policy_ns summed over every row (a GPU replay books its
+/// cell's whole replay at the first evaluated step; cells run side by side, so these overlap in time).
+std::string replay_seconds(const RunResult& r) {
+  size_t col = kMaxMetrics;
+  for (const auto& c : r.metrics)
+    if (c.name == "policy_ns") col = c.index;
+  if (col == kMaxMetrics) return "";
+  std::string s;
+  char buf[128];
+  for (const auto& p : r.policies) {
+    double ns = 0;
+    for (const auto& row : p.rows)
+      if (std::isfinite(row[col])) ns += row[col];
+    std::snprintf(buf, sizeof buf, " %s %.2f", p.spec.name.c_str(), ns * 1e-9);
+    s += buf;
+  }
+  return s;
+}
+
 std::string e2e_bench(const BenchOptions& o, int threads) {
   const int64_t n = o.quick ? 2048 : 8192;
   const int L = o.quick ? 2 : 32;
@@ -53,13 +72,13 @@ std::string e2e_bench(const BenchOptions& o, int threads) {
   Experiment gpu = ex;
   gpu.eval.device = Device::cuda;
   auto t0 = Clock::now();
-  run_experiment(gpu, src, threads);
+  const RunResult gr = run_experiment(gpu, src, threads);
   const double g = seconds_since(t0);
   std::cout << "end to end, --device cuda: " << g << " s for " << L << " layers (the CPU path's layer 0 next)\n" << std::flush;
   Experiment cpu = ex;
   cpu.data.layers = {0};
   t0 = Clock::now();
-  run_experiment(cpu, src, threads);
+  const RunResult cr = run_experiment(cpu, src, threads);
   const double c1 = seconds_since(t0);
   char buf[512];
   std::snprintf(buf, sizeof buf,
@@ -68,7 +87,13 @@ std::string e2e_bench(const BenchOptions& o, int threads) {
                 "  --device cuda (all %d layers)      %9.1f s\n"
                 "  CPU path (layer 0: %.1f s) x %d    %9.1f s   (GPU speed-up %.1fx)\n",
                 L, (long long)n, threads, L, g, c1, L, c1 * L, c1 * L / g);
-  return buf;
+  std::string out = buf;
+  out += "  replay seconds per policy, summed over its cells (side by side, so they overlap):\n    --device cuda:";
+  out += replay_seconds(gr);
+  out += "\n    CPU path, layer 0:";
+  out += replay_seconds(cr);
+  out += "\n";
+  return out;
 }
 
 namespace {

@@ -107,13 +107,16 @@ double bench_rooflines(bool quick, std::string& out) {
   return fp32;
 }
 
-/// The exact causal pass of 32 heads × n × 128 (MHA), every 16th step, both implementations, device
-/// time only (inputs already on the device); then one host-to-host call at n = 8192 for the transfers.
+/// The exact causal pass of 32 heads × n × 128 (MHA), every 16th step, device time only (inputs
+/// already on the device): gemm at 64, 128 and 256 rows per chunk, its parts one at a time at the
+/// middle n, and the kernel implementation; then one host-to-host call at n = 8192 for the transfers.
 void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
   char buf[256];
-  out += "exact causal pass (32 heads, head_dim 128, every 16th step, fp32, device time, median of 3):\n";
-  out += "      n  impl      ms     TFLOP/s  of fp32 SGEMM\n";
+  out += "exact causal pass (32 heads, head_dim 128, every 16th step, device time, median of 3):\n";
+  out += "      n  impl    rows       ms     TFLOP/s  of fp32 SGEMM\n";
   const int heads = 32, d = 128;
+  const float scale = float(1 / std::sqrt(double(d)));
+  const long long n_mid = quick ? 2048 : 8192;
   for (long long n : quick ? std::vector<long long>{2048} : std::vector<long long>{2048, 8192, 32768}) {
     const std::vector<int64_t> steps = every_16th(n);
     double flops = 0;
@@ -122,13 +125,24 @@ void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
     fill_uniform(x.q, x.q_size(), 3);
     fill_uniform(x.k, x.k_size(), 4);
     fill_uniform(x.v, x.k_size(), 5);
-    for (ExactImpl impl : {ExactImpl::gemm, ExactImpl::kernel}) {
-      const double ms = median_ms(3, [&] { exact_on_device(x, float(1 / std::sqrt(double(d))), impl); });
+    auto row = [&](ExactImpl impl, int chunk, unsigned phases, const char* what) {
+      const double ms = median_ms(3, [&] { exact_on_device(x, scale, impl, chunk, phases); });
       const double rate = flops / (ms * 1e-3) / 1e12;
-      std::snprintf(buf, sizeof buf, "%7lld  %-7s %8.3f %9.2f %9.1f%%\n", n, impl == ExactImpl::gemm ? "gemm" : "kernel", ms,
-                    rate, 100 * rate / sgemm_fp32);
+      if (phases == kPhaseAll)
+        std::snprintf(buf, sizeof buf, "%7lld  %-7s %4d %8.3f %9.2f %9.1f%%\n", n, to_string(impl), chunk, ms, rate,
+                      100 * rate / sgemm_fp32);
+      else
+        std::snprintf(buf, sizeof buf, "%7lld  %-7s %4d %8.3f   (%s only)\n", n, to_string(impl), chunk, ms, what);
       out += buf;
-    }
+    };
+    for (int rows : {64, 128, 256}) row(ExactImpl::gemm, rows, kPhaseAll, "");
+    if (n == n_mid)
+      for (int rows : {64, 128}) {
+        row(ExactImpl::gemm, rows, kPhaseLogits, "logits SGEMM");
+        row(ExactImpl::gemm, rows, kPhaseSoftmax, "softmax");
+        row(ExactImpl::gemm, rows, kPhasePV, "P V SGEMM");
+      }
+    if (n <= 8192) row(ExactImpl::kernel, 0, kPhaseAll, "");  // about 40 ms per 8192: minutes at 32768
   }
   const long long n = quick ? 2048 : 8192;
   const size_t size = size_t(heads) * n * d;

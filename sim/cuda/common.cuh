@@ -120,11 +120,42 @@ __device__ inline void block_argmin(double my_d, int64_t my_i, double* sd, int64
   __syncthreads();
 }
 
+/// block_argmin with warp shuffles: each warp's best under the same (distance, index) order, then
+/// every thread folds the warps' bests in warp order; two block barriers instead of a tree's
+/// log₂(blockDim.x). blockDim.x a multiple of 32; `sd`, `si` shared arrays of blockDim.x / 32 entries.
+__device__ inline void block_argmin_warp(double my_d, int64_t my_i, double* sd, int64_t* si, double* d, int64_t* i) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int off = 16; off > 0; off >>= 1) {
+    const double od = __shfl_xor_sync(0xffffffffu, my_d, off);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, my_i, off);
+    if (oi >= 0 && (my_i < 0 || od < my_d || (od == my_d && oi < my_i))) {
+      my_d = od;
+      my_i = oi;
+    }
+  }
+  if (lane == 0) {
+    sd[warp] = my_d;
+    si[warp] = my_i;
+  }
+  __syncthreads();
+  double bd = INFINITY;
+  int64_t bi = -1;
+  for (int w = 0; w < nw; ++w)
+    if (si[w] >= 0 && (bi < 0 || sd[w] < bd || (sd[w] == bd && si[w] < bi))) {
+      bd = sd[w];
+      bi = si[w];
+    }
+  *d = bd;
+  *i = bi;
+  __syncthreads();
+}
+
 /// The exact pass's implementation (sim/cuda/exact.cu): cuBLAS SGEMMs around a softmax kernel, per
 /// chunk of rows (gemm), or the first version's one block per (step, query head).
 /// KVSIM_CUDA_EXACT=gemm|kernel (default gemm).
 enum class ExactImpl { gemm, kernel };
 ExactImpl exact_impl_from_env();
+const char* to_string(ExactImpl impl);
 
 /// A layer's exact pass on the device: inputs, outputs and the evaluated steps (increasing, ≤ n).
 /// q and out are [kv head][row][group member][d] (query head h = kv·group + g); k, v [kv head][n][d];
@@ -142,8 +173,14 @@ struct ExactDevice {
   bool has_probs;
   ExactDevice(int heads, int kv_heads, int64_t n, int d, const std::vector<int64_t>& steps, bool want_probs);
 };
-/// Runs the pass on this thread's stream (asynchronous: sync() before reading the outputs).
-void exact_on_device(ExactDevice& x, float scale, ExactImpl impl);
+/// The parts of the gemm pass, for the bench's breakdown: the logits SGEMM, the softmax kernel, the
+/// P·V SGEMM.
+enum ExactPhase : unsigned { kPhaseLogits = 1, kPhaseSoftmax = 2, kPhasePV = 4, kPhaseAll = 7 };
+
+/// Runs the pass on this thread's stream (asynchronous: sync() before reading the outputs). `chunk`:
+/// query rows per KV head and chunk for gemm (0: KVSIM_CUDA_EXACT_ROWS, default 64);
+/// `phases`: the parts to run (all but for the bench's breakdown).
+void exact_on_device(ExactDevice& x, float scale, ExactImpl impl, int chunk = 0, unsigned phases = kPhaseAll);
 
 /// The module's implementations of cuda::exact_attention and cuda::device_description (exact.cu).
 void exact_attention(const float* Q, const float* K, const float* V, int heads, int kv_heads, int64_t n, int d,

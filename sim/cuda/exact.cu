@@ -1,12 +1,14 @@
 // kvsim CUDA path: exact causal attention for evaluated steps, all query heads of a layer at once.
-// Two implementations of the same function (KVSIM_CUDA_EXACT=gemm|kernel picks one; gemm is the default;
-// a third, several chunks per grouped-batched SGEMM, measured slower on the H200 and was removed):
+// Two implementations of the same function (KVSIM_CUDA_EXACT=gemm|kernel picks one; gemm is the default.
+// Two more were measured slower and removed: several chunks per grouped-batched SGEMM (on the H200),
+// and 3xTF32 logits on tensor cores (on the H100; docs/performance.md):
 //  - gemm: the evaluated steps in chunks of about 64 query rows per KV head (the rows of its query
 //    heads together, GQA); per chunk, one strided-batched cuBLAS SGEMM (fp32, no TF32) forms the
 //    scaled logits S = scale·Q Kᵀ over the chunk's keys 0..t_c−1 for every KV head, a softmax kernel
 //    masks each row at its own step t (causal) and normalizes it in place (hd::OnlineSoftmax, the CPU
 //    tests' code), and a second SGEMM forms P V. The masked triangle inside a chunk is the only
 //    arithmetic spent on tokens a row does not attend (about 64·stride/2 tokens per row).
+//    KVSIM_CUDA_EXACT_ROWS sets the rows per chunk (default 64).
 //  - kernel: one thread block per (evaluated step, query head): the logits of the t cached keys (one
 //    key per thread) into a scratch row with each thread's online-softmax state, a block merge, then
 //    the output with one thread per output dimension — a matrix-vector pass per row (the first
@@ -151,6 +153,20 @@ ExactImpl exact_impl_from_env() {
   throw Error(std::string("KVSIM_CUDA_EXACT: '") + e + "' is not gemm or kernel");
 }
 
+const char* to_string(ExactImpl impl) { return impl == ExactImpl::gemm ? "gemm" : "kernel"; }
+
+namespace {
+/// KVSIM_CUDA_EXACT_ROWS: query rows per KV head and chunk (default 64, 1..4096).
+int chunk_rows_from_env() {
+  const char* e = std::getenv("KVSIM_CUDA_EXACT_ROWS");
+  if (!e || !*e) return 64;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (*end || v < 1 || v > 4096) throw Error(std::string("KVSIM_CUDA_EXACT_ROWS: '") + e + "' is not a row count in 1..4096");
+  return int(v);
+}
+}  // namespace
+
 ExactDevice::ExactDevice(int heads_, int kv_heads_, int64_t n_, int d_, const std::vector<int64_t>& steps_, bool want_probs)
     : heads(heads_), kv_heads(kv_heads_), group(heads_ / kv_heads_), rows(int(steps_.size())), n(n_), d(d_),
       t_max(steps_.back()), q(size_t(heads_) * steps_.size() * d_), k(size_t(kv_heads_) * n_ * d_), v(k_size()),
@@ -160,7 +176,7 @@ ExactDevice::ExactDevice(int heads_, int kv_heads_, int64_t n_, int d_, const st
   steps.upload(step_list.data(), step_list.size(), "copy steps");
 }
 
-void exact_on_device(ExactDevice& x, float scale, ExactImpl impl) {
+void exact_on_device(ExactDevice& x, float scale, ExactImpl impl, int chunk, unsigned phases) {
   const int G = x.group, rows = x.rows, d = x.d;
   float* probs = x.has_probs ? x.probs.p : nullptr;
   const std::vector<long long>& st = x.step_list;
@@ -171,8 +187,8 @@ void exact_on_device(ExactDevice& x, float scale, ExactImpl impl) {
     check(cudaGetLastError(), "exact_kernel launch");
     return;
   }
-  // Chunks of C rows: M = C·G query rows per KV head (about 64), keys 0..t_c−1 with t_c the chunk's last step.
-  const int C = std::max(1, 64 / G), Mmax = C * G;
+  // Chunks of C rows: M = C·G query rows per KV head (about `chunk`), keys 0..t_c−1 with t_c the chunk's last step.
+  const int C = std::max(1, (chunk > 0 ? chunk : chunk_rows_from_env()) / G), Mmax = C * G;
   DeviceBuffer<float> S(size_t(x.kv_heads) * Mmax * x.t_max);
   cublasHandle_t h = thread_handle();
   const float one = 1.f, zero = 0.f;
@@ -181,18 +197,22 @@ void exact_on_device(ExactDevice& x, float scale, ExactImpl impl) {
     const int cr = std::min(C, rows - r0), M = cr * G;
     const long long tc = st[size_t(r0 + cr - 1)];
     // Row-major S (M × tc) = scale · Q_chunk (M × d) · K[0..tc)ᵀ, i.e. column-major Sᵀ = K · Qᵀ.
-    check_cublas(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, int(tc), M, d, &scale, x.k.p, d, kstride,
-                                           x.q.p + (long long)r0 * G * d, d, qstride, &zero, S.p, int(tc),
-                                           (long long)M * tc, x.kv_heads),
-                 "SGEMM Q Kᵀ");
-    softmax_rows_kernel<<<dim3(M, x.kv_heads), kThreads>>>(S.p, tc, M, G, r0, x.steps.p, rows, x.t_max, x.log_tau.p,
-                                                           x.pnorm.p, probs);
-    check(cudaGetLastError(), "softmax_rows_kernel launch");
+    if (phases & kPhaseLogits)
+      check_cublas(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, int(tc), M, d, &scale, x.k.p, d, kstride,
+                                             x.q.p + (long long)r0 * G * d, d, qstride, &zero, S.p, int(tc),
+                                             (long long)M * tc, x.kv_heads),
+                   "SGEMM Q Kᵀ");
+    if (phases & kPhaseSoftmax) {
+      softmax_rows_kernel<<<dim3(M, x.kv_heads), kThreads>>>(S.p, tc, M, G, r0, x.steps.p, rows, x.t_max, x.log_tau.p,
+                                                             x.pnorm.p, probs);
+      check(cudaGetLastError(), "softmax_rows_kernel launch");
+    }
     // Row-major O (M × d) = P (M × tc) · V[0..tc), i.e. column-major Oᵀ = Vᵀ · Pᵀ.
-    check_cublas(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, d, M, int(tc), &one, x.v.p, d, kstride, S.p,
-                                           int(tc), (long long)M * tc, &zero, x.out.p + (long long)r0 * G * d, d, qstride,
-                                           x.kv_heads),
-                 "SGEMM P V");
+    if (phases & kPhasePV)
+      check_cublas(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, d, M, int(tc), &one, x.v.p, d, kstride, S.p,
+                                             int(tc), (long long)M * tc, &zero, x.out.p + (long long)r0 * G * d, d,
+                                             qstride, x.kv_heads),
+                   "SGEMM P V");
   }
 }
 

@@ -28,6 +28,7 @@
 #include "common.cuh"
 #include "kvsim/core/hd.hpp"
 #include "kvsim/cuda/module.hpp"
+#include "attend_step.cuh"
 #include "policy_kernels.cuh"
 
 namespace kvsim::cuda_impl {
@@ -82,7 +83,7 @@ void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_head
     bias = std::make_unique<DeviceBuffer<double>>(size_t(kv_heads) * rows * cap);
     DeviceBuffer<int64_t> ids(size_t(kv_heads) * (p.budget + 1));
     DeviceBuffer<double> counts(size_t(kv_heads) * (p.budget + 1));
-    kcenter_select_kernel<<<kv_heads, kPolicyThreads>>>(d_keys.p, n, d, p.recent, p.budget, p.weighted, d_steps.p, rows, cap,
+    kcenter_select_kernel<<<kv_heads, kKcenterThreads>>>(d_keys.p, n, d, p.recent, p.budget, p.weighted, d_steps.p, rows, cap,
                                                         ids.p, counts.p, d_kept.p, bias->p);
     check(cudaGetLastError(), "kcenter_select_kernel launch");
     sync("kcenter_select_kernel");
@@ -128,12 +129,12 @@ void replay_h2o(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int
   auto &d_kept = b.d_kept, &d_steps = b.d_steps;
   const size_t qbytes = size_t(d) * sizeof(float);
   DeviceBuffer<long long> pos(size_t(kv_heads) * cap);
-  DeviceBuffer<double> score(size_t(kv_heads) * cap), probs(size_t(kv_heads) * cap);
-  DeviceBuffer<float> logits(size_t(kv_heads) * group * cap);
+  DeviceBuffer<double> score(size_t(kv_heads) * cap), probs(size_t(kv_heads) * cap), head_probs(size_t(kv_heads) * cap);
+  DeviceBuffer<float> logits(size_t(kv_heads) * cap);
   DeviceFlag err;
-  h2o_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), cap, p.recent,
-                                                   p.group_agg, d_steps.p, rows, d_answers.p, d_log_sum.p, d_kept.p, pos.p, score.p,
-                                                   probs.p, logits.p, err.buf.p);
+  h2o_kernel<<<kv_heads, kStateThreads, qbytes>>>(d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), cap, p.recent,
+                                                  p.group_agg, d_steps.p, rows, d_answers.p, d_log_sum.p, d_kept.p, pos.p, score.p,
+                                                  probs.p, head_probs.p, logits.p, err.buf.p);
   check(cudaGetLastError(), "h2o_kernel launch");
   sync("h2o_kernel");
   if (err.raised()) throw Error("cuda::replay_policy: h2o found no evictable token (recent window ≥ budget)");
@@ -175,12 +176,12 @@ void replay_buzz(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, in
   DeviceBuffer<BuzzTok> sink_tokens(size_t(kv_heads) * (p.sink > 0 ? p.sink : 1)), window_ring(size_t(kv_heads) * p.window),
       new_tokens(size_t(kv_heads) * p.threshold), old_tokens(size_t(kv_heads) * p.threshold);
   DeviceBuffer<long long> kept_list(size_t(kv_heads) * cap);
-  DeviceBuffer<double> probs(size_t(kv_heads) * cap);
-  DeviceBuffer<float> logits(size_t(kv_heads) * group * cap);
-  buzz_kernel<<<kv_heads, kPolicyThreads, qbytes>>>(d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), p.sink, p.window,
-                                                    p.threshold, p.stride, p.log_scale, p.group_agg, d_steps.p, rows,
-                                                    d_answers.p, d_log_sum.p, d_kept.p, cap, sink_tokens.p, window_ring.p, new_tokens.p, old_tokens.p, kept_list.p,
-                                                    probs.p, logits.p);
+  DeviceBuffer<double> probs(size_t(kv_heads) * cap), head_probs(size_t(kv_heads) * cap);
+  DeviceBuffer<float> logits(size_t(kv_heads) * cap);
+  buzz_kernel<<<kv_heads, kStateThreads, qbytes>>>(d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), p.sink, p.window,
+                                                   p.threshold, p.stride, p.log_scale, p.group_agg, d_steps.p, rows,
+                                                   d_answers.p, d_log_sum.p, d_kept.p, cap, sink_tokens.p, window_ring.p, new_tokens.p, old_tokens.p, kept_list.p,
+                                                   probs.p, head_probs.p, logits.p);
   check(cudaGetLastError(), "buzz_kernel launch");
   sync("buzz_kernel");
 }

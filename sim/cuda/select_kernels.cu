@@ -145,12 +145,86 @@ __global__ void oracle_select_kernel(const float* Q, const float* K, int group, 
   for (long long i = tid; i < B; i += blockDim.x) kr[i] = i < b ? idx[i] : -1;
 }
 
+namespace {
+/// hd::kcenter_apply run by the whole block, decision for decision: thread 0 joins the token to
+/// center bi or makes it a new center; past kc centers, R's first value (the closest pair: a minimum
+/// over all pairs, exact in any order) and each merge round's nearest earlier kept center
+/// (block_argmin_warp under (distance, index): the serial scan's first minimum) are computed by all
+/// threads, the merges applied by thread 0 in the serial order. n_c, radius and kept are shared.
+template <class SqDist>
+__device__ void kcenter_apply_block(int64_t* id, double* count, long long& n_c, double& radius, long long kc,
+                                    int64_t id_new, int64_t bi, double bd, SqDist sqdist, double* sd, int64_t* si,
+                                    long long& kept) {
+  const int tid = threadIdx.x;
+  if (kc == 0) return;
+  if (tid == 0) {
+    if (n_c > 0 && radius > 0 && bi >= 0 && sqrt(bd) <= 2 * radius) count[bi] += 1.0;
+    else {
+      id[n_c] = id_new;
+      count[n_c] = 1.0;
+      ++n_c;
+    }
+  }
+  __syncthreads();
+  if (n_c <= kc) return;
+  if (radius == 0) {  // the first overflow: R = half the closest pair's distance (≥ 1e-12)
+    double md = INFINITY;
+    for (long long i = 1; i < n_c; ++i)
+      for (long long j = tid; j < i; j += blockDim.x) md = fmin(md, sqdist(id[i], id[j]));
+    double bm;
+    int64_t unused;
+    block_argmin_warp(md, md < INFINITY ? 0 : -1, sd, si, &bm, &unused);
+    if (tid == 0) {
+      const double h = sqrt(bm) / 2;
+      radius = h > 1e-12 ? h : 1e-12;
+    }
+    __syncthreads();
+  }
+  while (n_c > kc) {  // merge rounds: R doubles, each center merges into the nearest earlier kept one within 2R
+    if (tid == 0) {
+      radius *= 2;
+      kept = 0;
+    }
+    __syncthreads();
+    const long long n = n_c;
+    for (long long c = 0; c < n; ++c) {
+      const long long kp = kept;
+      double my = INFINITY;
+      int64_t mi = -1;
+      for (long long j = tid; j < kp; j += blockDim.x) {
+        const double dd = sqdist(id[j], id[c]);
+        if (dd < my) {
+          my = dd;
+          mi = j;
+        }
+      }
+      double b;
+      int64_t bj;
+      block_argmin_warp(my, mi, sd, si, &b, &bj);
+      if (tid == 0) {
+        if (bj >= 0 && sqrt(b) <= 2 * radius) count[bj] += count[c];
+        else {
+          id[kept] = id[c];
+          count[kept] = count[c];
+          ++kept;
+        }
+      }
+      __syncthreads();
+    }
+    if (tid == 0) n_c = kept;
+    __syncthreads();
+  }
+}
+}  // namespace
+
 /// subgen_kcenter streaming: grid (kv_heads); the block walks the stream, each token leaving the
 /// `recent` window joining the centers by hd::kcenter_nearest + hd::kcenter_apply (= kcenter_insert) (distances hd::key_sqdist of the
 /// recorded keys: the CPU policy's decisions bit for bit); at each evaluated step the block writes
 /// the kept list in the CPU's order — window ring rows (hd::kcenter_window_token), then the centers —
 /// and the logit bias (log cluster size when weighted). Scratch id_all, count_all [kv_heads][kc + 1].
-/// (The nearest-center scan is block-parallel; joins, new centers and merge rounds run on thread 0.)
+/// (The nearest-center scan is block-parallel over kKcenterThreads threads, a center each: every
+/// distance is a sequential fma chain, so more threads put more key rows in flight; merge rounds
+/// too, in kcenter_apply_block.)
 __global__ void kcenter_select_kernel(const float* K, long long n, int d, long long recent, long long kc, bool weighted,
                                       const long long* steps, int rows, long long cap, int64_t* id_all,
                                       double* count_all, long long* kept, double* bias) {
@@ -165,16 +239,17 @@ __global__ void kcenter_select_kernel(const float* K, long long n, int d, long l
     radius = 0.0;
   }
   __syncthreads();
-  __shared__ double bdist[kPolicyThreads];
-  __shared__ int64_t bidx[kPolicyThreads];
+  __shared__ double bdist[kKcenterThreads / 32];
+  __shared__ int64_t bidx[kKcenterThreads / 32];
+  __shared__ long long kept_c;
   auto sqdist = [&](int64_t a, int64_t b) { return hd::key_sqdist(Kh + a * d, Kh + b * d, d); };
   long long t0 = 0;
   for (int r = 0; r < rows; ++r) {
     const long long T = steps[r];
     for (long long t = t0 < recent ? recent : t0; t < T; ++t) {  // token t − recent leaves the window
       const int64_t id_new = t - recent;
-      // hd::kcenter_nearest by the block: per-thread first minimum, then a tree under the
-      // (distance, index) order — the serial scan's answer.
+      // hd::kcenter_nearest by the block: per-thread first minimum, then the (distance, index) order
+      // across threads — the serial scan's answer.
       double my = INFINITY;
       int64_t mi = -1;
       if (kc > 0 && radius > 0)
@@ -187,14 +262,8 @@ __global__ void kcenter_select_kernel(const float* K, long long n, int d, long l
         }
       double bd;
       int64_t bi;
-      block_argmin(my, mi, bdist, bidx, &bd, &bi);
-      if (tid == 0) {  // join, or a new center and merge rounds (serial: rare)
-        double R = radius;
-        int64_t joined = -1;
-        n_c = hd::kcenter_apply(id, count, int64_t(n_c), R, kc, id_new, 1.0, bi, bd, &joined, sqdist);
-        radius = R;
-      }
-      __syncthreads();
+      block_argmin_warp(my, mi, bdist, bidx, &bd, &bi);
+      kcenter_apply_block(id, count, n_c, radius, kc, id_new, bi, bd, sqdist, bdist, bidx, kept_c);
     }
     t0 = T;
     __syncthreads();

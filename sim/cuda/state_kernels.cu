@@ -1,8 +1,10 @@
-// Fused state-machine kernels (see policies.cu's header): h2o and buzz, one block per KV head.
+// Fused state-machine kernels (see policies.cu's header): h2o and buzz, one block per KV head; their
+// per-step attention is attend_step.cuh's.
 #include <cuda_runtime.h>
 
 #include "common.cuh"
 #include "kvsim/core/hd.hpp"
+#include "attend_step.cuh"
 #include "policy_kernels.cuh"
 
 namespace kvsim::cuda_impl {
@@ -30,46 +32,83 @@ __device__ void buzz_observe(long long t, long long sink, long long w, long long
   }
 }
 
+/// H2O's victim among the B full slots at step t: the lowest score outside the recent window under
+/// hd::h2o_prefer (a total order, ties to the oldest), so this block-wide arg-min (per thread, per
+/// warp by shuffles, then over the warps in order) is the CPU's serial pick; −1 when none is
+/// evictable. ws, wp, wb: shared, kStateWarps entries each. Every thread calls it and gets the slot.
+__device__ long long h2o_victim(const long long* pos, const double* score, long long B, long long t, long long recent,
+                                double* ws, long long* wp, long long* wb) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  long long b = -1, bp = 0;
+  double bs = 0.0;
+  for (long long s = tid; s < B; s += blockDim.x) {
+    const long long ps = pos[s];
+    const double sc = score[s];
+    if (hd::h2o_evictable(ps, t, recent) && (b < 0 || hd::h2o_prefer(sc, ps, bs, bp))) {
+      b = s;
+      bs = sc;
+      bp = ps;
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const long long ob = __shfl_xor_sync(0xffffffffu, b, off), op = __shfl_xor_sync(0xffffffffu, bp, off);
+    const double os = __shfl_xor_sync(0xffffffffu, bs, off);
+    if (ob >= 0 && (b < 0 || hd::h2o_prefer(os, op, bs, bp))) {
+      b = ob;
+      bs = os;
+      bp = op;
+    }
+  }
+  if (lane == 0) {
+    wb[warp] = b;
+    ws[warp] = bs;
+    wp[warp] = bp;
+  }
+  __syncthreads();
+  long long slot = -1;
+  for (int w = 0; w < kStateWarps; ++w)
+    if (wb[w] >= 0 && (slot < 0 || hd::h2o_prefer(ws[w], wp[w], bs, bp))) {
+      slot = wb[w];
+      bs = ws[w];
+      bp = wp[w];
+    }
+  __syncthreads();
+  return slot;
+}
+
 }  // namespace
 
-/// h2o: grid (kv_heads), one sequential block per KV head. State (global): pos [kv_heads][B],
-/// score [kv_heads][B] (double), step attention pr [kv_heads][B] (double), logits lg
-/// [kv_heads][group][B]. Outputs as sink_window_kernel (kept: slot order, −1 padded); *error set to
-/// 1 if no token was evictable (recent ≥ budget: refused on the host already).
+/// h2o: grid (kv_heads), one block of kStateThreads per KV head, stepping t = 0..n−1. State (global):
+/// pos [kv_heads][B], score [kv_heads][B] (double), the step's combined attention pr [kv_heads][B] and
+/// one query head's pa [kv_heads][B] (double), logits lg [kv_heads][B]. Outputs as
+/// sink_window_kernel (kept: slot order, −1 padded); *error set to 1 if no token was evictable
+/// (recent ≥ budget: refused on the host already).
 __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
                            long long B, long long recent, int agg, const long long* steps, int rows, float* z,
                            double* log_sum, long long* kept, long long* pos_all, double* score_all, double* pr_all,
-                           float* lg_all, int* error) {
+                           double* pa_all, float* lg_all, int* error) {
   const int kvh = blockIdx.x, tid = threadIdx.x;
   const float* Kh = K + (long long)kvh * n * d;
   const float* Vh = V + (long long)kvh * n * d;
   long long* pos = pos_all + (long long)kvh * B;
   double* score = score_all + (long long)kvh * B;
   double* pr = pr_all + (long long)kvh * B;
-  float* lg = lg_all + (long long)kvh * group * B;
+  double* pa = pa_all + (long long)kvh * B;
+  float* lg = lg_all + (long long)kvh * B;
   extern __shared__ float qs[];  // [d]
-  __shared__ double sm[kPolicyThreads], s1[kPolicyThreads], s2[kPolicyThreads];
-  __shared__ long long best[kPolicyThreads];
+  __shared__ hd::OnlineSoftmax<double> sw[kStateWarps];
+  __shared__ double red[kStateWarps * kValueDims];
+  __shared__ double ws[kStateWarps];
+  __shared__ long long wp[kStateWarps], wb[kStateWarps];  // h2o_victim's per-warp bests
+  auto slot_pos = [&](long long s) { return pos[s]; };
   long long size = 0;
   int r = 0;
   for (long long t = 0; t < n; ++t) {
-    // observe(t): fill, or evict the lowest-score non-recent token (hd::h2o_prefer, ties to the oldest).
+    // observe(t): fill, or evict the lowest-score non-recent token (hd::h2o_prefer, a total order with
+    // ties to the oldest, so this arg-min picks the CPU's serial victim).
     long long slot = size;
     if (size == B) {
-      long long b = -1;
-      for (long long s = tid; s < B; s += blockDim.x)
-        if (hd::h2o_evictable(pos[s], t, recent) && (b < 0 || hd::h2o_prefer(score[s], pos[s], score[b], pos[b]))) b = s;
-      best[tid] = b;
-      __syncthreads();
-      for (int off = blockDim.x / 2; off > 0; off >>= 1) {
-        if (tid < off) {
-          const long long a = best[tid], c = best[tid + off];
-          if (a < 0 || (c >= 0 && hd::h2o_prefer(score[c], pos[c], score[a], pos[a]))) best[tid] = c;
-        }
-        __syncthreads();
-      }
-      slot = best[0];
-      __syncthreads();
+      slot = h2o_victim(pos, score, B, t, recent, ws, wp, wb);
       if (slot < 0) {
         if (tid == 0) *error = 1;
         return;
@@ -89,25 +128,21 @@ __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int g
       const int h = kvh * group + g;
       for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Q[((long long)h * n + t) * d + i];
       __syncthreads();
-      float* lgg = lg + (long long)g * B;
+      warp_logits(qs, Kh, d, size, slot_pos, lg);
+      __syncthreads();
       hd::OnlineSoftmax<double> st;
+      for (long long s = tid; s < size; s += blockDim.x) st.add(double(lg[s]));
+      const hd::OnlineSoftmax<double> tot = block_merge_shfl(st, sw);
       for (long long s = tid; s < size; s += blockDim.x) {
-        const float* k = Kh + pos[s] * d;
-        const float acc = dot_f32(qs, k, d);
-        lgg[s] = acc;
-        st.add(double(acc));
-      }
-      const hd::OnlineSoftmax<double> tot = block_merge(st, sm, s1, s2);
-      for (long long s = tid; s < size; s += blockDim.x) pr[s] = hd::group_combine(pr[s], tot.prob(double(lgg[s])), agg);
-      if (eval) {
-        for (int i = tid; i < d; i += blockDim.x) {
-          double acc = 0.0;
-          for (long long s = 0; s < size; ++s) acc += tot.prob(double(lgg[s])) * double(Vh[pos[s] * d + i]);
-          z[((long long)h * rows + r) * d + i] = float(acc);
-        }
-        if (tid == 0) log_sum[(long long)h * rows + r] = tot.log_tau();
+        const double p = tot.prob(double(lg[s]));
+        pa[s] = p;
+        pr[s] = hd::group_combine(pr[s], p, agg);
       }
       __syncthreads();
+      if (eval) {
+        warp_values(pa, Vh, d, size, slot_pos, red, z + ((long long)h * rows + r) * d);
+        if (tid == 0) log_sum[(long long)h * rows + r] = tot.log_tau();
+      }
     }
     for (long long s = tid; s < size; s += blockDim.x) score[s] += hd::group_result(pr[s], agg, group);
     if (eval) {
@@ -119,16 +154,17 @@ __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int g
   }
 }
 
-/// buzz: grid (kv_heads), one sequential block per KV head, the CPU policy's state in global
+/// buzz: grid (kv_heads), one block of kStateThreads per KV head, the CPU policy's state in global
 /// scratch: sink [kv_heads][sink], window ring [kv_heads][w], new and old body tokens
 /// [kv_heads][T] each; per step the cached list (sink, old, new, window oldest first: the CPU's
-/// answer order) in lst [kv_heads][cap], its step attention pr [kv_heads][cap], logits lg
-/// [kv_heads][group][cap]. Outputs as kept_attend_kernel, z and log_sum of the λ-scaled logits.
+/// answer order) in lst [kv_heads][cap], its step attention pr [kv_heads][cap], one query head's
+/// λ-scaled weights pa [kv_heads][cap] and logits lg [kv_heads][cap]. Outputs as kept_attend_kernel,
+/// z and log_sum of the λ-scaled logits.
 __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
                             long long sink, long long w, long long T, long long stride, bool log_scale, int agg,
                             const long long* steps, int rows, float* z, double* log_sum, long long* kept, long long cap,
                             BuzzTok* sink_all, BuzzTok* ring_all, BuzzTok* new_all, BuzzTok* old_all, long long* lst_all,
-                            double* pr_all, float* lg_all) {
+                            double* pr_all, double* pa_all, float* lg_all) {
   const int kvh = blockIdx.x, tid = threadIdx.x;
   const float* Kh = K + (long long)kvh * n * d;
   const float* Vh = V + (long long)kvh * n * d;
@@ -138,9 +174,11 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
   BuzzTok* old = old_all + (long long)kvh * T;
   long long* lst = lst_all + (long long)kvh * cap;
   double* pr = pr_all + (long long)kvh * cap;
-  float* lg = lg_all + (long long)kvh * group * cap;
+  double* pa = pa_all + (long long)kvh * cap;
+  float* lg = lg_all + (long long)kvh * cap;
   extern __shared__ float qs[];  // [d]
-  __shared__ double sm[kPolicyThreads], s1[kPolicyThreads], s2[kPolicyThreads];
+  __shared__ hd::OnlineSoftmax<double> sw[kStateWarps];
+  __shared__ double red[kStateWarps * kValueDims];
   __shared__ long long n_sink, n_old, n_new, ring_head, ring_count;
   if (tid == 0) n_sink = n_old = n_new = ring_head = ring_count = 0;
   __syncthreads();
@@ -153,6 +191,7 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
     if (j < n_new) return neu[j];
     return ring[(ring_head + (j - n_new)) % w];
   };
+  auto list_pos = [&](long long j) { return lst[j]; };
   int r = 0;
   for (long long t = 0; t < n; ++t) {
     // observe(t) (BuzzPolicy::observe): sink first; then the window; the window's oldest token
@@ -173,24 +212,20 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
       const int h = kvh * group + g;
       for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Q[((long long)h * n + t) * d + i];
       __syncthreads();
-      float* lgg = lg + (long long)g * cap;
+      warp_logits(qs, Kh, d, m, list_pos, lg);
+      __syncthreads();
       hd::OnlineSoftmax<double> st, sl;
       for (long long j = tid; j < m; j += blockDim.x) {
-        const float* k = Kh + lst[j] * d;
-        const float acc = dot_f32(qs, k, d);
-        lgg[j] = acc;
-        st.add(double(acc));
-        sl.add(lambda * double(acc));
+        st.add(double(lg[j]));
+        if (eval) sl.add(lambda * double(lg[j]));
       }
-      const hd::OnlineSoftmax<double> tot = block_merge(st, sm, s1, s2);
-      for (long long j = tid; j < m; j += blockDim.x) pr[j] = hd::group_combine(pr[j], tot.prob(double(lgg[j])), agg);
+      const hd::OnlineSoftmax<double> tot = block_merge_shfl(st, sw);
+      for (long long j = tid; j < m; j += blockDim.x) pr[j] = hd::group_combine(pr[j], tot.prob(double(lg[j])), agg);
       if (eval) {
-        const hd::OnlineSoftmax<double> tl = block_merge(sl, sm, s1, s2);
-        for (int i = tid; i < d; i += blockDim.x) {
-          double acc = 0.0;
-          for (long long j = 0; j < m; ++j) acc += tl.prob(lambda * double(lgg[j])) * double(Vh[lst[j] * d + i]);
-          z[((long long)h * rows + r) * d + i] = float(acc);
-        }
+        const hd::OnlineSoftmax<double> tl = block_merge_shfl(sl, sw);
+        for (long long j = tid; j < m; j += blockDim.x) pa[j] = tl.prob(lambda * double(lg[j]));
+        __syncthreads();
+        warp_values(pa, Vh, d, m, list_pos, red, z + ((long long)h * rows + r) * d);
         if (tid == 0) log_sum[(long long)h * rows + r] = tl.log_tau();
       }
       __syncthreads();

@@ -7,50 +7,76 @@
 
 namespace kvsim::cuda_impl {
 
-/// kvsim's max_clusters variant (SubGen::merge_clusters), run by one thread: while the clusters
-/// exceed the cap, δ doubles and clusters whose representatives lie within δ of an earlier kept one
-/// merge into it (each merged sample slot from either side by a Philox coin at (seed, round, slot)).
+/// kvsim's max_clusters variant (SubGen::merge_clusters), run by the whole block decision for
+/// decision: while the clusters exceed the cap, δ doubles and each cluster (in order) merges into the
+/// nearest earlier kept one when its representative lies within δ (each merged sample slot from
+/// either side by a Philox coin at (seed, round, slot)). The distances of a cluster to the kept ones
+/// and δ's first value (half the closest pair, a minimum: exact in any order) are computed by all
+/// threads; the nearest is block_argmin's first minimum, as the serial scan; the sample slots are
+/// drawn in parallel and the bookkeeping is thread 0's. m, merges, delta and nk are shared; bd, bi
+/// are block_argmin's arrays.
 __device__ void subgen_merge_rounds(const float* Kh, int d, long long tt, long long max_clusters, uint64_t seed,
                                     long long* rep, long long* cnt, long long* keep, long long* samp, long long& m,
-                                    long long& merges, double& delta) {
+                                    long long& merges, double& delta, long long& nk, double* bd, int64_t* bi) {
+  const int tid = threadIdx.x;
+  auto dist = [&](long long a, long long b) { return sqrt(hd::key_sqdist(Kh + rep[a] * d, Kh + rep[b] * d, d)); };
   while (max_clusters > 0 && m > max_clusters) {
     if (!(delta > 0)) {
       double md = INFINITY;
-      for (long long i = 0; i < m; ++i)
-        for (long long j = 0; j < i; ++j) md = fmin(md, sqrt(hd::key_sqdist(Kh + rep[i] * d, Kh + rep[j] * d, d)));
-      delta = md / 2 > 1e-12 ? md / 2 : 1e-12;
+      for (long long i = 1; i < m; ++i)
+        for (long long j = tid; j < i; j += blockDim.x) md = fmin(md, dist(i, j));
+      double b;
+      int64_t unused;
+      block_argmin(md, md < INFINITY ? 0 : -1, bd, bi, &b, &unused);
+      if (tid == 0) delta = b / 2 > 1e-12 ? b / 2 : 1e-12;
+      __syncthreads();
     }
-    delta *= 2;
-    const uint32_t round = uint32_t(merges++);
-    long long nk = 0;
-    for (long long i = 0; i < m; ++i) {
-      long long best = -1;
-      double bdist = INFINITY;
-      for (long long j = 0; j < nk; ++j) {
-        const double dist = sqrt(hd::key_sqdist(Kh + rep[keep[j]] * d, Kh + rep[i] * d, d));
-        if (dist < bdist) {
-          bdist = dist;
-          best = j;
+    const uint32_t round = uint32_t(merges);
+    __syncthreads();
+    if (tid == 0) {
+      delta *= 2;
+      ++merges;
+      nk = 0;
+    }
+    __syncthreads();
+    const long long mm = m;
+    for (long long i = 0; i < mm; ++i) {
+      const long long k = nk;
+      double my = INFINITY;
+      int64_t mi = -1;
+      for (long long j = tid; j < k; j += blockDim.x) {
+        const double x = dist(keep[j], i);
+        if (x < my) {
+          my = x;
+          mi = j;
         }
       }
+      double bdist;
+      int64_t best;
+      block_argmin(my, mi, bd, bi, &bdist, &best);
       if (best >= 0 && bdist <= delta) {
         const long long a = keep[best];
         const double pa = double(cnt[a]) / double(cnt[a] + cnt[i]);
-        for (long long j = 0; j < tt; ++j)
+        for (long long j = tid; j < tt; j += blockDim.x)
           if (!(hd::philox_u01(seed, round, uint32_t(i * tt + j), hd::kDrawMerge) < pa)) samp[a * tt + j] = samp[i * tt + j];
-        cnt[a] += cnt[i];
-      } else {
+        __syncthreads();  // every thread has read cnt[a]
+        if (tid == 0) cnt[a] += cnt[i];
+      } else if (tid == 0) {
         keep[nk++] = i;
       }
+      __syncthreads();
     }
-    for (long long j = 0; j < nk; ++j) {
-      const long long i = keep[j];
-      if (i == j) continue;
-      rep[j] = rep[i];
-      cnt[j] = cnt[i];
-      for (long long x = 0; x < tt; ++x) samp[j * tt + x] = samp[i * tt + x];
+    if (tid == 0) {
+      for (long long j = 0; j < nk; ++j) {
+        const long long i = keep[j];
+        if (i == j) continue;
+        rep[j] = rep[i];
+        cnt[j] = cnt[i];
+        for (long long x = 0; x < tt; ++x) samp[j * tt + x] = samp[i * tt + x];
+      }
+      m = nk;
     }
-    m = nk;
+    __syncthreads();
   }
 }
 
@@ -124,10 +150,14 @@ __device__ void subgen_answer(const float* Q, const float* Kh, const float* Vh, 
       __syncthreads();
     }
     const double tau = red[0];
+    __syncthreads();  // every thread has read red[0] and the logits
+    // The weights μ/(s‖v_j‖²) e^{<q,k_j>−c} once per sample, in place of its logit (0 for an empty slot).
+    for (long long j = tid; j < s; j += blockDim.x) lg[ms + j] = mvsq[j] > 0 ? mu / (double(s) * mvsq[j]) * exp(lg[ms + j] - c) : 0.0;
+    __syncthreads();
     for (int i = tid; i < d; i += blockDim.x) {
       double acc = 0.0;  // z·e^{−c} = Σ_j μ/(s‖v_j‖²) e^{<q,k_j>−c} v_j
       for (long long j = 0; j < s; ++j)
-        if (mvsq[j] > 0) acc += mu / (double(s) * mvsq[j]) * exp(lg[ms + j] - c) * double(Vh[midx[j] * d + i]);
+        if (mvsq[j] > 0) acc += lg[ms + j] * double(Vh[midx[j] * d + i]);
       z[((long long)h * rows + r) * d + i] = float(tau > 0 ? acc / tau : acc);
     }
     if (tid == 0) log_sum[(long long)h * rows + r] = tau > 0 ? c + log(tau) : -INFINITY;
@@ -138,8 +168,8 @@ __device__ void subgen_answer(const float* Q, const float* Kh, const float* Vh, 
 /// subgen (SubGen Algorithm 1, SubGen §2; include/kvsim/analysis/subgen_algorithm.hpp), one block per KV head over
 /// the stream, the CPU's SubGen::update step by step: the nearest representative by a block arg-min
 /// of hd::key_sqdist under (distance, index) order (the CPU's first minimum); each sample slot's coin
-/// hd::philox_u01 at (seed, token, slot) — the CPU's flips; merge rounds (max_clusters > 0) run by
-/// thread 0 exactly as SubGen::merge_clusters. At each evaluated step the group's answers (lines
+/// hd::philox_u01 at (seed, token, slot) — the CPU's flips; merge rounds (max_clusters > 0) as
+/// SubGen::merge_clusters, block-parallel (subgen_merge_rounds). At each evaluated step the group's answers (lines
 /// 29-31, one shared shift): z/τ into z, log τ̂ into log_sum, the cluster count into kept[..][0].
 /// Token ids index the stream in device memory. Scratch per KV head: rep, cnt, keep [cap_m], samp
 /// [cap_m·t], midx [s], mvsq [s], lg [cap_m·t + s].
@@ -163,7 +193,7 @@ __global__ void subgen_kernel(const float* Q, const float* K, const float* V, in
   extern __shared__ double qd[];  // [d]
   __shared__ double bd[kPolicyThreads], red[kPolicyThreads];
   __shared__ int64_t bi[kPolicyThreads];
-  __shared__ long long m, merges;
+  __shared__ long long m, merges, nk;
   __shared__ double mu, delta, p_new;
   __shared__ long long target;  // the cluster the token joins, or −1 for a new one
   if (tid == 0) {
@@ -208,9 +238,8 @@ __global__ void subgen_kernel(const float* Q, const float* K, const float* V, in
       for (long long j = tid; j < tt; j += blockDim.x) samp[c * tt + j] = t;
     }
     __syncthreads();
-    // Merge rounds (kvsim's max_clusters variant; SubGen::merge_clusters, thread 0).
-    if (tid == 0 && target < 0) subgen_merge_rounds(Kh, d, tt, max_clusters, seed, rep, cnt, keep, samp, m, merges, delta);
-    __syncthreads();
+    // Merge rounds (kvsim's max_clusters variant; SubGen::merge_clusters).
+    if (target < 0) subgen_merge_rounds(Kh, d, tt, max_clusters, seed, rep, cnt, keep, samp, m, merges, delta, nk, bd, bi);
     subgen_product_update(Vh, d, t, s, seed, midx, mvsq, mu);  // lines 5-6
     // Lines 29-31 at evaluated steps (query q_{t+1}).
     if (!(r < rows && steps[r] == t + 1)) continue;
