@@ -82,7 +82,7 @@ class RecordingFile:
     """
 
     def __init__(self, path, n_layers, n_heads, n_kv_heads, head_dim, n_tokens, softmax_scale, model, source,
-                 dtype="float16", with_attn=True):
+                 dtype="float16", with_attn=True, rope_theta=None):
         import h5py
         import numpy as np
 
@@ -105,6 +105,9 @@ class RecordingFile:
                      ("head_dim", head_dim), ("n_tokens", n_tokens)):
             a[k] = np.int64(v)
         a["softmax_scale"] = np.float64(softmax_scale)
+        if rope_theta is not None:  # the default RoPE of transformers: pairs (k, k + head_dim/2)
+            a["rope_theta"] = np.float64(rope_theta)
+            a["rope_pairs"] = "halves (k, k + head_dim/2): Hugging Face channel order"
         chunk = (1, min(n_tokens, 1024), head_dim)
         for l in range(n_layers):
             g = self.f.create_group(f"layer_{l:03d}")
@@ -197,6 +200,27 @@ def attention_geometry(model):
     return n_heads, n_kv, head_dim, float(scale)
 
 
+def default_rope_theta(model, head_dim):
+    """The RoPE base θ when `model` rotates with transformers' default RoPE (one rotary embedding, rope_type
+    "default", attention scaling 1, inverse frequencies θ^(−2k/head_dim) for all head_dim/2 pairs), else None: the
+    recording then carries no rope_theta, and policies that undo the rotation refuse it by name."""
+    import numpy as np
+
+    rot = getattr(model.model, "rotary_emb", None)
+    cfg = model.config
+    params = getattr(cfg, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None)) if isinstance(params, dict) else None
+    if rot is None or theta is None or getattr(rot, "rope_type", "default") != "default":
+        return None
+    if float(getattr(rot, "attention_scaling", 1.0)) != 1.0 or not hasattr(rot, "inv_freq"):
+        return None
+    inv = rot.inv_freq.detach().double().cpu().numpy()
+    if 2 * inv.shape[0] != head_dim:  # partial rotary
+        return None
+    expect = 1.0 / float(theta) ** (np.arange(0, head_dim, 2) / head_dim)
+    return float(theta) if np.allclose(inv, expect, rtol=1e-6, atol=0) else None
+
+
 def export_model(model, input_ids, out_path, layers=None, dtype="float16", with_attn=True, model_name=None,
                  source=None, token_strings=None, k_check_positions=8, k_check_tol=1e-3):
     """Exports one forward pass of `model` (a transformers *ForCausalLM) over `input_ids` [1, n].
@@ -216,7 +240,8 @@ def export_model(model, input_ids, out_path, layers=None, dtype="float16", with_
     H, Hkv, d, scale = attention_geometry(model)
     name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
     rec = RecordingFile(out_path, len(layers), H, Hkv, d, n, scale, name,
-                        source or f"datasets/export_hf.py --model {name} --tokens {n}", dtype, with_attn)
+                        source or f"datasets/export_hf.py --model {name} --tokens {n}", dtype, with_attn,
+                        default_rope_theta(model, d))
     check_pos = sorted(set(np.linspace(0, n - 1, min(n, k_check_positions)).astype(int).tolist()))
     state = {}
     k_rot_samples = {}

@@ -18,13 +18,17 @@ when decoding starts). Per layer and KV head the two prompt sets are compared:
   KeyDiffPress                         keydiff(budget = n_kept), read at step P     identical but near-ties
   LagKVPress(n_sink 4, lag_size 128)   lagkv(budget = n_kept, sink = 4, lag = 128), identical but near-ties
                                          read at step P
+  ExpectedAttentionPress (defaults:    expected_attention(budget = n_kept)          identical but near-ties
+    512 future positions, 4 sinks,
+    covariance, ‖v‖ rescaling)
   PyramidKVPress(window 64, kernel 5)  pyramidkv(as snapkv, budgets = "kvpress")    identical but near-ties
                                        pyramidkv(budgets = "paper", kvsim's default) differs by design: counted
   TOVAPress                            tova(budget = n_kept + 1)                    differs by design: counted
 
 A near-tie is a token on which the sets differ whose kvpress score lies within 1e-5 (relative to the
 score range) of kvpress's cut-off. Negative controls: snapkv with max pooling (kvsim's default, not
-kvpress's), knorm one token short and lagkv with lag = 32 must show differences that are not ties.
+kvpress's), knorm one token short, lagkv with lag = 32 and expected_attention without the ‖v‖ factor
+must show differences that are not ties.
 (LagKV's scores are ranks within a partition, so ties are exact and many: at r = 0.75 kvpress keeps
 128 of the 256 tokens scored 1, its choice among them torch.topk's.) TOVA: kvpress averages
 the last query's attention over all the layer's query heads and keeps one set for every KV head (the
@@ -86,6 +90,14 @@ def run_ratio(c, ratio):
     check(r["differing_tokens"] == r["near_ties"], f"LagKVPress r={ratio}: differences beyond near-ties")
     r = compare("LagKVPress", lag, dict(lag_policy, lag=32), ratio, "differs (control)", control=True, step=P)
     check(r["differing_tokens"] > r["near_ties"], f"LagKVPress r={ratio}: the lag-32 control shows no difference")
+
+    expected = bridge.capture(kvpress.ExpectedAttentionPress(compression_ratio=ratio), model, ids)
+    r = compare("ExpectedAttentionPress", expected, {"name": "expected_attention", "budget": n_kept}, ratio,
+                "identical but near-ties")
+    check(r["differing_tokens"] == r["near_ties"], f"ExpectedAttentionPress r={ratio}: differences beyond near-ties")
+    r = compare("ExpectedAttentionPress", expected, {"name": "expected_attention", "budget": n_kept, "vnorm": False}, ratio,
+                "differs (control)", control=True)
+    check(r["differing_tokens"] > r["near_ties"], f"ExpectedAttentionPress r={ratio}: the no-vnorm control shows no difference")
 
     tova = bridge.capture(kvpress.TOVAPress(compression_ratio=ratio), model, ids)
     check(all(np.array_equal(tova.kept[l][0], tova.kept[l][h]) for l in range(L) for h in range(H)),

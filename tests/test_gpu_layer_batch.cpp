@@ -83,7 +83,7 @@ struct Setup {
   /// The cell replayed alone: its own streams and instance (kv_heads = 1).
   Out alone(const Cell& c, size_t p) const {
     const int d = src->meta().head_dim;
-    StreamInfo info = cell_stream(ex, c, n, d, src->meta().n_layers);
+    StreamInfo info = cell_stream(ex, c, n, src->meta());
     info.seed = cell::instance_seed(ex, c, p, 0);
     const cuda::PolicyReplay spec = *gpu_replay(*make_policy(ex.policies[p].name, ex.policies[p].params, info));
     const MatF K = src->read(c.layer, Tensor::k, c.kv_head).topRows(n), V = src->read(c.layer, Tensor::v, c.kv_head).topRows(n);

@@ -187,3 +187,44 @@ TEST_CASE("real: closed loop with a prompt: prompt positions are exact and the p
   CHECK(differ_after > 64);
   CHECK(snap.mean_cache_tokens() == 32);
 }
+
+TEST_CASE("real: the recording's RoPE attributes turn equal tokens' layer-0 keys back to one vector", "[real]") {
+  // Before RoPE, a layer-0 key depends on the token alone (embedding, RMSNorm, W_k), so two positions of
+  // the same token must give the same key once each is turned back by R(t)ᵀ. This holds only with the
+  // recording's own rope_theta and rope_pairs (llama2.c: adjacent pairs, θ = 10000); the other pairing
+  // is the negative control.
+  test::TempDir tmp;
+  RecordingReader rec(record_tinystories(tmp.file("rec.h5")));
+  const auto& m = rec.meta();
+  REQUIRE(m.rope_theta == 10000.0);
+  REQUIRE_FALSE(m.rope_halves);
+  const std::vector<int32_t> tok = rec.tokens();
+  const MatF K = rec.read(0, Tensor::k, 0);
+  const int d = m.head_dim;
+  auto back = [&](int64_t t, bool halves) {
+    VecD x = K.row(t).transpose().cast<double>();
+    for (int k = 0; k < d / 2; ++k) {
+      const double w = double(t) / std::pow(m.rope_theta, double(2 * k) / d), c = std::cos(w), s = std::sin(w);
+      const int a = halves ? k : 2 * k, b = halves ? k + d / 2 : 2 * k + 1;
+      const double u = x[a], v = x[b];
+      x[a] = c * u + s * v;
+      x[b] = c * v - s * u;
+    }
+    return x;
+  };
+  double worst = 0, control = INFINITY;
+  int pairs = 0;
+  for (int64_t t2 = 1; t2 < int64_t(tok.size()) && pairs < 200; ++t2)
+    for (int64_t t1 = 0; t1 < t2; ++t1)
+      if (tok[size_t(t1)] == tok[size_t(t2)]) {
+        const VecD a = back(t1, m.rope_halves), b = back(t2, m.rope_halves);
+        worst = std::max(worst, (a - b).norm() / a.norm());
+        control = std::min(control, (back(t1, !m.rope_halves) - back(t2, !m.rope_halves)).norm() / a.norm());
+        ++pairs;
+        break;
+      }
+  INFO(pairs << " pairs of equal tokens: worst " << worst << ", control (other pairing) at best " << control);
+  REQUIRE(pairs >= 50);
+  CHECK(worst <= 1e-5);
+  CHECK(control >= 1e-3);
+}

@@ -122,7 +122,7 @@ TEST_CASE("registry: memory rules replace size parameters, and a policy without 
 TEST_CASE("registry: every policy file's KVSIM_POLICY definition is registered, in name order", "[registry]") {
   // The list is generated at build time from sim/policies/*.cpp (cmake/policy_list.cmake); this is
   // the set of policy files today, so a definition the scan missed (or a stray one) fails here.
-  const std::vector<std::string> expected = {"buzz", "exact", "h2o", "keydiff", "kivi", "knorm", "lagkv", "oracle_topk", "press_replay", "pyramidkv", "quest",
+  const std::vector<std::string> expected = {"buzz", "exact", "expected_attention", "h2o", "keydiff", "kivi", "knorm", "lagkv", "oracle_topk", "press_replay", "pyramidkv", "quest",
                                              "scissorhands", "sink", "snapkv", "subgen", "subgen_kcenter", "tova",
                                              "uniform", "window"};
   CHECK(policy_names() == expected);

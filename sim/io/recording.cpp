@@ -151,6 +151,17 @@ RecordingReader::RecordingReader(const std::string& path) : path_(path) {
   meta_.softmax_scale = f.has_attr("softmax_scale") ? f.attr_double("softmax_scale") : 1.0 / std::sqrt(double(meta_.head_dim));
   if (!std::isfinite(meta_.softmax_scale) || meta_.softmax_scale <= 0)
     throw Error(path + ": attribute 'softmax_scale' must be a positive finite number");
+  if (f.has_attr("rope_theta")) {
+    meta_.rope_theta = f.attr_double("rope_theta");
+    if (!std::isfinite(meta_.rope_theta) || meta_.rope_theta <= 1)
+      throw Error(path + ": attribute 'rope_theta' must be a finite number > 1");
+  }
+  if (f.has_attr("rope_pairs")) {
+    const std::string pairs = f.attr_string("rope_pairs");
+    if (pairs.rfind("halves", 0) != 0 && pairs.rfind("adjacent", 0) != 0)
+      throw Error(path + ": attribute 'rope_pairs' = '" + pairs + "' is neither 'halves …' nor 'adjacent …'");
+    meta_.rope_halves = pairs.rfind("halves", 0) == 0;
+  }
 
   for (int l = 0; l < meta_.n_layers; ++l) {
     for (Tensor t : {Tensor::q, Tensor::k, Tensor::v, Tensor::attn}) {
@@ -251,6 +262,11 @@ RecordingWriter::RecordingWriter(const std::string& path, const RecordingMeta& m
   f.set_attr("/", "n_tokens", int64_t(meta.n_tokens));
   double scale = meta.softmax_scale > 0 ? meta.softmax_scale : 1.0 / std::sqrt(double(meta.head_dim));
   f.set_attr("/", "softmax_scale", scale);
+  if (meta.rope_theta > 0) {
+    f.set_attr("/", "rope_theta", meta.rope_theta);
+    f.set_attr("/", "rope_pairs", std::string(meta.rope_halves ? "halves (k, k + head_dim/2): Hugging Face channel order"
+                                                               : "adjacent (2k, 2k + 1): llama2.c channel order"));
+  }
   hsize_t n = meta.n_tokens, d = meta.head_dim;
   std::vector<hsize_t> chunk{1, std::min<hsize_t>(n, 1024), d};
   for (int l = 0; l < meta.n_layers; ++l) {

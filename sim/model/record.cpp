@@ -108,6 +108,8 @@ RecordingMeta recording_meta(const RecordOptions& opt, const LlamaConfig& cfg, i
             << " --tokens " << opt.tokens;
   meta.source = src.str();
   meta.rope = "applied";
+  meta.rope_theta = cfg.rope_theta;
+  meta.rope_halves = cfg.rope_halves;
   meta.n_layers = cfg.n_layers;
   meta.n_heads = cfg.n_heads;
   meta.n_kv_heads = cfg.n_kv_heads;
@@ -143,8 +145,6 @@ void write_trailer(RecordingWriter& w, const RecordOptions& opt, const LlamaConf
     w.set_attr("architecture", cfg.architecture);
     w.set_attr("quantization", cfg.tensor_types);
     w.set_attr("checkpoint_sha256", cfg.sha256);
-    w.set_attr("rope_theta", cfg.rope_theta);
-    w.set_attr("rope_pairs", std::string("halves (i, i + head_dim/2): Hugging Face channel order"));
   }
   w.finish();
 }

@@ -183,6 +183,10 @@ py::dict meta_dict(const RecordingMeta& m) {
   d["head_dim"] = m.head_dim;
   d["n_tokens"] = m.n_tokens;
   d["softmax_scale"] = m.softmax_scale;
+  if (m.rope_theta > 0) {  // the optional RoPE attributes (docs/recordings.md)
+    d["rope_theta"] = m.rope_theta;
+    d["rope_pairs"] = m.rope_halves ? "halves" : "adjacent";
+  }
   return d;
 }
 

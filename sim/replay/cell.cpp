@@ -20,7 +20,7 @@ void replay_cell(const Experiment& ex, const StreamSource& src, const Cell& cell
   const cell::Streams streams(src, cell, n, scale);
   cell::Reference reference(ex.eval, streams, n, scale);
   cell::Metrics metrics(ex, cell, n, src.meta().head_dim, reference);
-  cell::PolicySteps policies(ex, cell, n, src.meta().n_layers, streams, scale, reference, metrics, batch);
+  cell::PolicySteps policies(ex, cell, n, src.meta(), streams, scale, reference, metrics, batch);
   policies.make();
   policies.global_scores();
   reference.objective_attention();

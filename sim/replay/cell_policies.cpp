@@ -20,9 +20,9 @@ uint64_t instance_seed(const Experiment& ex, const Cell& cell, size_t p, int i) 
   return derive_seed({ex.seed, uint64_t(cell.layer), head_id, uint64_t(p), 0});
 }
 
-PolicySteps::PolicySteps(const Experiment& ex, const Cell& cell, int64_t n, int n_layers, const Streams& streams,
+PolicySteps::PolicySteps(const Experiment& ex, const Cell& cell, int64_t n, const RecordingMeta& meta, const Streams& streams,
                          double scale, Reference& reference, Metrics& metrics, GpuLayerBatch* batch)
-    : ex_(ex), cell_(cell), batch_(batch), n_(n), d_(int(streams.keys32.cols())), G_(int(cell.heads.size())), n_layers_(n_layers),
+    : ex_(ex), cell_(cell), batch_(batch), n_(n), d_(int(streams.keys32.cols())), G_(int(cell.heads.size())), meta_(meta),
       per_query_(ex.eval.gqa == GqaMode::query_head), s_(streams), scale_(scale), ref_(reference), metrics_(metrics),
       q_group_(G_, d_), q_one_(1, d_), answers_(size_t(G_)), one_(1), probs_group_(size_t(G_)), probs_one_(1) {}
 
@@ -37,7 +37,7 @@ std::vector<int> PolicySteps::heads_of(size_t i) const {  // the query heads ins
 void PolicySteps::make() {
   runs_.resize(ex_.policies.size());
   for (size_t p = 0; p < runs_.size(); ++p) {
-    StreamInfo info = cell_stream(ex_, cell_, n_, d_, n_layers_);
+    StreamInfo info = cell_stream(ex_, cell_, n_, meta_);
     for (int i = 0; i < (per_query_ ? G_ : 1); ++i) {
       info.seed = instance_seed(ex_, cell_, p, i);
       auto inst = make_policy(ex_.policies[p].name, ex_.policies[p].params, info);
@@ -92,17 +92,21 @@ void PolicySteps::prefill(PolicyRun& run) {
 
 namespace kvsim {
 
-StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, int head_dim, int n_layers) {
+StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, const RecordingMeta& meta) {
   StreamInfo info;
   info.n = n;
-  info.head_dim = head_dim;
+  info.head_dim = meta.head_dim;
+  info.softmax_scale = meta.softmax_scale;
+  info.rope_theta = meta.rope_theta;
+  info.rope_halves = meta.rope_halves;
+  info.rope_applied = meta.rope == "applied";
   info.group_agg = ex.eval.group_agg;
   info.policy_f32 = ex.eval.policy_precision == Precision::float32;
   info.n_queries = ex.eval.gqa == GqaMode::query_head ? 1 : int(cell.heads.size());
   info.prefill = ex.data.prefill;
   info.layer = cell.layer;
   info.kv_head = cell.kv_head;
-  info.n_layers = n_layers;
+  info.n_layers = meta.n_layers;
   return info;
 }
 

@@ -32,7 +32,7 @@ struct PolicyRun {
 /// at once by banded GEMMs (include/kvsim/replay/banded.hpp) and are never stepped.
 class PolicySteps {
  public:
-  PolicySteps(const Experiment& ex, const Cell& cell, int64_t n, int n_layers, const Streams& streams, double scale,
+  PolicySteps(const Experiment& ex, const Cell& cell, int64_t n, const RecordingMeta& meta, const Streams& streams, double scale,
               Reference& reference, Metrics& metrics, GpuLayerBatch* batch = nullptr);
   /// One run per [[policy]] entry, seeded by (seed, layer, head, entry index); GPU replays when
   /// `[eval] device = "cuda"` and the policy has one (sim/policies/gpu_replay.cpp), through `batch`
@@ -56,7 +56,8 @@ class PolicySteps {
   const Cell& cell_;
   GpuLayerBatch* batch_;
   const int64_t n_;
-  const int d_, G_, n_layers_;
+  const int d_, G_;
+  const RecordingMeta& meta_;
   const bool per_query_;
   const Streams& s_;
   const double scale_;

@@ -197,7 +197,7 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
     std::set<std::pair<int, size_t>> shapes;
     for (const auto& c : cells)
       if (shapes.insert({c.layer, c.heads.size()}).second)
-        for (const auto& p : ex.policies) make_policy(p.name, p.params, cell_stream(ex, c, res.n_tokens, meta.head_dim, meta.n_layers));
+        for (const auto& p : ex.policies) make_policy(p.name, p.params, cell_stream(ex, c, res.n_tokens, meta));
   }
   if (spill) {
     const size_t per_head = eval_steps(ex.eval, res.n_tokens).size();

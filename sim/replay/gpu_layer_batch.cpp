@@ -41,7 +41,7 @@ std::shared_ptr<GpuLayerBatch::Inputs> GpuLayerBatch::inputs(const Key& key, con
       // As many releases as the layer has policies with a GPU replay (an instance of each, as built
       // for its first cell, tells).
       const Cell& c0 = *group.front();
-      StreamInfo info = cell_stream(ex_, c0, n_, src_.meta().head_dim, src_.meta().n_layers);
+      StreamInfo info = cell_stream(ex_, c0, n_, src_.meta());
       for (size_t p = 0; p < ex_.policies.size(); ++p)
         if (gpu_replay(*make_policy(ex_.policies[p].name, ex_.policies[p].params, info))) ++slot->remaining;
     }
@@ -99,7 +99,7 @@ void GpuLayerBatch::run(const Key& key, Entry& e) {
     const Cell& cell = *group[size_t(c)];
     // The instance exactly as the cell builds it (PolicySteps::make): its spec and, for uniform and
     // subgen, its seed.
-    StreamInfo info = cell_stream(ex_, cell, n, d, meta.n_layers);
+    StreamInfo info = cell_stream(ex_, cell, n, meta);
     info.seed = instance_seed(ex_, cell, key.policy, 0);
     const std::optional<cuda::PolicyReplay> s = gpu_replay(*make_policy(pol.name, pol.params, info));
     if (!s) throw Error("internal: GpuLayerBatch: policy '" + pol.name + "' has no GPU replay");

@@ -32,7 +32,7 @@ std::vector<std::vector<int64_t>> kept_tokens(const Experiment& ex, const Stream
   const double scale = meta.softmax_scale;
   const cell::Streams s(src, cell, n, scale);
   const bool per_query = ex.eval.gqa == GqaMode::query_head;
-  StreamInfo info = cell_stream(ex, cell, n, meta.head_dim, meta.n_layers);
+  StreamInfo info = cell_stream(ex, cell, n, meta);
   std::vector<std::vector<int64_t>> out;
   for (int i = 0; i < (per_query ? G : 1); ++i) {
     const uint64_t head_id = per_query ? uint64_t(cell.heads[size_t(i)]) : uint64_t(kv_head) + (1ULL << 32);

@@ -34,6 +34,10 @@ struct RecordingMeta {
   int head_dim = 0;
   int64_t n_tokens = 0;
   double softmax_scale = 0.0;  ///< multiplies q·k; 1/sqrt(head_dim) when the file does not say
+  /// Optional RoPE attributes (docs/recordings.md): rope_theta, the base θ (0 = not recorded), and
+  /// rope_pairs, "halves …" (channels k, k + head_dim/2: rope_halves) or "adjacent …" (2k, 2k + 1).
+  double rope_theta = 0.0;
+  bool rope_halves = true;
   int group_size() const { return n_heads / n_kv_heads; }
   int kv_head_of(int q_head) const { return q_head / group_size(); }
 };

@@ -41,6 +41,14 @@ struct StreamInfo {
   int kv_head = 0;   ///< this cache's KV head (0-based; in query_head mode the KV head of its query head)
   int layer = 0;     ///< this cache's layer (0-based) ...
   int n_layers = 1;  ///< ... of the model's n_layers (PyramidKV's layer budgets)
+  /// The recording's q·k multiplier: prefill's queries arrive multiplied by it (0: not given).
+  double softmax_scale = 0;
+  /// RoPE as recorded (docs/recordings.md, optional attributes): base θ, pair k turning by
+  /// t · θ^(−2k/head_dim) at token t (0 when the recording does not say), on channels (k, k + head_dim/2)
+  /// when rope_halves (Hugging Face's rotate_half order), else (2k, 2k + 1).
+  double rope_theta = 0;
+  bool rope_halves = true;
+  bool rope_applied = false;  ///< the recording's rope = "applied": its q and k are post-RoPE
 };
 
 /// A policy's answer for one query head at an evaluated step.

@@ -50,7 +50,7 @@ struct Cell {
 /// The stream a policy instance of `cell` is built for (everything but the per-instance seed): the
 /// replay's n tokens, head_dim, the query heads it answers (1 with `[eval] gqa = "query_head"`, else
 /// the cell's group), `[eval] group_agg` and `policy_precision`, `[data] prefill`, the layer.
-StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, int head_dim, int n_layers);
+StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, const RecordingMeta& meta);
 
 namespace cell {
 class GpuLayerBatch;  // sim/replay/gpu_layer_batch.hpp
