@@ -107,7 +107,7 @@ TEST_CASE("expected_attention: the mean query picks the keys, sinks stay, and th
   CHECK(kept(p, info(P + 1, d, P, false, true), K, V, q2) != expect);
 }
 
-TEST_CASE("expected_attention: decoding appends, or keeps B with decode_window; refusals name the cause", "[prefill][zoo]") {
+TEST_CASE("expected_attention: decoding appends, or keeps B with decode_window, and refusals name the cause", "[prefill][zoo]") {
   const int64_t P = 64, n = 80;
   const int d = 8;
   SynthSource src(test::small_synth("heavy_hitter", n, d, 1, 1, 1));

@@ -42,7 +42,8 @@ KVSIM_POLICY(tova) {
       "tova",
       "keep the B tokens the latest query attends to most: when full, the token with the lowest attention weight "
       "under q_{t−1} (group_agg over the group's queries) is evicted before token t joins (kvpress's TOVAPress is a "
-      "one-shot prefill variant over all the layer's heads: docs/kvpress.md)",
+      "one-shot prefill variant over all the layer's heads: for it, capture TOVAPress with kvsim.kvpress and replay "
+      "it with press_replay; docs/kvpress.md)",
       "TOVA (Oren et al., 2024) §4, Eq. 6",
       {{"budget", "tokens", "required", "cache size B (≥ 1)"}},
       make_tova,

@@ -98,22 +98,25 @@ def capture(press, model, input_ids):
     """Runs `press` (a kvpress press) on the prompt `input_ids` (1-D ints) through `model` and returns
     a PressCapture. Raises kvsim.Error naming the press when kvpress refuses the model or the prompt,
     or when the compressed cache holds keys that are not rows of the full cache (a press that merges
-    or re-rotates keys: kvsim compares token selections only)."""
+    or re-rotates keys: kvsim compares token selections only). A press that masks entries per head
+    (AdaKV: masked_key_indices) keeps, per head, every token it does not mask."""
     np, torch, transformers, kvpress = _imports()
     name = type(press).__name__
     ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64)).reshape(1, -1)
     n = int(ids.shape[1])
     full = _full_cache(model, ids, torch, transformers)
     scores = {}
-    if hasattr(press, "score"):
-        inner = press.score
+    # The scorer: the press itself, or the ScorerPress an AdaKV-style wrapper holds (press.press).
+    scorer = press if hasattr(press, "score") else getattr(press, "press", None)
+    if scorer is not None and hasattr(scorer, "score"):
+        inner = scorer.score
 
         def recording_score(module, hidden_states, keys, values, attentions, kwargs):
             s = inner(module, hidden_states, keys, values, attentions, kwargs)
             scores[module.layer_idx] = s[0].detach().double().cpu().numpy()
             return s
 
-        press.score = recording_score
+        scorer.score = recording_score
     cache = transformers.DynamicCache()
     try:
         with torch.no_grad(), press(model):
@@ -124,14 +127,22 @@ def capture(press, model, input_ids):
         raise Error(f"kvpress {name} cannot be applied to {type(model).__name__} on a {n}-token prompt "
                     f"({type(e).__name__}: {e})") from e
     finally:
-        if "score" in vars(press):
-            del press.score
+        if scorer is not None and "score" in vars(scorer):
+            del scorer.score
     kept = []
     for layer, keys_full in enumerate(full):
-        if getattr(model.model.layers[layer].self_attn, "masked_key_indices", None) is not None:
-            # AdaKV-style presses mask instead of removing
-            raise Error(f"kvpress {name} on {type(model).__name__}: masks cache entries per head "
-                        "(masked_key_indices); not supported yet")
+        masked = getattr(model.model.layers[layer].self_attn, "masked_key_indices", None)
+        if masked is not None:
+            # AdaKV-style presses keep the whole cache and mask entries per head, which kvpress's attention
+            # patch gives zero weight while decoding: head h keeps every token it does not mask.
+            heads_m, seq_m = (x.cpu().numpy() for x in masked[1:])
+            per_head = []
+            for h in range(keys_full.shape[0]):
+                keep = np.ones(n, dtype=bool)
+                keep[seq_m[heads_m == h]] = False
+                per_head.append(np.flatnonzero(keep).astype(np.int64))
+            kept.append(per_head)
+            continue
         small = cache.layers[layer].keys[0].float().cpu().numpy()
         per_head = []
         for h in range(keys_full.shape[0]):
