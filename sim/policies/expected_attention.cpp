@@ -206,12 +206,7 @@ KVSIM_POLICY(expected_attention) {
        {"decode_window", "int", "-1", "-1: decoded tokens are appended; D in [1, budget]: the D newest decoded tokens "
                                       "replace the lowest-scored prompt tokens, so the cache never exceeds B"}},
       make_expected_attention,
-      MemoryRule{"budget = M, decode_window = ⌊M/2⌋ unless given (min(M, t) tokens at every decoded step)",
-                 {"budget"},
-                 [](int64_t M, const Params& given, Params& out, const std::string& where) {
-                   out.set("budget", M, where);
-                   if (!given.has("decode_window")) out.set("decode_window", std::max<int64_t>(1, M / 2), where);
-                 }},
+      prompt_memory_rule(),
       "no",
       {example_params({{"budget", 0.25}}), example_params({{"budget", 0.25}, {"covariance", false}, {"n_future", int64_t(64)},
                                                           {"decode_window", int64_t(4)}})},

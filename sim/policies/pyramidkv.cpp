@@ -99,7 +99,7 @@ KVSIM_POLICY(pyramidkv) {
       make_pyramidkv,
       MemoryRule{"budget = M as the layers' mean (layer l: B_l, checked per layer), decode_window = ⌊M/2⌋ unless given",
                  {"budget"},
-                 snapkv_memory_rule().apply},
+                 prompt_memory_rule().apply},
       "no",
       {example_params({{"budget", 0.25}}),
        example_params({{"budget", 0.25}, {"beta", 4.0}, {"window", int64_t(4)}, {"kernel", int64_t(3)},

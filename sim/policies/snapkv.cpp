@@ -31,7 +31,7 @@ KVSIM_POLICY(snapkv) {
       "SnapKV (Li et al., 2024) §4.1, Algorithm 1, Eq. 1-2",
       params(),
       make_snapkv,
-      snapkv_memory_rule(),
+      prompt_memory_rule(),
       "no",
       {example_params({{"budget", 0.25}}),
        example_params({{"budget", 0.25}, {"window", int64_t(4)}, {"kernel", int64_t(5)}, {"pooling", std::string("avg")},

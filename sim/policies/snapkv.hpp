@@ -170,20 +170,6 @@ inline std::unique_ptr<Policy> make_snapkv_like(const std::string& name, ParamRe
   return std::make_unique<SnapKVPolicy>(name, budget, window, int(kernel), pooling == "max", D, share, s);
 }
 
-/// `memory = M`: budget = M and decode_window = ⌊M/2⌋ (unless given): at steady state half the cache
-/// holds the best-scored prompt tokens and half the newest decoded ones, min(M, t) tokens at every
-/// decoded step. (Measured on stories260K, prompt 256 + 256 decoded tokens, M = 154: rel_err falls
-/// monotonically with D, 0.22 at D = 16 → 0.041 at D = 150 — long decodes favour recency, so D is a
-/// real trade-off to sweep rather than a constant to hide.)
-inline MemoryRule snapkv_memory_rule() {
-  return {"budget = M, decode_window = ⌊M/2⌋ unless given (min(M, t) tokens at every decoded step)",
-          {"budget"},
-          [](int64_t M, const Params& given, Params& out, const std::string& where) {
-            out.set("budget", M, where);
-            if (!given.has("decode_window")) out.set("decode_window", std::max<int64_t>(1, M / 2), where);
-          }};
-}
-
 /// The parameter table snapkv and pyramidkv share (after their budget).
 inline std::vector<ParamInfo> snapkv_params() {
   return {{"window", "int", "min(32, ⌊budget/2⌋)", "observation window w: the last w prompt queries vote; its tokens are kept"},
