@@ -299,6 +299,16 @@ TEST_CASE("schema: element types and storage are checked before any read", "[sch
   require_error(with([](h5::File& f) { f.write_vector("/tokens", std::vector<int64_t>(8, 1)); }),
                 "dataset '/tokens' has element type int64");
   CHECK_NOTHROW(RecordingReader(with([](h5::File& f) { f.write_vector("/tokens", std::vector<int32_t>(8, 1)); })));
+  // The optional RoPE attributes: read when well formed, refused by name otherwise.
+  const RecordingReader rope(with([](h5::File& f) {
+    f.set_attr("/", "rope_theta", 500000.0);
+    f.set_attr("/", "rope_pairs", std::string("adjacent (2k, 2k + 1)"));
+  }));
+  CHECK(rope.meta().rope_theta == 500000.0);
+  CHECK_FALSE(rope.meta().rope_halves);
+  require_error(with([](h5::File& f) { f.set_attr("/", "rope_theta", 0.5); }), "attribute 'rope_theta' must be a finite number > 1");
+  require_error(with([](h5::File& f) { f.set_attr("/", "rope_pairs", std::string("diagonal")); }),
+                "attribute 'rope_pairs' = 'diagonal' is neither");
 }
 
 TEST_CASE("schema: an unfinished writer leaves no file behind", "[schema]") {
