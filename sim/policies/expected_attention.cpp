@@ -26,10 +26,14 @@
 namespace kvsim::policies {
 namespace {
 
-/// RoPE as transformers' default builds it: pair k's angle at position t, θ^(−2k/d)·t, in float32
-/// (inverse frequency and product), and its cosine and sine.
-void rope_angle(double theta, int d, int k, int64_t t, double* c, double* s) {
-  const float inv = 1.0f / std::pow(float(theta), float(2 * k) / float(d));
+/// RoPE as transformers' default builds it, in float32: pair k's inverse frequency θ^(−2k/d), and the
+/// cosine and sine of its angle inv·t at position t.
+std::vector<float> rope_inverse_frequencies(double theta, int d) {
+  std::vector<float> inv(size_t(d / 2));
+  for (int k = 0; k < d / 2; ++k) inv[size_t(k)] = 1.0f / std::pow(float(theta), float(2 * k) / float(d));
+  return inv;
+}
+void rope_angle(float inv, int64_t t, double* c, double* s) {
   const float angle = inv * float(t);
   *c = double(std::cos(angle));
   *s = double(std::sin(angle));
@@ -47,8 +51,9 @@ class ExpectedAttentionPolicy final : public Policy, public PromptCompressor {
     double epsilon;
   };
   ExpectedAttentionPolicy(const Options& o, const StreamInfo& s)
-      : o_(o), s_(s), cache_(o.decode_window < 0 ? o.budget + std::max<int64_t>(0, s.n - s.prefill) : o.budget,
-                              s.head_dim, s.policy_f32) {}
+      : o_(o), s_(s), inv_(s.rope_applied ? rope_inverse_frequencies(s.rope_theta, s.head_dim) : std::vector<float>{}),
+        cache_(o.decode_window < 0 ? o.budget + std::max<int64_t>(0, s.n - s.prefill) : o.budget, s.head_dim,
+               s.policy_f32) {}
 
   void prefill(int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled) override {
     const int d = s_.head_dim;
@@ -111,7 +116,7 @@ class ExpectedAttentionPolicy final : public Policy, public PromptCompressor {
     for (int k = 0; k < d / 2; ++k) {
       double cs = 0, sn = 0, c, s;
       for (int64_t p = P; p < P + o_.n_future; ++p) {
-        rope_angle(s_.rope_theta, d, k, p, &c, &s);
+        rope_angle(inv_[size_t(k)], p, &c, &s);
         cs += c;
         sn += s;
       }
@@ -129,7 +134,7 @@ class ExpectedAttentionPolicy final : public Policy, public PromptCompressor {
     const int d = s_.head_dim;
     double c, s;
     for (int k = 0; k < d / 2; ++k) {
-      rope_angle(s_.rope_theta, d, k, t, &c, &s);
+      rope_angle(inv_[size_t(k)], t, &c, &s);
       const int a = pair_a(s_.rope_halves, k), b = pair_b(s_.rope_halves, d, k);
       const double x = q[a], y = q[b];
       q[a] = c * x + s * y;
@@ -160,6 +165,7 @@ class ExpectedAttentionPolicy final : public Policy, public PromptCompressor {
 
   const Options o_;
   const StreamInfo s_;
+  const std::vector<float> inv_;  ///< RoPE's inverse frequency per pair (empty without RoPE)
   SlotCache cache_;
   std::vector<double> score_;  ///< per slot: the prompt token's score, +inf for a decoded token
   int64_t decoded_ = 0;
