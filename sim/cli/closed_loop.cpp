@@ -44,32 +44,6 @@ RunResult open_loop(const ClosedLoopConfig& c, const std::vector<int>& win, cons
   return run_experiment(ex, rec, threads);
 }
 
-/// One sequence's cache behind a guard: a policy that drives the activations to inf/NaN (kvsim::Error
-/// naming a non-finite value) is stopped there — its attention reads zeros from then on and its
-/// cross-entropy is reported as NaN with the reason — while the other sequences of the batch go on.
-class GuardedAttention final : public KVAttention {
- public:
-  GuardedAttention(std::unique_ptr<PolicyKVAttention> a, int out_size) : a_(std::move(a)), out_size_(out_size) {}
-  void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override {
-    if (broken_.empty()) {
-      try {
-        return a_->attend(layer, pos, q, k, v, out);
-      } catch (const Error& e) {
-        if (std::string(e.what()).find("non-finite") == std::string::npos) throw;
-        broken_ = e.what();
-      }
-    }
-    std::fill(out, out + out_size_, 0.0f);
-  }
-  PolicyKVAttention& policy() { return *a_; }
-  const std::string& broken() const { return broken_; }
-
- private:
-  std::unique_ptr<PolicyKVAttention> a_;
-  int out_size_;
-  std::string broken_;
-};
-
 /// The batch of one window: the exact cache first, then every policy of the config that can run in a
 /// closed loop (`row[p]` = its place in the batch, −1 for a non-causal oracle: open-loop only).
 struct Batch {
@@ -121,34 +95,6 @@ std::vector<double> batched_ce(const LlamaModel& model, const std::vector<int>& 
   return sum;
 }
 
-/// Greedy generation of every sequence of the batch from `prompt` up to `total` tokens. With a
-/// loaded prompt (`last_logits` set) the first new token is the prompt's own prediction and decoding
-/// starts at position P; without, the prompt is fed through each sequence's cache from position 0.
-std::vector<std::vector<int>> batched_generate(const LlamaModel& model, const std::vector<int>& prompt, int total,
-                                               const std::vector<float>* last_logits, Batch& batch, int threads) {
-  const size_t B = batch.caches.size();
-  const auto attn = batch.attn();
-  std::vector<std::vector<int>> seq(B, prompt);
-  int start = 0;
-  if (last_logits) {
-    const int first = int(std::max_element(last_logits->begin(), last_logits->end()) - last_logits->begin());
-    for (auto& s : seq) s.push_back(first);
-    start = int(prompt.size());
-  }
-  MatF logits;
-  std::vector<int> tok(B);
-  for (int pos = start; pos + 1 < total; ++pos) {
-    for (size_t b = 0; b < B; ++b) tok[b] = seq[b][size_t(pos)];
-    model.decode_step(tok, pos, attn, threads, logits);
-    if (pos + 1 < int(prompt.size())) continue;
-    for (size_t b = 0; b < B; ++b) {
-      const float* r = logits.row(Eigen::Index(b)).data();
-      seq[b].push_back(int(std::max_element(r, r + logits.cols()) - r));
-    }
-  }
-  return seq;
-}
-
 /// Closed loop of every policy on one window, all policies and the exact cache decoded as one batch:
 /// with a prompt (`[model] prefill = P`) the prompt runs once through the model's batched prefill and
 /// every cache receives it at once (kvsim::prefill), then positions P.. are decoded; without, every
@@ -166,7 +112,8 @@ void closed_loop_window(const ClosedLoopConfig& c, const LlamaModel& model, cons
   std::vector<std::vector<int>> gen;
   if (c.generate > 0) {
     Batch fresh = make_batch(c, model, loaded);  // same stream length, so the same token budgets
-    gen = batched_generate(model, prompt, prompt_len + c.generate, loaded ? &pt.last_logits : nullptr, fresh, threads);
+    gen = batched_greedy(model, prompt, loaded ? prompt_len : 0, prompt_len + c.generate, loaded ? &pt.last_logits : nullptr,
+                         fresh.attn(), threads);
   }
   for (size_t p = 0; p < rows.size(); ++p) {
     ClosedLoopRow& r = rows[p];
@@ -181,7 +128,7 @@ void closed_loop_window(const ClosedLoopConfig& c, const LlamaModel& model, cons
                 << batch.caches[size_t(b)]->broken() << "); ce = nan\n";
     r.ce_policy = ce[size_t(b)];
     r.ce_increase = r.ce_policy - r.ce_exact;
-    r.cache_tokens = batch.caches[size_t(b)]->policy().mean_cache_tokens();
+    r.cache_tokens = batch.caches[size_t(b)]->mean_cache_tokens();
     if (gen.empty() || std::isnan(r.ce_policy)) continue;
     for (size_t i = 0; i < gen[size_t(b)].size(); ++i)
       if (gen[size_t(b)][i] != gen[0][i]) {

@@ -11,6 +11,7 @@
 
 #include "kvsim/cli/bench.hpp"
 #include "kvsim/cli/closed_loop.hpp"
+#include "kvsim/cli/task.hpp"
 #include "kvsim/analysis/clustering.hpp"
 #include "kvsim/cli/config.hpp"
 #include "kvsim/core/error.hpp"
@@ -170,6 +171,27 @@ void add_closed_loop(CLI::App& app) {
   });
 }
 
+void add_task(CLI::App& app) {
+  auto* task = app.add_subcommand("task", "retrieval tasks (passkey, word needle) in the closed loop, linked to open-loop error");
+  static std::string t_config;
+  static std::vector<std::string> t_sets;
+  static TaskRunOptions t_opt;
+  task->add_option("config", t_config, "task TOML (e.g. experiments/smollm2_passkey.toml)")->required();
+  task->add_option("--out", t_opt.out, "output folder (default results/<name>)");
+  task->add_option("--threads", t_opt.threads, "threads for the prefill, the batched decode and the open loop");
+  task->add_option("--set", t_sets, "override a config key (repeatable), e.g. --set task.trials=2");
+  auto* resume = task->add_flag("--resume", t_opt.resume, "continue the unfinished run in --out (its finished trials are kept)");
+  task->add_flag("--force", t_opt.force, "discard an unfinished run in --out and start over")->excludes(resume);
+  task->add_flag("--quiet", t_opt.quiet, "no per-trial progress on stderr");
+  task->callback([] {
+    const TaskConfig c = load_task(t_config, t_sets);
+    if (t_opt.threads <= 0) t_opt.threads = int(std::max(1u, std::thread::hardware_concurrency()));
+    if (t_opt.out.empty()) t_opt.out = "results/" + c.name;
+    const auto rows = run_task(c, t_opt);
+    std::cout << task_report(c, rows) << "wrote " << t_opt.out << "/trials.csv and accuracy.csv\n";
+  });
+}
+
 void add_clusters(CLI::App& app) {
   auto* clusters = app.add_subcommand("clusters", "SubGen Fig. 1-style clusterability of a recording's keys and values");
   static std::string cl_config, cl_out;
@@ -270,6 +292,7 @@ int run_main(int argc, char** argv) {
   add_synth(app);
   add_record(app);
   add_closed_loop(app);
+  add_task(app);
   add_clusters(app);
   add_bench(app);
   add_inspect(app);

@@ -140,6 +140,8 @@ void anchor_paths(toml::value& root, const std::string& base) {
   if (root.contains("model") && root.at("model").is_table())
     for (const char* k : {"checkpoint", "tokenizer", "text"})
       if (root.at("model").contains(k)) fix(root.as_table().at("model").as_table().at(k));
+  if (root.contains("task") && root.at("task").is_table() && root.at("task").contains("filler"))
+    fix(root.as_table().at("task").as_table().at("filler"));
 }
 
 }  // namespace kvsim::config_detail

@@ -16,7 +16,7 @@ void apply_override(toml::value& root, const std::string& spec);
 
 /// `p` relative to the folder `base` (absolute paths and an empty base leave it), lexically normalised.
 std::string anchor(const std::string& p, const std::string& base);
-/// `[data] path` (string or list) and `[model]` checkpoint, tokenizer, text made relative to `base`.
+/// `[data] path` (string or list), `[model]` checkpoint, tokenizer, text and `[task] filler` made relative to `base`.
 void anchor_paths(toml::value& root, const std::string& base);
 
 }  // namespace kvsim::config_detail

@@ -136,6 +136,42 @@ double PolicyKVAttention::mean_cache_tokens() const {
   return s / double(pol_.size());
 }
 
+void GuardedAttention::attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) {
+  if (broken_.empty()) {
+    try {
+      return a_->attend(layer, pos, q, k, v, out);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("non-finite") == std::string::npos) throw;
+      broken_ = e.what();
+    }
+  }
+  std::fill(out, out + out_size_, 0.0f);
+}
+
+std::vector<std::vector<int>> batched_greedy(const LlamaModel& model, const std::vector<int>& prompt, int start, int total,
+                                             const std::vector<float>* last_logits, const std::vector<KVAttention*>& attn,
+                                             int threads) {
+  const size_t B = attn.size();
+  std::vector<std::vector<int>> seq(B, prompt);
+  if (last_logits) {
+    if (start != int(prompt.size())) throw Error("batched_greedy: last_logits needs start = the prompt's length");
+    const int first = int(std::max_element(last_logits->begin(), last_logits->end()) - last_logits->begin());
+    for (auto& s : seq) s.push_back(first);
+  }
+  MatF logits;
+  std::vector<int> tok(B);
+  for (int pos = start; pos + 1 < total; ++pos) {
+    for (size_t b = 0; b < B; ++b) tok[b] = seq[b][size_t(pos)];
+    model.decode_step(tok, pos, attn, threads, logits);
+    if (pos + 1 < int(prompt.size())) continue;
+    for (size_t b = 0; b < B; ++b) {
+      const float* r = logits.row(Eigen::Index(b)).data();
+      seq[b].push_back(int(std::max_element(r, r + logits.cols()) - r));
+    }
+  }
+  return seq;
+}
+
 double teacher_forced_ce(LlamaModel& model, const std::vector<int>& tokens, KVAttention* attn, int from) {
   model.set_attention(attn);
   std::vector<float> ce;

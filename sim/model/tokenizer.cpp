@@ -155,6 +155,12 @@ void Tokenizer::encode_pieces(const std::string& text, std::vector<int>& toks) c
     if (alive[k]) toks.push_back(id[k]);
 }
 
+int Tokenizer::control_id(const std::string& piece) const {
+  const auto it = lookup_.find(piece);
+  if (it == lookup_.end() || control_.empty() || !control_[size_t(it->second)]) return -1;
+  return it->second;
+}
+
 std::string Tokenizer::decode(int prev, int token) const {
   std::string p = pieces_.at(token);
   if (byte_level_) return token >= 3 ? std::string(1, static_cast<char>(token - 3)) : std::string();

@@ -84,6 +84,31 @@ namespace {
 double ratio_or_inf(double x, double y) { return y > 0 ? x / y : (x == 0 ? 0 : INFINITY); }
 /// The H2O objective metrics exist only with `[eval] objectives = true`.
 bool objectives_on(const EvalSpec& e) { return e.objectives; }
+bool needle_on(const EvalSpec& e) { return e.needle_begin >= 0; }
+
+/// Σ a_t(j) over the needle's tokens j < t, all of them or only those the cache kept (`kept_only`);
+/// NaN before the needle is in the stream, and for kept_only when the policy keeps no token subset.
+double needle_mass(const MetricContext& c, bool kept_only) {
+  const int64_t b = c.needle_begin, e = std::min(c.needle_end, c.t);
+  if (b < 0 || b >= e || (kept_only && !c.has_kept())) return NAN;
+  double s = 0;
+  if (!kept_only) {
+    for (int64_t j = b; j < e; ++j) s += c.probs[j];
+  } else {
+    for (int64_t j : c.answer->kept)
+      if (j >= b && j < e) s += c.probs[j];
+  }
+  return s;
+}
+
+/// |kept ∩ needle| / |needle|: the share of the needle's tokens the cache holds.
+double needle_kept(const MetricContext& c) {
+  const int64_t b = c.needle_begin, e = std::min(c.needle_end, c.t);
+  if (b < 0 || b >= e || !c.has_kept()) return NAN;
+  int64_t k = 0;
+  for (int64_t j : c.answer->kept) k += (j >= b && j < e);
+  return double(k) / double(e - b);
+}
 
 /// The facility-location metrics apply at objective steps of subset-keeping policies.
 bool fl_applies(const MetricContext& c) { return c.objectives && c.objectives_due && c.has_kept(); }
@@ -183,6 +208,17 @@ const std::vector<Metric> kMetrics = {
      "data, the same for every policy)",
      "StreamingLLM §3.1 (Xiao et al., 2024: initial tokens draw a large share of attention)",
      [](MetricContext& c) { return attention_sink_mass(c.probs, c.t, 4); }},
+    {"needle_mass", "1",
+     "Σ_{j∈F} a_t(j): the exact row's mass on the needle's tokens F (retrieval tasks, `kvsim task`; a property of "
+     "the data, the same for every policy)",
+     "kvsim (needle-in-a-haystack: Kamradt 2023; RULER, Hsieh et al. 2024 §3.1)",
+     [](MetricContext& c) { return needle_mass(c, false); }, needle_on},
+    {"needle_kept_mass", "1",
+     "Σ_{j∈F∩S} a_t(j): the part of needle_mass on needle tokens the cache kept (subset policies)",
+     "kvsim; H2O §4.1's kept mass restricted to the needle",
+     [](MetricContext& c) { return needle_mass(c, true); }, needle_on},
+    {"needle_kept", "1", "|F∩S| / |F|: share of the needle's tokens in the cache (subset policies)", "kvsim",
+     [](MetricContext& c) { return needle_kept(c); }, needle_on},
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 // n = RMSNorm (eps 1e-5); rotary on adjacent pairs (2i, 2i+1) of each head.
 #pragma once
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ class KVAttention {
   /// Token `pos` (0-based) of `layer`: q is [n_heads·hd] (post-rotary), k and v are [n_kv_heads·hd];
   /// write the per-head attention output [n_heads·hd] into `out`.
   virtual void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) = 0;
+  /// Mean tokens held per (layer, cache) now; NaN when the override does not say.
+  virtual double mean_cache_tokens() const { return std::numeric_limits<double>::quiet_NaN(); }
 };
 
 class LlamaModel {

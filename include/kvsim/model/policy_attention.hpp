@@ -42,7 +42,7 @@ class PolicyKVAttention final : public KVAttention {
   /// position P. Requires prompt.P = the constructor's `prefill`; throws kvsim::Error otherwise.
   void load_prompt(const PromptTensors& prompt);
   /// Mean cached tokens per (layer, cache) now.
-  double mean_cache_tokens() const;
+  double mean_cache_tokens() const override;
 
  private:
   /// A prompt position: exact attention over the buffered prompt, then kvsim::prefill at its end.
@@ -58,6 +58,32 @@ class PolicyKVAttention final : public KVAttention {
   std::vector<std::unique_ptr<Policy>> pol_;  // [layer][kv head or query head]
   std::vector<Answer> answers_;
 };
+
+/// One sequence's cache behind a guard: a cache that drives the activations to inf/NaN (kvsim::Error
+/// naming a non-finite value) is stopped there — its attention reads zeros from then on and broken()
+/// gives the reason — while the other sequences of a batch go on. Other errors propagate.
+class GuardedAttention final : public KVAttention {
+ public:
+  GuardedAttention(std::unique_ptr<KVAttention> a, int out_size) : a_(std::move(a)), out_size_(out_size) {}
+  void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override;
+  double mean_cache_tokens() const override { return a_->mean_cache_tokens(); }
+  KVAttention& inner() { return *a_; }
+  const std::string& broken() const { return broken_; }
+
+ private:
+  std::unique_ptr<KVAttention> a_;
+  int out_size_;
+  std::string broken_;
+};
+
+/// Greedy decoding of B = attn.size() sequences together (LlamaModel::decode_step): every cache holds
+/// positions < `start`; positions start..prompt.size()−1 feed the prompt's tokens (teacher-forced),
+/// then each sequence appends its own argmax token until it has `total` tokens. With `last_logits`
+/// (a prompt loaded whole: start = prompt.size()) the first new token is its argmax for every
+/// sequence. Returns each sequence's tokens, the prompt first.
+std::vector<std::vector<int>> batched_greedy(const LlamaModel& model, const std::vector<int>& prompt, int start, int total,
+                                             const std::vector<float>* last_logits, const std::vector<KVAttention*>& attn,
+                                             int threads);
 
 /// Teacher-forced mean cross-entropy of `tokens` (predicting tokens[i+1] at position i, for positions
 /// i ≥ from: with a prompt of P tokens, from = P scores only the decoded positions) with an optional

@@ -64,6 +64,9 @@ class Tokenizer {
   /// True for a byte-level vocabulary (see above).
   bool byte_level() const { return byte_level_; }
   const std::string& piece(int id) const { return pieces_.at(id); }
+  /// The id of the control token spelled `piece` (a GGUF `tokenizer.ggml.token_type` of 3, e.g.
+  /// SmolLM2's "<|im_start|>"), or −1 when the vocabulary has no such control token.
+  int control_id(const std::string& piece) const;
   int bos_id() const { return bos_; }
   int eos_id() const { return eos_; }
   /// Whether a document starts with BOS (llama2.c: always).

@@ -1,0 +1,73 @@
+// kvsim: `kvsim task` — retrieval tasks in the closed loop (docs/tasks.md). For every trial (task kind,
+// prompt length L, needle depth d, index) the model reads the prompt once with exact attention (the
+// batched prefill); every cache — the exact one, each [[policy]] entry and the evict_needle control
+// (the exact cache without the needle's tokens) — receives the context (the prompt before the
+// question) at once, as kvpress compresses a context (kvsim::prefill); the question's tokens then
+// stream through each cache and the answer is decoded greedily, all caches as one batch. Each cache's
+// answer is scored by exact match; beside it, the open-loop metrics of the same policy on the trial's
+// exact tensors at the question's query steps (rel_err, kept_mass, needle_mass, needle_kept_mass,
+// needle_kept) link the attention error to the answer.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "kvsim/io/spec.hpp"
+#include "kvsim/model/retrieval.hpp"
+
+namespace kvsim {
+
+struct TaskConfig {
+  std::string name = "task";
+  uint64_t seed = 1;
+  std::string checkpoint, tokenizer;
+  std::string kind = "passkey";     ///< "passkey" or "word"
+  TaskTemplate templ;               ///< default_template(kind), with any [task] prefix/needle/question given
+  std::string filler;               ///< the real text the filler is cut from
+  std::vector<int> lengths;         ///< prompt lengths L (tokens)
+  std::vector<double> depths = {0.1, 0.3, 0.5, 0.7, 0.9};
+  int trials = 10;                  ///< trials per (L, depth)
+  int generate = 12;                ///< greedy tokens decoded per answer
+  bool evict_needle = true;         ///< add the evict_needle control cache
+  EvalSpec eval;                    ///< gqa, group_agg, policy_precision (the link's evaluation)
+  std::vector<PolicySpec> policies; ///< budgets as fractions are fractions of L
+  std::string config_text;          ///< as given, with --set overrides (a resumed run must match it)
+};
+
+/// TOML: name, seed, [model] checkpoint, tokenizer; [task] kind, filler, lengths, depths, trials,
+/// generate, evict_needle, prefix, needle, question; [eval]; [[policy]]. Throws kvsim::Error
+/// naming FILE:LINE and the key.
+TaskConfig load_task(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// One cache's result on one trial.
+struct TaskRow {
+  int length = 0, trial = 0;
+  double depth = 0;          ///< the configured depth
+  double needle_depth = 0;   ///< where the needle landed (share of the filler before it)
+  int needle_begin = 0, needle_end = 0, question_begin = 0;
+  std::string cache;         ///< "exact", a policy label, or "evict_needle"
+  std::string policy;        ///< registry name ("exact", "evict_needle" for the control)
+  std::string answer, generated;
+  int correct = 0;
+  /// Open loop at the question's query steps, means over (layer, query head, step): NaN for the
+  /// control and where a metric does not apply (needle_kept_share = Σ needle_kept_mass / Σ needle_mass).
+  double rel_err = NAN, kept_mass = NAN, needle_mass = NAN, needle_kept_mass = NAN, needle_kept = NAN,
+         needle_kept_share = NAN;
+  double cache_tokens = NAN;  ///< closed loop: mean cached tokens per (layer, cache) after the answer
+  double seconds = 0;         ///< the trial's wall time (the same for every cache of the trial)
+};
+
+struct TaskRunOptions {
+  std::string out;
+  int threads = 0;
+  bool resume = false, force = false;  ///< as `kvsim run`: continue / discard an unfinished run in out
+  bool quiet = false;
+};
+
+/// Runs every trial, writes trials.csv and accuracy.csv into opt.out (atomically; each finished trial
+/// is checkpointed under opt.out/trials/ until the run completes) and returns the rows.
+std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt);
+
+/// accuracy.csv's rows as a table: per (L, cache) trials, correct, accuracy and its 95% Wilson interval.
+std::string task_report(const TaskConfig& c, const std::vector<TaskRow>& rows);
+
+}  // namespace kvsim

@@ -1,0 +1,318 @@
+// `kvsim task`: retrieval trials in the closed loop with the open-loop link (include/kvsim/cli/task.hpp).
+#include "kvsim/cli/task.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <toml.hpp>
+
+#include "kvsim/core/error.hpp"
+#include "kvsim/io/files.hpp"
+#include "kvsim/model/policy_attention.hpp"
+#include "kvsim/policies/registry.hpp"
+#include "kvsim/replay/engine.hpp"
+#include "task_trial.hpp"
+
+namespace kvsim {
+
+using namespace task_detail;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Budgets given as fractions become tokens of the prompt length L, so the open loop (an L-token
+/// stream) and the closed loop (L + generate positions) size every cache alike.
+std::vector<PolicySpec> pin_budgets(const std::vector<PolicySpec>& specs, int L) {
+  std::vector<PolicySpec> out;
+  for (const auto& s : specs) {
+    const PolicyInfo& info = policy_info(s.name);
+    PolicySpec p{s.name, s.label, Params{}};
+    for (const auto& [k, v] : s.params.values()) {
+      bool tokens = k == "memory";
+      for (const auto& pi : info.params) tokens |= pi.name == k && pi.kind == "tokens";
+      const double* f = std::get_if<double>(&v);
+      if (tokens && f && *f > 0 && *f <= 1) p.params.set(k, int64_t(std::max<long long>(1, std::llround(*f * L))), s.params.origin(k));
+      else p.params.set(k, v, s.params.origin(k));
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+/// Per policy, the means over its open-loop rows (layer, query head, question step) of the link's
+/// metrics, written into rows[p].
+void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, const TaskTrial& tr, const TrialSource& src,
+                    int threads, std::vector<TaskRow*>& rows) {
+  Experiment ex;
+  ex.name = c.name;
+  ex.seed = c.seed;
+  ex.data.prefill = tr.question_begin;
+  ex.eval = c.eval;
+  ex.eval.from = tr.question_begin + 1;
+  ex.eval.every = 1;
+  ex.eval.needle_begin = tr.needle_begin;
+  ex.eval.needle_end = tr.needle_end;
+  ex.policies = specs;
+  const RunResult res = run_experiment(ex, src, threads);
+  const size_t kRel = metric_index("rel_err"), kKept = metric_index("kept_mass"), kNm = metric_index("needle_mass"),
+               kNkm = metric_index("needle_kept_mass"), kNk = metric_index("needle_kept");
+  for (size_t p = 0; p < specs.size(); ++p) {
+    double sum[5] = {0, 0, 0, 0, 0}, nkm_all = 0, nm_all = 0;
+    int64_t cnt[5] = {0, 0, 0, 0, 0};
+    for (const auto& row : res.policies[p].rows) {
+      const size_t idx[5] = {kRel, kKept, kNm, kNkm, kNk};
+      for (int i = 0; i < 5; ++i)
+        if (!std::isnan(row.value[idx[i]])) sum[i] += row.value[idx[i]], ++cnt[i];
+      if (!std::isnan(row.value[kNkm])) nkm_all += row.value[kNkm], nm_all += row.value[kNm];
+    }
+    auto mean = [&](int i) { return cnt[i] ? sum[i] / double(cnt[i]) : NAN; };
+    TaskRow& r = *rows[p];
+    r.rel_err = mean(0), r.kept_mass = mean(1), r.needle_mass = mean(2), r.needle_kept_mass = mean(3), r.needle_kept = mean(4);
+    r.needle_kept_share = nm_all > 0 ? nkm_all / nm_all : NAN;
+  }
+}
+
+/// One trial: the exact prefill, the closed loop of every cache on the context then the question,
+/// the answers scored, and the open loop on the same tensors. Rows: exact, the policies, the control.
+std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, const Tokenizer& tok, const TaskTrial& tr,
+                               int L, double depth, int index, int threads, std::vector<double>& phases) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& cfg = model.config();
+  const auto specs = pin_budgets(c.policies, L);
+  const TrialTensors tt = exact_tensors(model, tr.tokens, threads);
+  auto lap = [&, last = t0]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    phases.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
+  };
+  lap();
+  const PromptTensors ctx = context_tensors(tt, cfg, tr.question_begin);
+  const int out_size = cfg.n_heads * cfg.head_dim(), total = L + c.generate;
+  std::vector<std::unique_ptr<GuardedAttention>> caches;
+  std::vector<TaskRow> rows;
+  auto add = [&](std::unique_ptr<KVAttention> a, const std::string& label, const std::string& name) {
+    caches.push_back(std::make_unique<GuardedAttention>(std::move(a), out_size));
+    TaskRow r;
+    r.cache = label, r.policy = name;
+    rows.push_back(r);
+  };
+  auto policy_cache = [&](const PolicySpec& s) {
+    auto a = std::make_unique<PolicyKVAttention>(cfg, s, total, c.seed, c.eval.gqa, c.eval.group_agg, tr.question_begin);
+    a->load_prompt(ctx);
+    return a;
+  };
+  add(policy_cache(PolicySpec{"exact", "exact", Params{}}), "exact", "exact");
+  for (const auto& s : specs) add(policy_cache(s), s.label, s.name);
+  if (c.evict_needle) add(std::make_unique<EvictSpanAttention>(cfg, ctx, tr.needle_begin, tr.needle_end), "evict_needle", "evict_needle");
+  std::vector<KVAttention*> attn;
+  for (auto& g : caches) attn.push_back(g.get());
+  lap();
+  const auto gen = batched_greedy(model, tr.tokens, tr.question_begin, total, nullptr, attn, threads);
+  lap();
+  const std::vector<int> stop = {tok.eos_id(), tok.control_id("<|im_end|>"), tok.control_id("<end_of_turn>")};
+  for (size_t b = 0; b < rows.size(); ++b) {
+    TaskRow& r = rows[b];
+    r.length = L, r.depth = depth, r.trial = index, r.needle_depth = tr.depth;
+    r.needle_begin = tr.needle_begin, r.needle_end = tr.needle_end, r.question_begin = tr.question_begin;
+    r.answer = tr.value;
+    r.generated = generated_text(tok, std::vector<int>(gen[b].begin() + L, gen[b].end()), stop);
+    r.correct = caches[b]->broken().empty() && answer_matches(r.generated, tr.value);
+    r.cache_tokens = caches[b]->mean_cache_tokens();
+  }
+  std::vector<TaskRow*> policy_rows;
+  for (size_t p = 0; p < specs.size(); ++p) policy_rows.push_back(&rows[p + 1]);
+  const TrialSource src(tt, cfg, c.checkpoint);
+  open_loop_link(c, specs, tr, src, threads, policy_rows);
+  lap();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& r : rows) r.seconds = secs;
+  return rows;
+}
+
+// A finished trial's rows are checkpointed as TOML (any generated text round-trips).
+toml::value to_toml(const std::vector<TaskRow>& rows) {
+  toml::array arr;
+  for (const auto& r : rows)
+    arr.push_back(toml::table{{"length", r.length}, {"trial", r.trial}, {"depth", r.depth}, {"needle_depth", r.needle_depth},
+                              {"needle_begin", r.needle_begin}, {"needle_end", r.needle_end}, {"question_begin", r.question_begin},
+                              {"cache", r.cache}, {"policy", r.policy}, {"answer", r.answer}, {"generated", r.generated},
+                              {"correct", r.correct}, {"rel_err", r.rel_err}, {"kept_mass", r.kept_mass},
+                              {"needle_mass", r.needle_mass}, {"needle_kept_mass", r.needle_kept_mass},
+                              {"needle_kept", r.needle_kept}, {"needle_kept_share", r.needle_kept_share},
+                              {"cache_tokens", r.cache_tokens}, {"seconds", r.seconds}});
+  return toml::table{{"row", arr}};
+}
+
+std::vector<TaskRow> from_toml(const std::string& path) {
+  std::vector<TaskRow> rows;
+  try {
+    const auto root = toml::parse(path);
+    for (const auto& t : toml::find<toml::array>(root, "row")) {
+      TaskRow r;
+      auto d = [&](const char* k) { return toml::find<double>(t, k); };
+      auto i = [&](const char* k) { return int(toml::find<int64_t>(t, k)); };
+      r.length = i("length"), r.trial = i("trial"), r.depth = d("depth"), r.needle_depth = d("needle_depth");
+      r.needle_begin = i("needle_begin"), r.needle_end = i("needle_end"), r.question_begin = i("question_begin");
+      r.cache = toml::find<std::string>(t, "cache"), r.policy = toml::find<std::string>(t, "policy");
+      r.answer = toml::find<std::string>(t, "answer"), r.generated = toml::find<std::string>(t, "generated");
+      r.correct = i("correct"), r.rel_err = d("rel_err"), r.kept_mass = d("kept_mass"), r.needle_mass = d("needle_mass");
+      r.needle_kept_mass = d("needle_kept_mass"), r.needle_kept = d("needle_kept"), r.needle_kept_share = d("needle_kept_share");
+      r.cache_tokens = d("cache_tokens"), r.seconds = d("seconds");
+      rows.push_back(r);
+    }
+  } catch (const std::exception& e) {
+    throw Error(path + ": unreadable task checkpoint (" + std::string(e.what()).substr(0, 120) + "); rerun with --force");
+  }
+  return rows;
+}
+
+std::string fmt(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+/// Newlines as the two characters \\n, so that every trials.csv row is one line.
+std::string one_line_text(const std::string& s) {
+  std::string o;
+  for (char ch : s) o += ch == '\n' ? std::string("\\n") : std::string(1, ch);
+  return o;
+}
+
+void write_trials_csv(const TaskConfig& c, const std::vector<TaskRow>& rows, const std::string& path) {
+  std::ostringstream o;
+  o << "kind,length,depth,trial,needle_depth,needle_begin,needle_end,question_begin,cache,policy,answer,generated,correct,"
+       "rel_err,kept_mass,needle_mass,needle_kept_mass,needle_kept,needle_kept_share,cache_tokens,seconds,model\n";
+  const std::string model = csv_field(fs::path(c.checkpoint).stem().string());
+  for (const auto& r : rows)
+    o << c.kind << ',' << r.length << ',' << fmt(r.depth) << ',' << r.trial << ',' << fmt(r.needle_depth) << ',' << r.needle_begin
+      << ',' << r.needle_end << ',' << r.question_begin << ',' << csv_field(r.cache) << ',' << csv_field(r.policy) << ','
+      << csv_field(r.answer) << ',' << csv_field(one_line_text(r.generated)) << ',' << r.correct << ',' << fmt(r.rel_err) << ','
+      << fmt(r.kept_mass) << ',' << fmt(r.needle_mass) << ',' << fmt(r.needle_kept_mass) << ',' << fmt(r.needle_kept) << ','
+      << fmt(r.needle_kept_share) << ',' << fmt(r.cache_tokens) << ',' << fmt(r.seconds) << ',' << model << '\n';
+  write_file_atomically(path, o.str());
+}
+
+struct Cell {
+  int n = 0, k = 0;
+  double share = 0;
+  int shares = 0;
+};
+
+/// Per (L, cache), in the rows' order of first appearance.
+std::vector<std::pair<std::pair<int, std::string>, Cell>> accuracy_cells(const std::vector<TaskRow>& rows) {
+  std::vector<std::pair<std::pair<int, std::string>, Cell>> out;
+  std::map<std::pair<int, std::string>, size_t> at;
+  for (const auto& r : rows) {
+    const auto key = std::make_pair(r.length, r.cache);
+    if (!at.count(key)) at[key] = out.size(), out.push_back({key, Cell{}});
+    Cell& c = out[at[key]].second;
+    ++c.n, c.k += r.correct;
+    if (!std::isnan(r.needle_kept_share)) c.share += r.needle_kept_share, ++c.shares;
+  }
+  return out;
+}
+
+std::string accuracy_csv(const TaskConfig& c, const std::vector<TaskRow>& rows) {
+  const auto cells = accuracy_cells(rows);
+  std::map<int, double> exact;
+  for (const auto& [key, cell] : cells)
+    if (key.second == "exact") exact[key.first] = double(cell.k) / cell.n;
+  std::ostringstream o;
+  o << "kind,length,cache,trials,correct,accuracy,wilson_low,wilson_high,exact_accuracy,counts,needle_kept_share\n";
+  for (const auto& [key, cell] : cells) {
+    const auto [lo, hi] = wilson_interval(cell.k, cell.n);
+    o << c.kind << ',' << key.first << ',' << csv_field(key.second) << ',' << cell.n << ',' << cell.k << ','
+      << fmt(double(cell.k) / cell.n) << ',' << fmt(lo) << ',' << fmt(hi) << ',' << fmt(exact[key.first]) << ','
+      << (exact[key.first] >= 0.8 ? 1 : 0) << ',' << fmt(cell.shares ? cell.share / cell.shares : NAN) << '\n';
+  }
+  return o.str();
+}
+
+}  // namespace
+
+std::string task_report(const TaskConfig& c, const std::vector<TaskRow>& rows) {
+  std::ostringstream o;
+  char buf[256];
+  size_t w = 12;
+  for (const auto& r : rows) w = std::max(w, r.cache.size());
+  o << c.kind << ": accuracy per prompt length and cache [95% Wilson interval]; '*' = the exact cache is below 80% there, so "
+       "the length does not count\n";
+  for (const auto& [key, cell] : accuracy_cells(rows)) {
+    const auto [lo, hi] = wilson_interval(cell.k, cell.n);
+    std::snprintf(buf, sizeof buf, "L=%-6d %s%s %3d/%-3d = %5.3f [%5.3f, %5.3f]  needle kept share %s\n", key.first,
+                  key.second.c_str(), std::string(w - key.second.size(), ' ').c_str(), cell.k, cell.n,
+                  double(cell.k) / cell.n, lo, hi, cell.shares ? fmt(cell.share / cell.shares).c_str() : "-");
+    o << buf;
+  }
+  for (const auto& [key, cell] : accuracy_cells(rows))
+    if (key.second == "exact" && cell.k < 0.8 * cell.n) o << "* L=" << key.first << ": the exact cache answers " << cell.k << "/" << cell.n << "\n";
+  return o.str();
+}
+
+std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
+  LlamaModel model(c.checkpoint);
+  const auto& cfg = model.config();
+  const Tokenizer tok = load_tokenizer(c.checkpoint, c.tokenizer, cfg.vocab_size);
+  for (int L : c.lengths)
+    if (L + c.generate > cfg.seq_len)
+      throw Error("task.lengths: " + std::to_string(L) + " + task.generate exceeds the model's context (" + std::to_string(cfg.seq_len) + ")");
+  std::ifstream in(c.filler, std::ios::binary);
+  if (!in) throw Error(c.filler + ": cannot read the task's filler text (task.filler)");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<int> filler = tok.encode(text, false, false);
+  const fs::path out(opt.out), ckpt = out / "trials";
+  std::error_code ec;
+  if (opt.force) fs::remove_all(ckpt, ec);
+  if (fs::exists(ckpt / "config.toml")) {
+    std::ifstream cf(ckpt / "config.toml");
+    const std::string prev((std::istreambuf_iterator<char>(cf)), std::istreambuf_iterator<char>());
+    if (!opt.resume) throw Error(opt.out + ": holds an unfinished task run (trials/); pass --resume to continue it or --force to start over");
+    if (prev != c.config_text) throw Error(opt.out + ": the unfinished run there had another config; pass --force to start over");
+  }
+  fs::create_directories(ckpt, ec);
+  if (ec) throw Error(ckpt.string() + ": cannot create the checkpoint folder: " + ec.message());
+  write_file_atomically((ckpt / "config.toml").string(), c.config_text);
+  std::vector<TaskRow> rows;
+  const int total = int(c.lengths.size() * c.depths.size()) * c.trials;
+  int done = 0;
+  for (int L : c.lengths)
+    for (size_t di = 0; di < c.depths.size(); ++di)
+      for (int i = 0; i < c.trials; ++i, ++done) {
+        char name[64];
+        std::snprintf(name, sizeof name, "L%d_d%zu_t%03d.toml", L, di, i);
+        const fs::path file = ckpt / name;
+        std::vector<TaskRow> trial;
+        std::vector<double> phases;  // prefill, caches, decode, open loop (s)
+        if (fs::exists(file)) {
+          trial = from_toml(file.string());
+        } else {
+          const TaskTrial tr = make_trial(TrialSpec{c.kind, c.templ, L, c.depths[di], i, c.seed}, tok, filler);
+          trial = run_trial(c, model, tok, tr, L, c.depths[di], i, opt.threads, phases);
+          std::ostringstream s;
+          s << to_toml(trial);
+          write_file_atomically(file.string(), s.str());
+        }
+        int right = 0;
+        for (size_t b = 1; b < trial.size(); ++b) right += trial[b].correct;
+        if (!opt.quiet) {
+          std::fprintf(stderr, "kvsim task: trial %d/%d (L=%d, depth %g, #%d): exact %s, %d/%zu other caches right, %.1f s",
+                       done + 1, total, L, c.depths[di], i, trial[0].correct ? "right" : "wrong", right, trial.size() - 1,
+                       trial[0].seconds);
+          if (phases.size() == 4)
+            std::fprintf(stderr, " (prefill %.1f, caches %.1f, decode %.1f, open loop %.1f)", phases[0], phases[1], phases[2], phases[3]);
+          std::fprintf(stderr, fs::exists(file) && phases.empty() ? " (checkpointed)\n" : "\n");
+        }
+        rows.insert(rows.end(), trial.begin(), trial.end());
+      }
+  write_trials_csv(c, rows, (out / "trials.csv").string());
+  write_file_atomically((out / "accuracy.csv").string(), accuracy_csv(c, rows));
+  fs::remove_all(ckpt, ec);
+  return rows;
+}
+
+}  // namespace kvsim

@@ -1,0 +1,50 @@
+// Internal (sim/cli/task*.cpp): one retrieval trial's exact tensors, the stream source the open loop
+// replays them from, and the evict_needle control cache.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "kvsim/io/recording.hpp"
+#include "kvsim/model/llama.hpp"
+#include "kvsim/model/policy_attention.hpp"
+
+namespace kvsim::task_detail {
+
+/// The exact model's per-layer tensors over a whole prompt (one batched prefill): Q [L, n_heads·hd]
+/// (post-RoPE, unscaled), K and V [L, n_kv_heads·hd] (post-RoPE keys).
+struct TrialTensors {
+  std::vector<MatF> q, k, v;
+};
+TrialTensors exact_tensors(const LlamaModel& model, const std::vector<int>& tokens, int threads);
+
+/// The first P positions per head, as caches receive a prompt (PolicyKVAttention::load_prompt).
+PromptTensors context_tensors(const TrialTensors& t, const LlamaConfig& cfg, int64_t P);
+
+/// The trial's tensors as a recording (rope applied, softmax_scale 1/√hd, the model's RoPE base)
+/// for the replay engine.
+class TrialSource final : public StreamSource {
+ public:
+  TrialSource(const TrialTensors& t, const LlamaConfig& cfg, const std::string& model);
+  const RecordingMeta& meta() const override { return meta_; }
+  MatF read(int layer, Tensor which, int head) const override;
+  std::string describe() const override { return "retrieval trial (in memory)"; }
+
+ private:
+  const TrialTensors& t_;
+  RecordingMeta meta_;
+};
+
+/// The negative control: the exact cache without the tokens [begin, end) of the prompt it received
+/// (exact attention over every other token, and over every decoded token).
+class EvictSpanAttention final : public KVAttention {
+ public:
+  EvictSpanAttention(const LlamaConfig& cfg, const PromptTensors& prompt, int64_t begin, int64_t end);
+  void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override;
+  double mean_cache_tokens() const override;
+
+ private:
+  LlamaConfig cfg_;
+  std::vector<MatD> k_, v_;  ///< [layer · n_kv_heads + kvh] → [tokens, hd], appended as decoding goes
+};
+
+}  // namespace kvsim::task_detail

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# `kvsim task` end to end on SmolLM2-135M-Instruct (docs/tasks.md), short prompts: the exact cache
+# retrieves the pass key and the word where the evict_needle control — the exact cache without the
+# needle's tokens — does not (the negative control: a cache that loses exactly the needle fails where
+# the exact cache succeeds); every trial row carries the open-loop link; a run killed with kill -9 after
+# its first checkpointed trial is refused without --resume, and resumed it ends with the same answers
+# and metrics as an uninterrupted run; bad [task] keys fail in one line.
+# Usage: task_test.sh KVSIM_BINARY SOURCE_DIR MODELS_DIR SHARED_DATA
+set -u
+KVSIM=$1; SRC=$2; MODELS=$3; DATA=$(cd "$4" && pwd)
+GGUF=$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$GGUF" ] || { echo "SKIPPED: $GGUF is absent (bash scripts/setup.sh fetches it)"; exit 77; }
+GGUF=$(cd "$MODELS" && pwd)/SmolLM2-135M-Instruct.Q4_1.gguf  # the config's paths are absolute
+PY=${KVSIM_PYTHON:-$SRC/.venv/bin/python}; [ -x "$PY" ] || PY=python3
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+fails=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fails=$((fails+1)); }
+cat > "$TMP/t.toml" <<TOML
+name = "task_test"
+seed = 3
+[model]
+checkpoint = "$GGUF"
+[task]
+kind = "passkey"
+filler = "$DATA/tinystories-sample/tinystories.txt"
+lengths = [256]
+depths = [0.3, 0.7]
+trials = 2
+[[policy]]
+name = "window"
+memory = 0.5
+[[policy]]
+name = "h2o"
+memory = 0.5
+TOML
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/full" --threads 2 > "$TMP/full.txt" 2> "$TMP/full.err" || bad "uninterrupted run ($(tail -1 "$TMP/full.err"))"
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/word" --threads 2 --set task.kind=word --quiet > /dev/null || bad "word run"
+"$PY" - "$TMP" <<'PY' || fails=$((fails+1))
+import csv, math, sys
+tmp = sys.argv[1]
+bad = 0
+def check(cond, what):
+    global bad
+    print(("ok: " if cond else "FAIL: ") + what)
+    bad += not cond
+for run in ("full", "word"):
+    rows = list(csv.DictReader(open(f"{tmp}/{run}/trials.csv")))
+    by = lambda cache: [r for r in rows if r["cache"] == cache]
+    check(len(rows) == 4 * 4, f"{run}: 4 trials x (exact, 2 policies, evict_needle) rows")
+    check(all(r["correct"] == "1" for r in by("exact")), f"{run}: the exact cache answers every trial")
+    check(all(r["correct"] == "0" for r in by("evict_needle")), f"{run}: the cache without the needle's tokens never does")
+    for r in by("exact") + by("evict_needle"):
+        check(int(r["needle_end"]) > int(r["needle_begin"]) and int(r["question_begin"]) < 256, f"{run}: positions of trial {r['trial']}")
+    for r in by("window(memory=0.5)") + by("h2o(memory=0.5)"):
+        share, nm, kept = float(r["needle_kept_share"]), float(r["needle_mass"]), float(r["needle_kept"])
+        check(0 < nm < 1 and 0 <= share <= 1 and 0 <= kept <= 1 and 0 < float(r["rel_err"]) < 2,
+              f"{run}: {r['cache']} depth {r['depth']} link metrics in range (share {share:.3f})")
+    # window(memory = 0.5) keeps the newest 128 tokens: at question step t (1-based, t = question_begin
+    # + 1 .. 256) it holds [t - 128, t), so its needle_kept is the mean of that window's overlap with
+    # the needle (the same in every layer and head).
+    for r in by("window(memory=0.5)"):
+        b, e, q = int(r["needle_begin"]), int(r["needle_end"]), int(r["question_begin"])
+        want = sum(max(0, min(e, t) - max(b, t - 128)) for t in range(q + 1, 257)) / (e - b) / (256 - q)
+        check(abs(float(r["needle_kept"]) - want) < 1e-5, f"{run}: window's needle_kept {r['needle_kept']} = {want:.6f} from the positions")
+    acc = {(r["length"], r["cache"]): r for r in csv.DictReader(open(f"{tmp}/{run}/accuracy.csv"))}
+    e = acc[("256", "exact")]
+    check(e["trials"] == "4" and e["correct"] == "4" and e["counts"] == "1", f"{run}: accuracy.csv counts the exact cache 4/4")
+    lo, hi = float(e["wilson_low"]), float(e["wilson_high"])
+    check(abs(lo - 0.5101) < 1e-3 and hi == 1, f"{run}: Wilson interval of 4/4 = [0.510, 1] ({lo}, {hi})")
+sys.exit(1 if bad else 0)
+PY
+# Kill -9 once the first trial is checkpointed; the unfinished run is refused, then resumed.
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/killed" --threads 2 --quiet > /dev/null 2>&1 &
+pid=$!
+for _ in $(seq 600); do ls "$TMP/killed/trials/"*.toml 2>/dev/null | grep -q _t000 && break; sleep 0.1; done
+kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+[ -d "$TMP/killed/trials" ] && ok "a checkpoint was left" || bad "no checkpoint folder after the kill"
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/killed" --threads 2 > /dev/null 2> "$TMP/refused.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "pass --resume to continue it or --force" "$TMP/refused.err" && ok "unfinished run refused without --resume" || bad "unfinished run: rc $rc, $(cat "$TMP/refused.err")"
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/killed" --threads 2 --resume > /dev/null 2> "$TMP/resumed.err" || bad "resume"
+grep -q "(checkpointed)" "$TMP/resumed.err" && ok "the resumed run reused a checkpointed trial" || bad "no checkpointed trial reused: $(cat "$TMP/resumed.err")"
+[ -f "$TMP/killed/trials.csv" ] && [ ! -e "$TMP/killed/trials" ] && ok "a finished run leaves no checkpoints" || bad "checkpoints left behind"
+[ -f "$TMP/full/trials.csv" ] && cmp <(cut -d, -f1-20 "$TMP/full/trials.csv") <(cut -d, -f1-20 "$TMP/killed/trials.csv") > /dev/null \
+  && ok "resumed trials.csv = uninterrupted (timings aside)" || bad "resumed trials.csv differs"
+# Bad input: one line naming the key, exit 2.
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/bad" --set task.depth=0.5 > /dev/null 2> "$TMP/bad.err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l < "$TMP/bad.err")" -eq 1 ] && grep -q "unknown key 'depth' in \[task\]" "$TMP/bad.err" && ok "unknown [task] key refused" || bad "unknown key: rc $rc, $(cat "$TMP/bad.err")"
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/bad" --set 'task.lengths=[40]' > /dev/null 2> "$TMP/bad.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "task.lengths: 40 tokens leave" "$TMP/bad.err" && ok "a prompt too short for the templates refused" || bad "short prompt: rc $rc, $(cat "$TMP/bad.err")"
+[ $fails -eq 0 ] && echo "task_test: all passed" || echo "task_test: $fails failed"
+exit $((fails > 0))
