@@ -18,6 +18,7 @@ import closed_loop
 import clusterability
 import error_vs_step
 import metric_vs_budget
+import retrieval
 import sequences
 import subgen_theorem1
 from kvsim_results import bootstrap_ci
@@ -132,9 +133,13 @@ def main():
         if os.path.exists(os.path.join(d, "closed_loop.csv")):
             figs.append(try_figure(closed_loop, [d]))
             table += closed_loop_table(d)
+        if os.path.exists(os.path.join(d, "trials.csv")):  # kvsim task
+            figs += try_figure(retrieval, [d]) or []
+            with open(os.path.join(d, "accuracy.csv")) as f:
+                table += "```text\n" + f.read() + "```\n"
         figs = [f for f in figs if f]
         if not figs and not table:
-            sys.exit(f"error: {d} holds no kvsim results (results.h5, sequences.csv, clusters.csv or closed_loop.csv)")
+            sys.exit(f"error: {d} holds no kvsim results (results.h5, sequences.csv, clusters.csv, closed_loop.csv or trials.csv)")
         made += len(figs)
         out += [f"## {os.path.basename(os.path.normpath(d))}", ""]
         if table:

@@ -86,7 +86,7 @@ def heatmaps(t, out_dir):
     for j in range(i, rows * cols):
         axes[j // cols][j % cols].axis("off")
     fig.suptitle("Accuracy per needle depth and prompt length (share of trials answered exactly)", fontsize=9, y=1.01)
-    save(fig, out_dir, None, "retrieval_heatmaps.png")
+    return save(fig, out_dir, None, "retrieval_heatmaps.png")
 
 
 def memory_figure(t, out_dir):
@@ -111,7 +111,7 @@ def memory_figure(t, out_dir):
         ax.set_ylabel("accuracy (95% Wilson)")
         ax.set_ylim(-0.03, 1.03)
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    save(fig, out_dir, None, "retrieval_memory.png")
+    return save(fig, out_dir, None, "retrieval_memory.png")
 
 
 def fit_logit(x, y, seed=1, resamples=1000):
@@ -189,23 +189,26 @@ def link(t, out_dir):
     return rows, table
 
 
-def main():
+def main(argv=None):
+    """Draws the figures; returns their PNG paths (for plots/make_figures.py)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", help="kvsim task output folders (trials.csv)")
     ap.add_argument("--out-dir", help="where figures and link.csv go (default: the first folder)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     out_dir = a.out_dir or a.dirs[0]
     os.makedirs(out_dir, exist_ok=True)
     t = load(a.dirs)
-    heatmaps(t, out_dir)
-    memory_figure(t, out_dir)
+    figs = [heatmaps(t, out_dir), memory_figure(t, out_dir)]
     rows, table = link(t, out_dir)
+    if rows:
+        figs.append(os.path.join(out_dir, "retrieval_link.png"))
     for r in rows:
         print(f"{r['kind']:8s} {r['predictor']:18s} n={r['trials']:4d} McFadden R² {r['mcfadden_r2']:.3f}  AUC {r['auc']:.3f}  "
               f"50% at {r['x50']:.3g} [{r['x50_low']:.3g}, {r['x50_high']:.3g}]  LR p {r['llr_pvalue']:.2g}")
     for r in table:
         print(f"{r['kind']:8s} share {r['needle_kept_share']:12s} {r['correct']:4d}/{r['trials']:<4d} = {r['accuracy']:.3f} "
               f"[{r['wilson_low']:.3f}, {r['wilson_high']:.3f}]")
+    return figs
 
 
 if __name__ == "__main__":

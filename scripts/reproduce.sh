@@ -136,6 +136,9 @@ smollm2() {
       --out results/clusterability_smollm2_quick --set data.path=$w
     step smollm2_quick_closed_loop results/smollm2_quick_closed_loop.txt $K closed-loop experiments/smollm2_closed_loop.toml \
       --threads "$T" --out results/smollm2_quick_closed_loop --set model.tokens=512 --set model.prefill=448 --set model.windows=1 --set policy.memory=0.3
+    step smollm2_quick_passkey results/smollm2_quick_passkey.txt $K task experiments/smollm2_passkey.toml --threads "$T" \
+      --out results/smollm2_quick_passkey --set 'task.lengths=[256]' --set 'task.depths=[0.3,0.7]' --set task.trials=2 \
+      --set policy.memory=0.5 --force
     return 0
   fi
   step rec_smollm2_shakespeare null "${rec[@]}" --text "$D/tinyshakespeare/input.txt" --text-tail 0.05 --tokens 2048 \
@@ -155,6 +158,9 @@ smollm2() {
       --out "results/smollm2_length_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
   done
   step smollm2_closed_loop results/smollm2_closed_loop.txt $K closed-loop experiments/smollm2_closed_loop.toml --threads "$T"
+  for t in passkey word_needle; do  # retrieval tasks: about 30 min each (--resume continues a killed one)
+    step "smollm2_$t" "results/smollm2_$t.txt" $K task "experiments/smollm2_$t.toml" --threads "$T" --resume
+  done
   step smollm2_h2o_theorem44 results/smollm2_h2o_theorem44.txt $K run experiments/smollm2_h2o_theorem44.toml --threads "$T"
   step smollm2_buzz_tw_sweep results/smollm2_buzz_tw_sweep.txt $K run experiments/smollm2_buzz_tw_sweep.toml --threads "$T"
   for g in shakespeare tinystories code; do
@@ -174,7 +180,8 @@ if [ "$FIGURES" = 0 ]; then echo "reproduce.sh: done, figures not drawn (--no-fi
 rm -f "$ST/figures" "$ST/h2o_observations_check" "$ST/smollm2_length_figure"  # always redrawn
 dirs=()
 for d in results/*/; do
-  if [ -f "$d/results.h5" ] || [ -f "$d/sequences.csv" ] || [ -f "$d/clusters.csv" ] || [ -f "$d/closed_loop.csv" ]; then dirs+=("${d%/}"); fi
+  if [ -f "$d/results.h5" ] || [ -f "$d/sequences.csv" ] || [ -f "$d/clusters.csv" ] || [ -f "$d/closed_loop.csv" ] ||
+     [ -f "$d/trials.csv" ]; then dirs+=("${d%/}"); fi
 done
 step figures null "$PY" plots/make_figures.py "${dirs[@]}" --report results/report.md
 obs=()
@@ -186,6 +193,10 @@ step h2o_observations_check results/h2o_observations_check.txt "$PY" plots/h2o_o
 if [ -f results/smollm2_length_1024/sequences.csv ]; then
   step smollm2_length_figure null "$PY" plots/length_sweep.py results/smollm2_length_1024 results/smollm2_length_2048 \
     results/smollm2_length_4096 results/smollm2_length_8192 --out results/smollm2_length_sweep.png
+fi
+if [ -f results/smollm2_passkey/trials.csv ] && [ -f results/smollm2_word_needle/trials.csv ]; then
+  step retrieval_figures results/retrieval.txt "$PY" plots/retrieval.py results/smollm2_passkey results/smollm2_word_needle \
+    --out-dir results/retrieval
 fi
 # The figures the README and docs embed, refreshed from this run (those it produced).
 fig() { if [ -f "$1" ]; then cp "$1" "$FIG/$2"; elif [ "$QUICK" = 0 ] && [ "$ONLY" = all ]; then echo "reproduce.sh: $1 was not made" >&2; exit 1; fi; }
@@ -211,4 +222,5 @@ fig results/smollm2_length_sweep.png smollm2_length_sweep.png
 fig results/clusterability_smollm2_code/clusterability.png clusterability_smollm2.png
 fig results/smollm2_closed_loop/closed_loop.png smollm2_closed_loop.png
 fig results/smollm2_buzz_tw_sweep/buzz_tw_sweep.png smollm2_buzz_tw_sweep.png
+for f in heatmaps memory link; do fig "results/retrieval/retrieval_$f.png" "smollm2_retrieval_$f.png"; done
 echo "reproduce.sh: done (step times in $ST/times.tsv)"

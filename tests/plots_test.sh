@@ -137,5 +137,34 @@ grep -q "results.h5 not found" "$TMP/err" && passes=$((passes+1)) || { echo "FAI
 "$PY" -S "$SRC/plots/make_figures.py" "$TMP/q" 2>"$TMP/err" >/dev/null && { echo "FAIL: -S interpreter accepted"; fails=$((fails+1)); }
 [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "lacks numpy" "$TMP/err" && passes=$((passes+1)) \
   || { echo "FAIL: interpreter message: $(cat "$TMP/err")"; fails=$((fails+1)); }
+# Retrieval (plots/retrieval.py): a trials.csv drawn from a known logistic law, P(correct) =
+# 1/(1 + exp(-12 (share - 0.6))), seeded; the fit must put the 50% point near 0.6, the threshold
+# table must count every policy trial, and the figures must be written.
+"$PY" - "$TMP/r" <<'PY' && passes=$((passes+1)) || { echo "FAIL: synthetic trials.csv"; fails=$((fails+1)); }
+import os, sys
+import numpy as np, pandas as pd
+out = sys.argv[1]; os.makedirs(out)
+rng = np.random.default_rng(5)
+rows = []
+for i in range(600):
+    share = rng.uniform(0, 1)
+    for cache, pol, ok, sh in (("exact", "exact", 1, np.nan), ("h2o(memory=%g)" % (0.25 * (1 + i % 3)), "h2o",
+                               int(rng.uniform() < 1 / (1 + np.exp(-12 * (share - 0.6)))), share), ("evict_needle", "evict_needle", 0, np.nan)):
+        rows.append(dict(kind="passkey", length=256 * (1 + i % 2), depth=[0.1, 0.5, 0.9][i % 3], trial=i, cache=cache, policy=pol,
+                         correct=ok, needle_kept_share=sh, rel_err=np.exp(-3 * share) if pol == "h2o" else np.nan))
+pd.DataFrame(rows).to_csv(os.path.join(out, "trials.csv"), index=False, na_rep="nan")
+PY
+"$PY" "$SRC/plots/retrieval.py" "$TMP/r" > "$TMP/r.txt" && for f in heatmaps memory link; do check "$TMP/r/retrieval_$f"; done
+"$PY" - "$TMP/r" <<'PY' && passes=$((passes+1)) || { echo "FAIL: retrieval link fit"; fails=$((fails+1)); }
+import sys
+import pandas as pd
+link = pd.read_csv(sys.argv[1] + "/link.csv").set_index("predictor")
+table = pd.read_csv(sys.argv[1] + "/link_table.csv")
+s = link.loc["needle_kept_share"]
+assert 0.5 < s.x50 < 0.7 and s.x50_low < 0.6 < s.x50_high, s
+assert s.slope > 0 and s.auc > 0.8 and 0.2 < s.mcfadden_r2 < 1 and s.llr_pvalue < 1e-6, s
+assert link.loc["log10(rel_err)"].slope < 0  # smaller error, more answers
+assert table.trials.sum() == 600 and (table.accuracy.diff().dropna() > 0).all(), table
+PY
 echo "plots: $passes passed, $fails failed"
 [ $fails -eq 0 ]
