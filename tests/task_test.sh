@@ -91,5 +91,8 @@ rc=$?
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/bad" --set 'task.lengths=[40]' > /dev/null 2> "$TMP/bad.err"
 rc=$?
 [ $rc -eq 2 ] && grep -q "task.lengths: 40 tokens leave" "$TMP/bad.err" && ok "a prompt too short for the templates refused" || bad "short prompt: rc $rc, $(cat "$TMP/bad.err")"
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/oracle" --set policy.1.score=oracle > /dev/null 2> "$TMP/bad.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "non-causal oracle" "$TMP/bad.err" && [ ! -e "$TMP/oracle/trials" ] && ok "a non-causal oracle refused before any trial" || bad "oracle: rc $rc, $(cat "$TMP/bad.err")"
 [ $fails -eq 0 ] && echo "task_test: all passed" || echo "task_test: $fails failed"
 exit $((fails > 0))

@@ -261,6 +261,9 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
   for (int L : c.lengths)
     if (L + c.generate > cfg.seq_len)
       throw Error("task.lengths: " + std::to_string(L) + " + task.generate exceeds the model's context (" + std::to_string(cfg.seq_len) + ")");
+  // A policy that cannot run here (a non-causal oracle, a bad parameter) fails now, before any trial.
+  for (const auto& s : pin_budgets(c.policies, c.lengths[0]))
+    PolicyKVAttention(cfg, s, c.lengths[0] + c.generate, c.seed, c.eval.gqa, c.eval.group_agg, c.lengths[0] / 2);
   std::ifstream in(c.filler, std::ios::binary);
   if (!in) throw Error(c.filler + ": cannot read the task's filler text (task.filler)");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
