@@ -31,6 +31,15 @@ assert all(math.isfinite(float(r["ce_increase"])) for r in rows.values())
 assert float(rows["window(memory=0.3)"]["ce_increase"]) > float(rows["h2o(memory=0.3)"]["ce_increase"])
 EOF
 grep -q "smollm2_quick_closed_loop" results/report.md || { echo "FAIL: report.md lacks the SmolLM2 closed loop"; exit 1; }
+# The quick passkey task: 4 trials x (exact, 5 policies, evict_needle), the exact cache answering.
+"$PY" - results/smollm2_quick_passkey/trials.csv <<'EOF' || { echo "FAIL: SmolLM2 passkey task"; exit 1; }
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert len(rows) == 4 * 7, len(rows)
+assert all(r["correct"] == "1" for r in rows if r["cache"] == "exact")
+assert all(r["correct"] == "0" for r in rows if r["cache"] == "evict_needle")
+EOF
+grep -q "smollm2_quick_passkey" results/report.md || { echo "FAIL: report.md lacks the passkey task"; exit 1; }
 [ -s results/report.md ] || { echo "FAIL: results/report.md missing"; exit 1; }
 grep -q "smollm2_quick_budget" results/report.md || { echo "FAIL: results/report.md does not cover SmolLM2"; exit 1; }
 # The SmolLM2 window is traceable to its text: file, sha256 and token offset are recorded.
