@@ -16,7 +16,10 @@ folder (or --out-dir):
                            pseudo-R², the likelihood-ratio p-value, the ROC AUC, and the predictor's
                            value where the fitted accuracy is 50% with a 95% bootstrap interval;
   link_table.csv           the threshold table: accuracy with its Wilson interval per bin of the
-                           needle's kept share.
+                           needle's kept share;
+  link_by_policy.csv       per policy: accuracy, the open-loop means (rel_err, kept_mass,
+                           needle_kept_share), and the accuracy of its trials with the needle's kept
+                           share below and at or above 0.8 (does the same share serve every policy?).
 Only (task, L) cells where the exact cache reaches ≥ 80% enter the link (accuracy.csv's `counts`).
 PNG and PDF for each figure.
 """
@@ -186,7 +189,20 @@ def link(t, out_dir):
         plt.close(fig)
     pd.DataFrame(rows).to_csv(os.path.join(out_dir, "link.csv"), index=False, float_format="%.6g")
     pd.DataFrame(table).to_csv(os.path.join(out_dir, "link_table.csv"), index=False, float_format="%.4g")
+    by_policy(p).to_csv(os.path.join(out_dir, "link_by_policy.csv"), index=False, float_format="%.4g")
     return rows, table
+
+
+def by_policy(p):
+    """Per (task, policy): accuracy, open-loop means, and accuracy split at a needle kept share of 0.8."""
+    out = []
+    for (kind, name), g in p.groupby(["kind", "policy"], sort=False):
+        row = {"kind": kind, "policy": name, "trials": len(g), "accuracy": g.correct.mean(), "rel_err": g.rel_err.mean(),
+               "kept_mass": g.kept_mass.mean(), "needle_kept_share": g.needle_kept_share.mean()}
+        for tag, part in (("below_0.8", g[g.needle_kept_share < 0.8]), ("from_0.8", g[g.needle_kept_share >= 0.8])):
+            row[f"trials_{tag}"], row[f"accuracy_{tag}"] = len(part), part.correct.mean() if len(part) else np.nan
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 def main(argv=None):

@@ -151,7 +151,8 @@ for i in range(600):
     for cache, pol, ok, sh in (("exact", "exact", 1, np.nan), ("h2o(memory=%g)" % (0.25 * (1 + i % 3)), "h2o",
                                int(rng.uniform() < 1 / (1 + np.exp(-12 * (share - 0.6)))), share), ("evict_needle", "evict_needle", 0, np.nan)):
         rows.append(dict(kind="passkey", length=256 * (1 + i % 2), depth=[0.1, 0.5, 0.9][i % 3], trial=i, cache=cache, policy=pol,
-                         correct=ok, needle_kept_share=sh, rel_err=np.exp(-3 * share) if pol == "h2o" else np.nan))
+                         correct=ok, needle_kept_share=sh, rel_err=np.exp(-3 * share) if pol == "h2o" else np.nan,
+                         kept_mass=0.9 if pol == "h2o" else np.nan))
 pd.DataFrame(rows).to_csv(os.path.join(out, "trials.csv"), index=False, na_rep="nan")
 PY
 "$PY" "$SRC/plots/retrieval.py" "$TMP/r" > "$TMP/r.txt" && for f in heatmaps memory link; do check "$TMP/r/retrieval_$f"; done
