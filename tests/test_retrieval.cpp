@@ -135,6 +135,13 @@ TEST_CASE("retrieval: the answer must appear as a whole word", "[retrieval]") {
   CHECK_FALSE(answer_matches("anything", ""));
 }
 
+TEST_CASE("retrieval: generated text is valid UTF-8", "[retrieval]") {
+  CHECK(valid_utf8("is \"anchor\" (\xC3\xA9)") == "is \"anchor\" (\xC3\xA9)");  // é kept
+  CHECK(valid_utf8("is \"tej\" (\xD8") == "is \"tej\" (\xEF\xBF\xBD");          // cut inside a character
+  CHECK(valid_utf8("\xFF\x80" "a") == "\xEF\xBF\xBD\xEF\xBF\xBD" "a");
+  CHECK(valid_utf8("\xE2\x82\xAC") == "\xE2\x82\xAC");                        // €
+}
+
 TEST_CASE("retrieval: Wilson score intervals", "[retrieval]") {
   // Textbook values (Newcombe 1998, Table I: 0/10, 5/10 and 81/263).
   auto [lo0, hi0] = wilson_interval(0, 10);

@@ -140,16 +140,35 @@ bool answer_matches(const std::string& generated, const std::string& answer) {
   return false;
 }
 
+std::string valid_utf8(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t j = 1; ok && j < n; ++j) ok = (static_cast<unsigned char>(s[i + j]) & 0xC0) == 0x80;
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD for the byte that starts no valid sequence
+      ++i;
+    }
+  }
+  return out;
+}
+
 std::string generated_text(const Tokenizer& tok, const std::vector<int>& ids, const std::vector<int>& stop) {
   std::string s;
   int prev = -1;
   for (int id : ids) {
-    for (int st : stop)
-      if (id == st) return s;
+    bool end = false;
+    for (int st : stop) end |= id == st;
+    if (end) break;
     s += tok.decode(prev, id);
     prev = id;
   }
-  return s;
+  return valid_utf8(s);
 }
 
 std::pair<double, double> wilson_interval(int64_t k, int64_t n) {

@@ -64,7 +64,12 @@ TaskTrial make_trial(const TrialSpec& spec, const Tokenizer& tok, const std::vec
 /// or digits ("27611" matches "is 27611." but not "127611"); letters compare case-insensitively.
 bool answer_matches(const std::string& generated, const std::string& answer);
 
-/// The text of generated tokens up to the first end-of-turn or end-of-sequence token (`stop` ids).
+/// `s` with every byte that starts no well-formed UTF-8 sequence replaced by U+FFFD (a generation
+/// cut inside a multi-byte character ends in such a byte).
+std::string valid_utf8(const std::string& s);
+
+/// The text of generated tokens up to the first end-of-turn or end-of-sequence token (`stop` ids), as
+/// valid UTF-8 (valid_utf8).
 std::string generated_text(const Tokenizer& tok, const std::vector<int>& ids, const std::vector<int>& stop);
 
 /// 95% Wilson score interval of k successes in n trials (Wilson 1927, with z = 1.959964): {low, high};
