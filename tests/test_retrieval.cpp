@@ -45,6 +45,13 @@ const std::string kFiller =
     "Once upon a time there was a little dog. He liked to run in the park! Did he ever stop? No.\n"
     "The sun was warm and the grass was green. A bird sang a song for the dog and the dog was happy. ";
 
+/// kFiller 40 times, as tokens.
+std::vector<int> long_filler(const Tokenizer& tok) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += kFiller;
+  return tok.encode(text, false, false);
+}
+
 TaskTemplate plain_template() { return {"Find the key.\n", "\nThe pass key is {value}. {value} is the key.\n", "\nWhat is the key?\n"}; }
 
 std::string text_of(const Tokenizer& tok, const std::vector<int>& ids, int from, int to) {
@@ -58,9 +65,7 @@ std::string text_of(const Tokenizer& tok, const std::vector<int>& ids, int from,
 TEST_CASE("retrieval: a trial is exactly L tokens with the needle at its depth, after a sentence end", "[retrieval]") {
   test::TempDir dir;
   const Tokenizer tok = byte_tokenizer(dir);
-  std::string text;
-  for (int i = 0; i < 40; ++i) text += kFiller;
-  const std::vector<int> filler = tok.encode(text, false, false);
+  const std::vector<int> filler = long_filler(tok);
   for (int L : {160, 400, 1000})
     for (double depth : {0.0, 0.1, 0.5, 0.9, 1.0}) {
       INFO("L = " << L << ", depth " << depth);
@@ -87,9 +92,7 @@ TEST_CASE("retrieval: a trial is exactly L tokens with the needle at its depth, 
 TEST_CASE("retrieval: trials are seeded: the same spec repeats, other indices and seeds differ", "[retrieval]") {
   test::TempDir dir;
   const Tokenizer tok = byte_tokenizer(dir);
-  std::string text;
-  for (int i = 0; i < 40; ++i) text += kFiller;
-  const std::vector<int> filler = tok.encode(text, false, false);
+  const std::vector<int> filler = long_filler(tok);
   const TrialSpec spec{"word", default_template("word"), 600, 0.5, 0, 5};
   // The default template's chat markers are no control tokens of a byte vocabulary: refused by name.
   CHECK_THROWS_WITH(make_trial(spec, tok, filler), Contains("task.prefix") && Contains("'<|im_start|>' is not a control token"));

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kvsim/core/error.hpp"
+#include "kvsim/model/record.hpp"
 #include "kvsim/policies/policy.hpp"
 
 namespace kvsim::task_detail {
@@ -39,19 +40,8 @@ PromptTensors context_tensors(const TrialTensors& t, const LlamaConfig& cfg, int
   return pt;
 }
 
-TrialSource::TrialSource(const TrialTensors& t, const LlamaConfig& cfg, const std::string& model) : t_(t) {
-  meta_.model = model;
-  meta_.source = "kvsim task";
-  meta_.rope = "applied";
-  meta_.rope_theta = cfg.rope_theta;
-  meta_.rope_halves = cfg.rope_halves;
-  meta_.n_layers = cfg.n_layers;
-  meta_.n_heads = cfg.n_heads;
-  meta_.n_kv_heads = cfg.n_kv_heads;
-  meta_.head_dim = cfg.head_dim();
-  meta_.n_tokens = t.q.empty() ? 0 : t.q[0].rows();
-  meta_.softmax_scale = 1.0 / std::sqrt(double(cfg.head_dim()));
-}
+TrialSource::TrialSource(const TrialTensors& t, const LlamaConfig& cfg, const std::string& model)
+    : t_(t), meta_(model_recording_meta(cfg, model, "kvsim task", t.q.empty() ? 0 : t.q[0].rows())) {}
 
 MatF TrialSource::read(int layer, Tensor which, int head) const {
   const int hd = meta_.head_dim;

@@ -95,18 +95,13 @@ int run_positions(LlamaModel& model, const Tokenizer& tok, const std::vector<int
   return pos;
 }
 
-/// The recording's attributes for n_rec positions.
-RecordingMeta recording_meta(const RecordOptions& opt, const LlamaConfig& cfg, int n_rec) {
-  const bool generate = opt.generate > 0;
+}  // namespace
+
+RecordingMeta model_recording_meta(const LlamaConfig& cfg, const std::string& model, const std::string& source,
+                                   int64_t n_tokens) {
   RecordingMeta meta;
-  meta.model = opt.checkpoint;
-  std::ostringstream src;
-  src << "kvsim record --checkpoint " << opt.checkpoint << (opt.tokenizer.empty() ? "" : " --tokenizer " + opt.tokenizer);
-  if (!opt.policy.empty()) src << " --policy " << opt.policy << " (" << opt.policy_params.to_string() << ")";
-  if (generate) src << " --generate " << opt.generate << (opt.prompt.empty() ? "" : " --prompt '" + opt.prompt + "'");
-  else src << " --text " << opt.text_path << (opt.text_tail > 0 ? " --text-tail " + std::to_string(opt.text_tail) : "")
-            << " --tokens " << opt.tokens;
-  meta.source = src.str();
+  meta.model = model;
+  meta.source = source;
   meta.rope = "applied";
   meta.rope_theta = cfg.rope_theta;
   meta.rope_halves = cfg.rope_halves;
@@ -114,9 +109,23 @@ RecordingMeta recording_meta(const RecordOptions& opt, const LlamaConfig& cfg, i
   meta.n_heads = cfg.n_heads;
   meta.n_kv_heads = cfg.n_kv_heads;
   meta.head_dim = cfg.head_dim();
-  meta.n_tokens = n_rec;
+  meta.n_tokens = n_tokens;
   meta.softmax_scale = 1.0 / std::sqrt(double(cfg.head_dim()));
   return meta;
+}
+
+namespace {
+
+/// The recording's attributes for n_rec positions.
+RecordingMeta recording_meta(const RecordOptions& opt, const LlamaConfig& cfg, int n_rec) {
+  const bool generate = opt.generate > 0;
+  std::ostringstream src;
+  src << "kvsim record --checkpoint " << opt.checkpoint << (opt.tokenizer.empty() ? "" : " --tokenizer " + opt.tokenizer);
+  if (!opt.policy.empty()) src << " --policy " << opt.policy << " (" << opt.policy_params.to_string() << ")";
+  if (generate) src << " --generate " << opt.generate << (opt.prompt.empty() ? "" : " --prompt '" + opt.prompt + "'");
+  else src << " --text " << opt.text_path << (opt.text_tail > 0 ? " --text-tail " + std::to_string(opt.text_tail) : "")
+            << " --tokens " << opt.tokens;
+  return model_recording_meta(cfg, opt.checkpoint, src.str(), n_rec);
 }
 
 /// The exact text source of a teacher-forced recording: the file, its sha256, the held-out tail share

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kvsim/io/recording.hpp"
+#include "kvsim/model/checkpoint.hpp"
 #include "kvsim/policies/policy.hpp"
 #include "kvsim/model/tokenizer.hpp"
 
@@ -50,6 +52,12 @@ struct RecordResult {
   std::string path_taken;   ///< "batched prefill" or "per-token"
   double forward_seconds = 0;  ///< wall time of the model's forward passes (not loading or writing)
 };
+
+/// The recording attributes of a model's post-RoPE tensors over n_tokens positions (rope "applied",
+/// the model's RoPE base and pair layout, softmax_scale 1/√head_dim): `kvsim record`'s files and
+/// `kvsim task`'s in-memory trials share them.
+RecordingMeta model_recording_meta(const LlamaConfig& cfg, const std::string& model, const std::string& source,
+                                   int64_t n_tokens);
 
 /// Runs the model; throws kvsim::Error naming the file at fault.
 RecordResult record_model(const RecordOptions& opt);
