@@ -57,11 +57,13 @@ fi
 if has parity; then
   # The cases `ctest -L gpu` runs (catch_discover_tests with TEST_SPEC "[cuda]"), in one process.
   step parity 150 "$B/kvsim_cuda_tests" "[cuda]" --durations yes
-  # The exact-attention cases again with the first version's kernel (KVSIM_CUDA_EXACT=kernel).
+  # The default is flash at head_dim 64/128 (gemm otherwise); every case again with gemm, the
+  # exact-attention cases with the first version's kernel (KVSIM_CUDA_EXACT=kernel), and gemm with
+  # chunks of 7 rows (many chunk edges) and of 256.
+  step parity_gemm 150 env KVSIM_CUDA_EXACT=gemm "$B/kvsim_cuda_tests" "[cuda]"
   step parity_exact_kernel 60 env KVSIM_CUDA_EXACT=kernel "$B/kvsim_cuda_tests" "cuda: exact*" --durations yes
-  # And gemm with chunks of 7 rows (many chunk edges) and of 256.
-  step parity_exact_rows7 60 env KVSIM_CUDA_EXACT_ROWS=7 "$B/kvsim_cuda_tests" "cuda: exact*"
-  step parity_exact_rows256 60 env KVSIM_CUDA_EXACT_ROWS=256 "$B/kvsim_cuda_tests" "cuda: exact*"
+  step parity_exact_rows7 60 env KVSIM_CUDA_EXACT=gemm KVSIM_CUDA_EXACT_ROWS=7 "$B/kvsim_cuda_tests" "cuda: exact*"
+  step parity_exact_rows256 60 env KVSIM_CUDA_EXACT=gemm KVSIM_CUDA_EXACT_ROWS=256 "$B/kvsim_cuda_tests" "cuda: exact*"
 fi
 if has sanitizer; then
   for tool in memcheck racecheck; do

@@ -109,7 +109,7 @@ double bench_rooflines(bool quick, std::string& out) {
 
 /// The exact causal pass of 32 heads × n × 128 (MHA), every 16th step, device time only (inputs
 /// already on the device): gemm at 64, 128 and 256 rows per chunk, its parts one at a time at the
-/// middle n, and the kernel implementation; then one host-to-host call at n = 8192 for the transfers.
+/// middle n, flash (with and without the probability rows), and the kernel implementation; then one host-to-host call at n = 8192 for the transfers.
 void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
   char buf[256];
   out += "exact causal pass (32 heads, head_dim 128, every 16th step, device time, median of 3):\n";
@@ -135,6 +135,17 @@ void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
         std::snprintf(buf, sizeof buf, "%7lld  %-7s %4d %8.3f   (%s only)\n", n, to_string(impl), chunk, ms, what);
       out += buf;
     };
+    row(ExactImpl::flash, 0, kPhaseAll, "");
+    if (n <= 8192) {  // the same with the probability rows written (what the engine asks for)
+      ExactDevice xp(heads, heads, n, d, steps, true);
+      cudaMemcpyAsync(xp.q.p, x.q.p, x.q_size() * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread);
+      cudaMemcpyAsync(xp.k.p, x.k.p, x.k_size() * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread);
+      cudaMemcpyAsync(xp.v.p, x.v.p, x.k_size() * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread);
+      const double ms = median_ms(3, [&] { exact_on_device(xp, scale, ExactImpl::flash); });
+      std::snprintf(buf, sizeof buf, "%7lld  flash+p    0 %8.3f %9.2f %9.1f%%  (probabilities written)\n", n, ms,
+                    flops / (ms * 1e-3) / 1e12, 100 * flops / (ms * 1e-3) / 1e12 / sgemm_fp32);
+      out += buf;
+    }
     for (int rows : {64, 128, 256}) row(ExactImpl::gemm, rows, kPhaseAll, "");
     if (n == n_mid)
       for (int rows : {64, 128}) {

@@ -150,11 +150,12 @@ __device__ inline void block_argmin_warp(double my_d, int64_t my_i, double* sd, 
   __syncthreads();
 }
 
-/// The exact pass's implementation (sim/cuda/exact.cu): cuBLAS SGEMMs around a softmax kernel, per
-/// chunk of rows (gemm), or the first version's one block per (step, query head).
-/// KVSIM_CUDA_EXACT=gemm|kernel (default gemm).
-enum class ExactImpl { gemm, kernel };
-ExactImpl exact_impl_from_env();
+/// The exact pass's implementation: the fused flash kernel (sim/cuda/flash.cu; head_dim 64 or 128),
+/// cuBLAS SGEMMs around a softmax kernel per chunk of rows (gemm, sim/cuda/exact.cu), or the first
+/// version's one block per (step, query head). KVSIM_CUDA_EXACT=flash|gemm|kernel; unset: flash
+/// where it supports the head dimension, else gemm. flash with another head_dim is refused.
+enum class ExactImpl { gemm, kernel, flash };
+ExactImpl exact_impl_from_env(int d);
 const char* to_string(ExactImpl impl);
 
 /// A layer's exact pass on the device: inputs, outputs and the evaluated steps (increasing, ≤ n).
@@ -181,6 +182,11 @@ enum ExactPhase : unsigned { kPhaseLogits = 1, kPhaseSoftmax = 2, kPhasePV = 4, 
 /// query rows per KV head and chunk for gemm (0: KVSIM_CUDA_EXACT_ROWS, default 64);
 /// `phases`: the parts to run (all but for the bench's breakdown).
 void exact_on_device(ExactDevice& x, float scale, ExactImpl impl, int chunk = 0, unsigned phases = kPhaseAll);
+
+/// The flash implementation (sim/cuda/flash.cu): whether it handles head dimension d, and the pass
+/// (asynchronous, on this thread's stream).
+bool flash_supports(int d);
+void flash_on_device(ExactDevice& x, float scale);
 
 /// The module's implementations of cuda::exact_attention and cuda::device_description (exact.cu).
 void exact_attention(const float* Q, const float* K, const float* V, int heads, int kv_heads, int64_t n, int d,

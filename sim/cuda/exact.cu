@@ -1,6 +1,6 @@
 // kvsim CUDA path: exact causal attention for evaluated steps, all query heads of a layer at once.
-// Two implementations of the same function (KVSIM_CUDA_EXACT=gemm|kernel picks one; gemm is the default.
-// Two more were measured slower and removed: several chunks per grouped-batched SGEMM (on the H200),
+// Three implementations of the same function (KVSIM_CUDA_EXACT=flash|gemm|kernel picks one; the
+// default is flash, in sim/cuda/flash.cu, where it supports head_dim, else gemm). Two more were measured slower and removed: several chunks per grouped-batched SGEMM (on the H200),
 // and 3xTF32 logits on tensor cores (on the H100; docs/performance.md):
 //  - gemm: the evaluated steps in chunks of about 64 query rows per KV head (the rows of its query
 //    heads together, GQA); per chunk, one strided-batched cuBLAS SGEMM (fp32, no TF32) forms the
@@ -146,14 +146,22 @@ std::string device_description() {
          std::to_string(p.totalGlobalMem >> 30) + " GiB)";
 }
 
-ExactImpl exact_impl_from_env() {
+ExactImpl exact_impl_from_env(int d) {
   const char* e = std::getenv("KVSIM_CUDA_EXACT");
-  if (!e || !*e || std::string(e) == "gemm") return ExactImpl::gemm;
-  if (std::string(e) == "kernel") return ExactImpl::kernel;
-  throw Error(std::string("KVSIM_CUDA_EXACT: '") + e + "' is not gemm or kernel");
+  if (!e || !*e) return flash_supports(d) ? ExactImpl::flash : ExactImpl::gemm;
+  const std::string s = e;
+  if (s == "gemm") return ExactImpl::gemm;
+  if (s == "kernel") return ExactImpl::kernel;
+  if (s == "flash") {
+    if (!flash_supports(d)) throw Error("KVSIM_CUDA_EXACT=flash: head_dim " + std::to_string(d) + " is not 64 or 128 (use gemm)");
+    return ExactImpl::flash;
+  }
+  throw Error("KVSIM_CUDA_EXACT: '" + s + "' is not flash, gemm or kernel");
 }
 
-const char* to_string(ExactImpl impl) { return impl == ExactImpl::gemm ? "gemm" : "kernel"; }
+const char* to_string(ExactImpl impl) {
+  return impl == ExactImpl::gemm ? "gemm" : impl == ExactImpl::kernel ? "kernel" : "flash";
+}
 
 namespace {
 /// KVSIM_CUDA_EXACT_ROWS: query rows per KV head and chunk (default 64, 1..4096).
@@ -180,6 +188,10 @@ void exact_on_device(ExactDevice& x, float scale, ExactImpl impl, int chunk, uns
   const int G = x.group, rows = x.rows, d = x.d;
   float* probs = x.has_probs ? x.probs.p : nullptr;
   const std::vector<long long>& st = x.step_list;
+  if (impl == ExactImpl::flash) {
+    flash_on_device(x, scale);
+    return;
+  }
   if (impl == ExactImpl::kernel) {
     DeviceBuffer<float> logits(size_t(x.heads) * rows * x.t_max);
     exact_kernel<<<dim3(rows, x.heads), kThreads, d * sizeof(float)>>>(x.q.p, x.k.p, x.v.p, G, x.n, d, scale, x.steps.p, rows,
@@ -222,7 +234,7 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
   require_device();
   check_shapes_and_steps(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && d >= 1, steps, n,
                          "cuda::exact_attention");
-  const ExactImpl impl = exact_impl_from_env();
+  const ExactImpl impl = exact_impl_from_env(d);
   ExactDevice x(heads, kv_heads, n, d, steps, probs != nullptr);
   const int rows = x.rows, G = x.group;
   // Only the evaluated query rows travel to the device, as [kv head][row][group member][d].

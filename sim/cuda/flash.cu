@@ -1,0 +1,246 @@
+// kvsim CUDA path: the exact pass fused in one kernel (KVSIM_CUDA_EXACT=flash, the default for
+// head_dim 64 and 128). The flash-attention recurrence (Dao et al. 2022, Algorithm 1; Milakov &
+// Gimelshein 2018's online softmax) in fp32 on the CUDA cores, so the logits never leave the chip,
+// with the key range of each row tile split in chunks (split-K, "flash-decoding") so the causal
+// triangle's long rows do not leave SMs idle:
+//  - rows: the evaluated query rows of one KV head, [row][group member] flattened to M = rows·group
+//    (GQA), in tiles of 64; row m attends to keys 0..t−1 with t = steps[m / group];
+//  - one block per (row tile, key chunk, KV head): the scaled Q tile stays in shared memory; per tile
+//    of 64 keys it forms S = Q Kᵀ (each thread 4 rows × 4 keys), masks each row at its step, updates
+//    the row's running max m, Σ e^{l−m} and Σ e^{2(l−m)} (hd::OnlineSoftmax's three numbers) and
+//    rescales its unnormalized output, and adds P V (each thread 4 rows × head_dim/16 dimensions);
+//  - a combine kernel merges a tile's chunks (OnlineSoftmax::merge), writes the answer, log τ and ‖a‖;
+//  - when the probabilities are asked for, the fused kernel writes each raw logit once and a last
+//    kernel turns the row into e^{l − log τ} (0 past the step).
+// Parity with the CPU reference is checked by tests/cuda_parity.cpp at ≤ 1e-4.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+
+namespace kvsim::cuda_impl {
+namespace {
+
+constexpr int BM = 64, BN = 64, kThreads = 256, PAD = 4;
+
+template <int D>
+constexpr size_t flash_smem_bytes() {
+  return sizeof(float) * size_t(BM * (D + PAD) + BN * (D + PAD) + BN * (BM + PAD));
+}
+
+/// One block: row tile items[b].x of KV head blockIdx.y against keys [items[b].y, items[b].z).
+/// Layouts: Q [kv][M][D] (scale not applied), K, V [kv][n][D]; part_o [kv][item][BM][D] (unnormalized,
+/// relative to the row's max), part_st [kv][item][BM][3] = (max, Σ e^{l−max}, Σ e^{2(l−max)});
+/// logits (optional) [h][row][t_max], raw scaled logits of keys < t written.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2)
+    flash_kernel(const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V, int group,
+                 long long n, int M, float scale, const long long* __restrict__ steps, const int4* __restrict__ items,
+                 float* __restrict__ part_o, float* __restrict__ part_st, float* __restrict__ logits, long long t_max,
+                 int rows) {
+  constexpr int LD = D + PAD, LP = BM + PAD, CW = D / 64;
+  extern __shared__ float4 smem4[];
+  float* Qs = reinterpret_cast<float*>(smem4);  // [BM][LD], scaled
+  float* KVs = Qs + BM * LD;                     // [BN][LD]: the key tile, then the value tile
+  float* Ps = KVs + BN * LD;                     // [BN][LP]: the weights, transposed
+  const int kv = blockIdx.y, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int4 it = items[blockIdx.x];
+  const int m0 = it.x * BM, k0 = it.y, k1 = it.z;
+  const float* Qh = Q + (long long)kv * M * D;
+  const float* Kh = K + (long long)kv * n * D;
+  const float* Vh = V + (long long)kv * n * D;
+  for (int e = tid; e < BM * D / 4; e += kThreads) {
+    const int r = e / (D / 4), c = e % (D / 4);
+    float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (m0 + r < M) {
+      q = reinterpret_cast<const float4*>(Qh + (long long)(m0 + r) * D)[c];
+      q.x *= scale, q.y *= scale, q.z *= scale, q.w *= scale;
+    }
+    *reinterpret_cast<float4*>(Qs + r * LD + 4 * c) = q;
+  }
+  int t_row[4];  // each row's step (≤ 2^30, checked by flash_on_device)
+  float mx[4], s1[4], s2[4], O[4][4 * CW];
+  for (int i = 0; i < 4; ++i) {
+    const int m = m0 + ty * 4 + i;
+    t_row[i] = m < M ? int(steps[m / group]) : 0;
+    mx[i] = -INFINITY, s1[i] = 0.f, s2[i] = 0.f;
+    for (int c = 0; c < 4 * CW; ++c) O[i][c] = 0.f;
+  }
+  // Rows of K or V from j0 into KVs, zero past k1 (so 0 · garbage never reaches the sums).
+  auto load_tile = [&](const float* src, int j0) {
+    for (int e = tid; e < BN * D / 4; e += kThreads) {
+      const int r = e / (D / 4), c = e % (D / 4);
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (j0 + r < k1) v = reinterpret_cast<const float4*>(src + (long long)(j0 + r) * D)[c];
+      *reinterpret_cast<float4*>(KVs + r * LD + 4 * c) = v;
+    }
+  };
+  for (int j0 = k0; j0 < k1; j0 += BN) {
+    __syncthreads();  // the previous tile's P V is done with KVs and Ps (and Qs is written)
+    load_tile(Kh, j0);
+    __syncthreads();
+    float S[4][4] = {};
+    for (int k = 0; k < D; k += 4) {
+      float4 a[4], b[4];
+      for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(Qs + (ty * 4 + i) * LD + k);
+      for (int c = 0; c < 4; ++c) b[c] = *reinterpret_cast<const float4*>(KVs + (tx + 16 * c) * LD + k);
+      for (int i = 0; i < 4; ++i)
+        for (int c = 0; c < 4; ++c)
+          S[i][c] = fmaf(a[i].w, b[c].w, fmaf(a[i].z, b[c].z, fmaf(a[i].y, b[c].y, fmaf(a[i].x, b[c].x, S[i][c]))));
+    }
+    for (int i = 0; i < 4; ++i) {
+      const int m = m0 + ty * 4 + i;
+      float rmax = -INFINITY;
+      bool valid[4];
+      for (int c = 0; c < 4; ++c) {
+        const int j = j0 + tx + 16 * c;
+        valid[c] = j < k1 && j < t_row[i];
+        if (valid[c]) rmax = fmaxf(rmax, S[i][c]);
+        if (valid[c] && logits)
+          logits[((long long)(kv * group + m % group) * rows + m / group) * t_max + j] = S[i][c];
+      }
+      for (int off = 8; off > 0; off >>= 1) rmax = fmaxf(rmax, __shfl_xor_sync(0xffffffffu, rmax, off));
+      const float mnew = fmaxf(mx[i], rmax);
+      float f = 1.f, ps = 0.f, ps2 = 0.f, p[4] = {0.f, 0.f, 0.f, 0.f};
+      if (mnew != -INFINITY) {
+        f = mx[i] == -INFINITY ? 0.f : expf(mx[i] - mnew);
+        for (int c = 0; c < 4; ++c)
+          if (valid[c]) {
+            p[c] = expf(S[i][c] - mnew);
+            ps += p[c];
+            ps2 += p[c] * p[c];
+          }
+      }
+      for (int off = 8; off > 0; off >>= 1) {
+        ps += __shfl_xor_sync(0xffffffffu, ps, off);
+        ps2 += __shfl_xor_sync(0xffffffffu, ps2, off);
+      }
+      s1[i] = s1[i] * f + ps;
+      s2[i] = s2[i] * f * f + ps2;
+      mx[i] = mnew;
+      for (int c = 0; c < 4 * CW; ++c) O[i][c] *= f;
+      for (int c = 0; c < 4; ++c) Ps[(tx + 16 * c) * LP + ty * 4 + i] = p[c];
+    }
+    __syncthreads();  // Ps written, the key tile no longer read
+    load_tile(Vh, j0);
+    __syncthreads();
+    const int jn = min(BN, k1 - j0);
+    for (int j = 0; j < jn; ++j) {
+      const float4 p = *reinterpret_cast<const float4*>(Ps + j * LP + ty * 4);
+      for (int cc = 0; cc < CW; ++cc) {
+        const float4 v = *reinterpret_cast<const float4*>(KVs + j * LD + tx * 4 + 64 * cc);
+        const float pr[4] = {p.x, p.y, p.z, p.w};
+        for (int i = 0; i < 4; ++i) {
+          O[i][4 * cc + 0] = fmaf(pr[i], v.x, O[i][4 * cc + 0]);
+          O[i][4 * cc + 1] = fmaf(pr[i], v.y, O[i][4 * cc + 1]);
+          O[i][4 * cc + 2] = fmaf(pr[i], v.z, O[i][4 * cc + 2]);
+          O[i][4 * cc + 3] = fmaf(pr[i], v.w, O[i][4 * cc + 3]);
+        }
+      }
+    }
+  }
+  const long long item = (long long)kv * gridDim.x + blockIdx.x;
+  for (int i = 0; i < 4; ++i) {
+    const long long row = item * BM + ty * 4 + i;
+    for (int cc = 0; cc < CW; ++cc)
+      *reinterpret_cast<float4*>(part_o + row * D + tx * 4 + 64 * cc) =
+          make_float4(O[i][4 * cc], O[i][4 * cc + 1], O[i][4 * cc + 2], O[i][4 * cc + 3]);
+    if (tx == 0) {
+      part_st[row * 3 + 0] = mx[i];
+      part_st[row * 3 + 1] = s1[i];
+      part_st[row * 3 + 2] = s2[i];
+    }
+  }
+}
+
+/// One block per (row tile, KV head): merges the tile's chunks [first[tile], first[tile + 1]) per row
+/// (OnlineSoftmax::merge over the chunks) and writes out [kv][M][D], log τ and ‖a‖ [h][row].
+__global__ void flash_combine(const float* __restrict__ part_o, const float* __restrict__ part_st,
+                              const int* __restrict__ first, int items, int M, int D, int group, int rows,
+                              float* __restrict__ out, float* __restrict__ log_tau, float* __restrict__ pnorm) {
+  const int tile = blockIdx.x, kv = blockIdx.y;
+  const int b = first[tile], e = first[tile + 1];
+  for (int x = threadIdx.x; x < BM * D; x += blockDim.x) {
+    const int r = x / D, c = x % D, m = tile * BM + r;
+    if (m >= M) break;
+    float mm = -INFINITY;
+    for (int s = b; s < e; ++s) mm = fmaxf(mm, part_st[(((long long)kv * items + s) * BM + r) * 3]);
+    float S1 = 0.f, S2 = 0.f, acc = 0.f;
+    for (int s = b; s < e; ++s) {
+      const long long row = ((long long)kv * items + s) * BM + r;
+      const float ms = part_st[row * 3];
+      if (ms == -INFINITY) continue;  // a chunk wholly past this row's step
+      const float w = expf(ms - mm);
+      S1 += part_st[row * 3 + 1] * w;
+      S2 += part_st[row * 3 + 2] * w * w;
+      acc += part_o[row * D + c] * w;
+    }
+    out[((long long)kv * M + m) * D + c] = acc / S1;
+    if (c == 0) {
+      const int h = kv * group + m % group, rr = m / group;
+      log_tau[h * rows + rr] = mm + logf(S1);
+      pnorm[h * rows + rr] = sqrtf(S2) / S1;
+    }
+  }
+}
+
+/// One block per (row, query head): the raw logits of keys < t become e^{l − log τ}, the rest of the
+/// row up to t_max 0 (hd::OnlineSoftmax::prob up to rounding).
+__global__ void flash_probs(float* probs, const float* __restrict__ log_tau, const long long* __restrict__ steps,
+                            int rows, long long t_max) {
+  const int r = blockIdx.x, h = blockIdx.y;
+  const long long t = steps[r];
+  const float lt = log_tau[h * rows + r];
+  float* row = probs + ((long long)h * rows + r) * t_max;
+  for (long long j = threadIdx.x; j < t_max; j += blockDim.x) row[j] = j < t ? expf(row[j] - lt) : 0.f;
+}
+
+template <int D>
+void launch(ExactDevice& x, float scale) {
+  const int M = x.rows * x.group, tiles = (M + BM - 1) / BM;
+  // Key chunks of ≥ 1024 keys and at most 16 per tile: every block does ≤ 16 (or t_max/16/64) key tiles.
+  const long long chunk = std::max<long long>(1024, (x.t_max / 16 + BN - 1) / BN * BN);
+  std::vector<int4> items;
+  std::vector<int> first(1, 0);
+  for (int tile = 0; tile < tiles; ++tile) {
+    const long long t_tile = x.step_list[size_t(std::min(M, (tile + 1) * BM) - 1) / x.group];
+    for (long long k0 = 0; k0 < t_tile; k0 += chunk) items.push_back(make_int4(tile, int(k0), int(std::min(t_tile, k0 + chunk)), 0));
+    first.push_back(int(items.size()));
+  }
+  const int n_items = int(items.size());
+  DeviceBuffer<int4> d_items(items.size());
+  DeviceBuffer<int> d_first(first.size());
+  check(cudaMemcpyAsync(d_items.p, items.data(), items.size() * sizeof(int4), cudaMemcpyHostToDevice, cudaStreamPerThread), "copy items");
+  check(cudaMemcpyAsync(d_first.p, first.data(), first.size() * sizeof(int), cudaMemcpyHostToDevice, cudaStreamPerThread), "copy items");
+  DeviceBuffer<float> part_o(size_t(x.kv_heads) * n_items * BM * D), part_st(size_t(x.kv_heads) * n_items * BM * 3);
+  constexpr size_t smem = flash_smem_bytes<D>();
+  check(cudaFuncSetAttribute(flash_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "flash smem");
+  float* logits = x.has_probs ? x.probs.p : nullptr;
+  flash_kernel<D><<<dim3(n_items, x.kv_heads), kThreads, smem>>>(x.q.p, x.k.p, x.v.p, x.group, x.n, M, scale, x.steps.p,
+                                                                 d_items.p, part_o.p, part_st.p, logits, x.t_max, x.rows);
+  check(cudaGetLastError(), "flash_kernel launch");
+  flash_combine<<<dim3(tiles, x.kv_heads), 256>>>(part_o.p, part_st.p, d_first.p, n_items, M, D, x.group, x.rows, x.out.p,
+                                                  x.log_tau.p, x.pnorm.p);
+  check(cudaGetLastError(), "flash_combine launch");
+  if (logits) {
+    flash_probs<<<dim3(x.rows, x.heads), 256>>>(logits, x.log_tau.p, x.steps.p, x.rows, x.t_max);
+    check(cudaGetLastError(), "flash_probs launch");
+  }
+}
+
+}  // namespace
+
+bool flash_supports(int d) { return d == 64 || d == 128; }
+
+void flash_on_device(ExactDevice& x, float scale) {
+  if (x.t_max > (1LL << 30)) throw Error("KVSIM_CUDA_EXACT=flash: more than 2^30 tokens");
+  if (x.d == 64) launch<64>(x, scale);
+  else if (x.d == 128) launch<128>(x, scale);
+  else throw Error("KVSIM_CUDA_EXACT=flash: head_dim " + std::to_string(x.d) + " is not 64 or 128 (use gemm)");
+}
+
+}  // namespace kvsim::cuda_impl
