@@ -109,11 +109,12 @@ double bench_rooflines(bool quick, std::string& out) {
 
 /// The exact causal pass of 32 heads × n × 128 (MHA), every 16th step, device time only (inputs
 /// already on the device): gemm at 64, 128 and 256 rows per chunk, its parts one at a time at the
-/// middle n, flash (with and without the probability rows), and the kernel implementation; then one host-to-host call at n = 8192 for the transfers.
+/// middle n, flash (its variants, and with the probability rows), and the kernel implementation; then
+/// one host-to-host call at n = 8192 for the transfers.
 void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
   char buf[256];
   out += "exact causal pass (32 heads, head_dim 128, every 16th step, device time, median of 3):\n";
-  out += "      n  impl    rows       ms     TFLOP/s  of fp32 SGEMM\n";
+  out += "      n  impl     rows       ms     TFLOP/s  of fp32 SGEMM\n";
   const int heads = 32, d = 128;
   const float scale = float(1 / std::sqrt(double(d)));
   const long long n_mid = quick ? 2048 : 8192;
@@ -125,26 +126,33 @@ void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
     fill_uniform(x.q, x.q_size(), 3);
     fill_uniform(x.k, x.k_size(), 4);
     fill_uniform(x.v, x.k_size(), 5);
-    auto row = [&](ExactImpl impl, int chunk, unsigned phases, const char* what) {
-      const double ms = median_ms(3, [&] { exact_on_device(x, scale, impl, chunk, phases); });
+    auto emit = [&](const char* impl, int chunk, double ms, const char* note) {
       const double rate = flops / (ms * 1e-3) / 1e12;
-      if (phases == kPhaseAll)
-        std::snprintf(buf, sizeof buf, "%7lld  %-7s %4d %8.3f %9.2f %9.1f%%\n", n, to_string(impl), chunk, ms, rate,
-                      100 * rate / sgemm_fp32);
-      else
-        std::snprintf(buf, sizeof buf, "%7lld  %-7s %4d %8.3f   (%s only)\n", n, to_string(impl), chunk, ms, what);
+      std::snprintf(buf, sizeof buf, "%7lld  %-7s %5d %8.3f %9.2f %9.1f%%%s\n", n, impl, chunk, ms, rate, 100 * rate / sgemm_fp32, note);
       out += buf;
     };
-    row(ExactImpl::flash, 0, kPhaseAll, "");
-    if (n <= 8192) {  // the same with the probability rows written (what the engine asks for)
-      ExactDevice xp(heads, heads, n, d, steps, true);
-      cudaMemcpyAsync(xp.q.p, x.q.p, x.q_size() * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread);
-      cudaMemcpyAsync(xp.k.p, x.k.p, x.k_size() * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread);
-      cudaMemcpyAsync(xp.v.p, x.v.p, x.k_size() * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread);
-      const double ms = median_ms(3, [&] { exact_on_device(xp, scale, ExactImpl::flash); });
-      std::snprintf(buf, sizeof buf, "%7lld  flash+p    0 %8.3f %9.2f %9.1f%%  (probabilities written)\n", n, ms,
-                    flops / (ms * 1e-3) / 1e12, 100 * flops / (ms * 1e-3) / 1e12 / sgemm_fp32);
+    auto row = [&](ExactImpl impl, int chunk, unsigned phases, const char* what) {
+      const double ms = median_ms(3, [&] { exact_on_device(x, scale, impl, chunk, phases); });
+      if (phases == kPhaseAll) return emit(to_string(impl), chunk, ms, "");
+      std::snprintf(buf, sizeof buf, "%7lld  %-7s %5d %8.3f   (%s only)\n", n, to_string(impl), chunk, ms, what);
       out += buf;
+    };
+    // flash: the default (cp.async, default key chunks: the "rows" column is 0), key chunks of 1024
+    // and 2048, plain loads into one buffer, and the default with the probability rows written (what
+    // the engine asks for).
+    for (int keys : {0, 512, 2048})
+      emit("flash", keys, median_ms(3, [&] { flash_on_device(x, scale, keys, true); }), keys ? "  (keys per chunk)" : "");
+    emit("flash", 0, median_ms(3, [&] { flash_on_device(x, scale, 0, false); }), "  (plain loads, one buffer)");
+    if (n == n_mid) {
+      emit("flash", 0, median_ms(3, [&] { flash_on_device(x, scale, 0, true, kPhaseLogits); }), "  (fused kernel only)");
+      emit("flash", 0, median_ms(3, [&] { flash_on_device(x, scale, 0, true, kPhaseSoftmax); }), "  (combine only)");
+    }
+    if (n <= 8192) {
+      ExactDevice xp(heads, heads, n, d, steps, true);
+      check(cudaMemcpyAsync(xp.q.p, x.q.p, x.q_size() * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread), "copy");
+      check(cudaMemcpyAsync(xp.k.p, x.k.p, x.k_size() * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread), "copy");
+      check(cudaMemcpyAsync(xp.v.p, x.v.p, x.k_size() * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread), "copy");
+      emit("flash", 0, median_ms(3, [&] { exact_on_device(xp, scale, ExactImpl::flash); }), "  (probabilities written)");
     }
     for (int rows : {64, 128, 256}) row(ExactImpl::gemm, rows, kPhaseAll, "");
     if (n == n_mid)

@@ -184,9 +184,12 @@ enum ExactPhase : unsigned { kPhaseLogits = 1, kPhaseSoftmax = 2, kPhasePV = 4, 
 void exact_on_device(ExactDevice& x, float scale, ExactImpl impl, int chunk = 0, unsigned phases = kPhaseAll);
 
 /// The flash implementation (sim/cuda/flash.cu): whether it handles head dimension d, and the pass
-/// (asynchronous, on this thread's stream).
+/// (asynchronous, on this thread's stream). `chunk_keys`: keys per split-K chunk (0: the default
+/// rule); `async`: tiles loaded by cp.async into separate key and value buffers (else plain loads
+/// into one shared buffer); `phases`: kPhaseLogits runs the fused kernel, kPhaseSoftmax the combine
+/// (both but for the bench's breakdown; the probabilities need both).
 bool flash_supports(int d);
-void flash_on_device(ExactDevice& x, float scale);
+void flash_on_device(ExactDevice& x, float scale, int chunk_keys = 0, bool async = true, unsigned phases = kPhaseAll);
 
 /// The module's implementations of cuda::exact_attention and cuda::device_description (exact.cu).
 void exact_attention(const float* Q, const float* K, const float* V, int heads, int kv_heads, int64_t n, int d,

@@ -25,42 +25,64 @@
 namespace kvsim::cuda_impl {
 namespace {
 
-constexpr int BM = 64, BN = 64, kThreads = 256, PAD = 4;
+constexpr int BM = 64, BN = 64, kThreads = 256;
 
 template <int D>
-constexpr size_t flash_smem_bytes() {
-  return sizeof(float) * size_t(BM * (D + PAD) + BN * (D + PAD) + BN * (BM + PAD));
+constexpr size_t flash_smem_bytes(bool async) {
+  return sizeof(float) * size_t(BM * D + (async ? 2 : 1) * BN * D + BN * BM);
 }
+
+/// cp.async (sm_80+): 16 bytes global → shared without passing through registers, zero-filled when
+/// !valid (src-size 0; `g` must still be a valid address).
+__device__ __forceinline__ void cp_async16(float* s, const float* g, bool valid) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(s));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
 /// One block: row tile items[b].x of KV head blockIdx.y against keys [items[b].y, items[b].z).
 /// Layouts: Q [kv][M][D] (scale not applied), K, V [kv][n][D]; part_o [kv][item][BM][D] (unnormalized,
 /// relative to the row's max), part_st [kv][item][BM][3] = (max, Σ e^{l−max}, Σ e^{2(l−max)});
 /// logits (optional) [h][row][t_max], raw scaled logits of keys < t written.
-template <int D>
+/// Shared memory: Q [BM][D]; K [BN][D] with row r's float4 groups XOR-swizzled by r & 7 (the 16
+/// threads of a half-warp read 16 different key rows at one offset: conflict-free); V [BN][D] (read
+/// along a row: conflict-free as is), its own buffer when ASYNC (cp.async loads the value tile during
+/// the logits and the next key tile during P V), else K's; P [BN][BM] transposed, its float4 groups
+/// swizzled by j & 15.
+template <int D, bool ASYNC>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_kernel(const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V, int group,
                  long long n, int M, float scale, const long long* __restrict__ steps, const int4* __restrict__ items,
                  float* __restrict__ part_o, float* __restrict__ part_st, float* __restrict__ logits, long long t_max,
                  int rows) {
-  constexpr int LD = D + PAD, LP = BM + PAD, CW = D / 64;
+  constexpr int G4 = D / 4, CW = D / 64;
   extern __shared__ float4 smem4[];
-  float* Qs = reinterpret_cast<float*>(smem4);  // [BM][LD], scaled
-  float* KVs = Qs + BM * LD;                     // [BN][LD]: the key tile, then the value tile
-  float* Ps = KVs + BN * LD;                     // [BN][LP]: the weights, transposed
+  float* Qs = reinterpret_cast<float*>(smem4);
+  float* Ks = Qs + BM * D;
+  float* Vs = ASYNC ? Ks + BN * D : Ks;
+  float* Ps = Vs + BN * D;
   const int kv = blockIdx.y, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
   const int4 it = items[blockIdx.x];
   const int m0 = it.x * BM, k0 = it.y, k1 = it.z;
   const float* Qh = Q + (long long)kv * M * D;
   const float* Kh = K + (long long)kv * n * D;
   const float* Vh = V + (long long)kv * n * D;
-  for (int e = tid; e < BM * D / 4; e += kThreads) {
-    const int r = e / (D / 4), c = e % (D / 4);
-    float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (m0 + r < M) {
-      q = reinterpret_cast<const float4*>(Qh + (long long)(m0 + r) * D)[c];
-      q.x *= scale, q.y *= scale, q.z *= scale, q.w *= scale;
+  // 64 rows from r0 of src into dst, zero from row `limit` on, float4 groups swizzled when `swz`.
+  auto load_rows = [&](float* dst, const float* src, int r0, int limit, bool swz) {
+    for (int e = tid; e < 64 * G4; e += kThreads) {
+      const int r = e / G4, c = e % G4;
+      const bool ok = r0 + r < limit;
+      const float* g = src + (long long)(ok ? r0 + r : 0) * D + 4 * c;
+      float* sp = dst + r * D + 4 * (swz ? c ^ (r & 7) : c);
+      if (ASYNC) cp_async16(sp, g, ok);
+      else *reinterpret_cast<float4*>(sp) = ok ? *reinterpret_cast<const float4*>(g) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    *reinterpret_cast<float4*>(Qs + r * LD + 4 * c) = q;
+  };
+  load_rows(Qs, Qh, m0, M, false);
+  if (ASYNC) {
+    load_rows(Ks, Kh, k0, k1, true);
+    cp_async_commit();
   }
   int t_row[4];  // each row's step (≤ 2^30, checked by flash_on_device)
   float mx[4], s1[4], s2[4], O[4][4 * CW];
@@ -70,34 +92,43 @@ __global__ void __launch_bounds__(kThreads, 2)
     mx[i] = -INFINITY, s1[i] = 0.f, s2[i] = 0.f;
     for (int c = 0; c < 4 * CW; ++c) O[i][c] = 0.f;
   }
-  // Rows of K or V from j0 into KVs, zero past k1 (so 0 · garbage never reaches the sums).
-  auto load_tile = [&](const float* src, int j0) {
-    for (int e = tid; e < BN * D / 4; e += kThreads) {
-      const int r = e / (D / 4), c = e % (D / 4);
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (j0 + r < k1) v = reinterpret_cast<const float4*>(src + (long long)(j0 + r) * D)[c];
-      *reinterpret_cast<float4*>(KVs + r * LD + 4 * c) = v;
-    }
-  };
+  int warp_t = max(max(t_row[0], t_row[1]), max(t_row[2], t_row[3]));
+  warp_t = __reduce_max_sync(0xffffffffu, warp_t);
+  const float* Krow = Ks + tx * D;  // this thread's key rows tx + 16c, all with swizzle tx & 7
+  const int swz = 4 * (tx & 7);
   for (int j0 = k0; j0 < k1; j0 += BN) {
-    __syncthreads();  // the previous tile's P V is done with KVs and Ps (and Qs is written)
-    load_tile(Kh, j0);
-    __syncthreads();
-    float S[4][4] = {};
-    for (int k = 0; k < D; k += 4) {
-      float4 a[4], b[4];
-      for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(Qs + (ty * 4 + i) * LD + k);
-      for (int c = 0; c < 4; ++c) b[c] = *reinterpret_cast<const float4*>(KVs + (tx + 16 * c) * LD + k);
-      for (int i = 0; i < 4; ++i)
-        for (int c = 0; c < 4; ++c)
-          S[i][c] = fmaf(a[i].w, b[c].w, fmaf(a[i].z, b[c].z, fmaf(a[i].y, b[c].y, fmaf(a[i].x, b[c].x, S[i][c]))));
+    if (ASYNC) {
+      load_rows(Vs, Vh, j0, k1, false);
+      cp_async_commit();
+      cp_async_wait1();  // Q and this key tile have landed
+    } else {
+      __syncthreads();  // the previous tile's P V is done with the buffer and P
+      load_rows(Ks, Kh, j0, k1, true);
     }
-    for (int i = 0; i < 4; ++i) {
+    __syncthreads();
+    // A warp (rows 8w..8w+7) whose rows all end at or before j0 skips the tile's arithmetic (in the
+    // diagonal chunk of a row tile). Warp-uniform, so its shuffles stay whole.
+    const bool skip = j0 >= warp_t;
+    float S[4][4] = {};
+    if (!skip) {
+#pragma unroll
+      for (int k = 0; k < D; k += 4) {
+        float4 a[4], b[4];
+        for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(Qs + (ty * 4 + i) * D + k);
+        const int off = k ^ swz;
+        for (int c = 0; c < 4; ++c) b[c] = *reinterpret_cast<const float4*>(Krow + 16 * c * D + off);
+        for (int i = 0; i < 4; ++i)
+          for (int c = 0; c < 4; ++c)
+            S[i][c] = fmaf(a[i].w, b[c].w, fmaf(a[i].z, b[c].z, fmaf(a[i].y, b[c].y, fmaf(a[i].x, b[c].x, S[i][c]))));
+      }
+    }
+    for (int i = 0; i < 4 && !skip; ++i) {
       const int m = m0 + ty * 4 + i;
       float rmax = -INFINITY;
       bool valid[4];
       for (int c = 0; c < 4; ++c) {
         const int j = j0 + tx + 16 * c;
+        S[i][c] *= scale;
         valid[c] = j < k1 && j < t_row[i];
         if (valid[c]) rmax = fmaxf(rmax, S[i][c]);
         if (valid[c] && logits)
@@ -115,24 +146,29 @@ __global__ void __launch_bounds__(kThreads, 2)
             ps2 += p[c] * p[c];
           }
       }
-      for (int off = 8; off > 0; off >>= 1) {
-        ps += __shfl_xor_sync(0xffffffffu, ps, off);
-        ps2 += __shfl_xor_sync(0xffffffffu, ps2, off);
-      }
+      // s1, s2: this thread's share of the row's sums (its 4 key columns of each tile), all shares
+      // relative to the same running max; summed over the 16 threads of the row at the end.
       s1[i] = s1[i] * f + ps;
       s2[i] = s2[i] * f * f + ps2;
       mx[i] = mnew;
       for (int c = 0; c < 4 * CW; ++c) O[i][c] *= f;
-      for (int c = 0; c < 4; ++c) Ps[(tx + 16 * c) * LP + ty * 4 + i] = p[c];
+      // P[j][row] with j = tx + 16c (so j & 15 = tx), row = ty·4 + i.
+      for (int c = 0; c < 4; ++c) Ps[(tx + 16 * c) * BM + 4 * (ty ^ tx) + i] = p[c];
     }
-    __syncthreads();  // Ps written, the key tile no longer read
-    load_tile(Vh, j0);
+    __syncthreads();  // P complete; the key tile no longer read
+    if (ASYNC) {
+      if (j0 + BN < k1) load_rows(Ks, Kh, j0 + BN, k1, true);
+      cp_async_commit();
+      cp_async_wait1();  // the value tile has landed
+    } else {
+      load_rows(Vs, Vh, j0, k1, false);
+    }
     __syncthreads();
-    const int jn = min(BN, k1 - j0);
+    const int jn = skip ? 0 : min(BN, k1 - j0);
     for (int j = 0; j < jn; ++j) {
-      const float4 p = *reinterpret_cast<const float4*>(Ps + j * LP + ty * 4);
+      const float4 p = *reinterpret_cast<const float4*>(Ps + j * BM + 4 * (ty ^ (j & 15)));
       for (int cc = 0; cc < CW; ++cc) {
-        const float4 v = *reinterpret_cast<const float4*>(KVs + j * LD + tx * 4 + 64 * cc);
+        const float4 v = *reinterpret_cast<const float4*>(Vs + j * D + tx * 4 + 64 * cc);
         const float pr[4] = {p.x, p.y, p.z, p.w};
         for (int i = 0; i < 4; ++i) {
           O[i][4 * cc + 0] = fmaf(pr[i], v.x, O[i][4 * cc + 0]);
@@ -142,7 +178,13 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
+    if (ASYNC) __syncthreads();  // the value tile and P are free for the next tile
   }
+  for (int i = 0; i < 4; ++i)
+    for (int off = 8; off > 0; off >>= 1) {
+      s1[i] += __shfl_xor_sync(0xffffffffu, s1[i], off);
+      s2[i] += __shfl_xor_sync(0xffffffffu, s2[i], off);
+    }
   const long long item = (long long)kv * gridDim.x + blockIdx.x;
   for (int i = 0; i < 4; ++i) {
     const long long row = item * BM + ty * 4 + i;
@@ -157,18 +199,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-/// One block per (row tile, KV head): merges the tile's chunks [first[tile], first[tile + 1]) per row
-/// (OnlineSoftmax::merge over the chunks) and writes out [kv][M][D], log τ and ‖a‖ [h][row].
+/// One block per (row m, KV head), a thread per output dimension: merges the row's chunks
+/// [first[tile], first[tile + 1]) of its tile (OnlineSoftmax::merge) and writes out [kv][M][D], log τ
+/// and ‖a‖ [h][row].
 __global__ void flash_combine(const float* __restrict__ part_o, const float* __restrict__ part_st,
                               const int* __restrict__ first, int items, int M, int D, int group, int rows,
                               float* __restrict__ out, float* __restrict__ log_tau, float* __restrict__ pnorm) {
-  const int tile = blockIdx.x, kv = blockIdx.y;
+  const int m = blockIdx.x, kv = blockIdx.y, tile = m / BM, r = m % BM;
   const int b = first[tile], e = first[tile + 1];
-  for (int x = threadIdx.x; x < BM * D; x += blockDim.x) {
-    const int r = x / D, c = x % D, m = tile * BM + r;
-    if (m >= M) break;
-    float mm = -INFINITY;
-    for (int s = b; s < e; ++s) mm = fmaxf(mm, part_st[(((long long)kv * items + s) * BM + r) * 3]);
+  float mm = -INFINITY;
+  for (int s = b; s < e; ++s) mm = fmaxf(mm, part_st[(((long long)kv * items + s) * BM + r) * 3]);
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
     float S1 = 0.f, S2 = 0.f, acc = 0.f;
     for (int s = b; s < e; ++s) {
       const long long row = ((long long)kv * items + s) * BM + r;
@@ -200,10 +241,11 @@ __global__ void flash_probs(float* probs, const float* __restrict__ log_tau, con
 }
 
 template <int D>
-void launch(ExactDevice& x, float scale) {
+void launch(ExactDevice& x, float scale, int chunk_keys, bool async, unsigned phases) {
   const int M = x.rows * x.group, tiles = (M + BM - 1) / BM;
-  // Key chunks of ≥ 1024 keys and at most 16 per tile: every block does ≤ 16 (or t_max/16/64) key tiles.
-  const long long chunk = std::max<long long>(1024, (x.t_max / 16 + BN - 1) / BN * BN);
+  // Key chunks (split-K) of `chunk_keys`, by default ≥ 1024 keys and at most 16 per tile (on an
+  // H100 at n = 8192, chunks of 1024 ran 12% faster than 512; docs/performance.md).
+  const long long chunk = chunk_keys > 0 ? (chunk_keys + BN - 1) / BN * BN : std::max<long long>(1024, (x.t_max / 16 + BN - 1) / BN * BN);
   std::vector<int4> items;
   std::vector<int> first(1, 0);
   for (int tile = 0; tile < tiles; ++tile) {
@@ -217,13 +259,16 @@ void launch(ExactDevice& x, float scale) {
   check(cudaMemcpyAsync(d_items.p, items.data(), items.size() * sizeof(int4), cudaMemcpyHostToDevice, cudaStreamPerThread), "copy items");
   check(cudaMemcpyAsync(d_first.p, first.data(), first.size() * sizeof(int), cudaMemcpyHostToDevice, cudaStreamPerThread), "copy items");
   DeviceBuffer<float> part_o(size_t(x.kv_heads) * n_items * BM * D), part_st(size_t(x.kv_heads) * n_items * BM * 3);
-  constexpr size_t smem = flash_smem_bytes<D>();
-  check(cudaFuncSetAttribute(flash_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "flash smem");
+  const size_t smem = flash_smem_bytes<D>(async);
+  auto kernel = async ? flash_kernel<D, true> : flash_kernel<D, false>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "flash smem");
   float* logits = x.has_probs ? x.probs.p : nullptr;
-  flash_kernel<D><<<dim3(n_items, x.kv_heads), kThreads, smem>>>(x.q.p, x.k.p, x.v.p, x.group, x.n, M, scale, x.steps.p,
-                                                                 d_items.p, part_o.p, part_st.p, logits, x.t_max, x.rows);
+  if (phases & kPhaseLogits)
+    kernel<<<dim3(n_items, x.kv_heads), kThreads, smem>>>(x.q.p, x.k.p, x.v.p, x.group, x.n, M, scale, x.steps.p, d_items.p,
+                                                        part_o.p, part_st.p, logits, x.t_max, x.rows);
   check(cudaGetLastError(), "flash_kernel launch");
-  flash_combine<<<dim3(tiles, x.kv_heads), 256>>>(part_o.p, part_st.p, d_first.p, n_items, M, D, x.group, x.rows, x.out.p,
+  if (!(phases & kPhaseSoftmax)) return;
+  flash_combine<<<dim3(M, x.kv_heads), D>>>(part_o.p, part_st.p, d_first.p, n_items, M, D, x.group, x.rows, x.out.p,
                                                   x.log_tau.p, x.pnorm.p);
   check(cudaGetLastError(), "flash_combine launch");
   if (logits) {
@@ -236,10 +281,10 @@ void launch(ExactDevice& x, float scale) {
 
 bool flash_supports(int d) { return d == 64 || d == 128; }
 
-void flash_on_device(ExactDevice& x, float scale) {
+void flash_on_device(ExactDevice& x, float scale, int chunk_keys, bool async, unsigned phases) {
   if (x.t_max > (1LL << 30)) throw Error("KVSIM_CUDA_EXACT=flash: more than 2^30 tokens");
-  if (x.d == 64) launch<64>(x, scale);
-  else if (x.d == 128) launch<128>(x, scale);
+  if (x.d == 64) launch<64>(x, scale, chunk_keys, async, phases);
+  else if (x.d == 128) launch<128>(x, scale, chunk_keys, async, phases);
   else throw Error("KVSIM_CUDA_EXACT=flash: head_dim " + std::to_string(x.d) + " is not 64 or 128 (use gemm)");
 }
 
