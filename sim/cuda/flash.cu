@@ -41,6 +41,92 @@ __device__ __forceinline__ void cp_async16(float* s, const float* g, bool valid)
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
+/// The flash kernel's pieces, one thread's share: rows ty·4 + i (i < 4) of the block's 64, key
+/// columns tx + 16c (c < 4) of each key tile, output dimensions tx·4 + 64cc (cc < D/64).
+/// O += P V over the key tile's first jn keys (P transposed, float4 groups swizzled by j & 15).
+template <int D>
+__device__ __forceinline__ void tile_pv(const float* Ps, const float* Vs, int jn, int tx, int ty, float (&O)[4][D / 16]) {
+  for (int j = 0; j < jn; ++j) {
+    const float4 p = *reinterpret_cast<const float4*>(Ps + j * BM + 4 * (ty ^ (j & 15)));
+    for (int cc = 0; cc < D / 64; ++cc) {
+      const float4 v = *reinterpret_cast<const float4*>(Vs + j * D + tx * 4 + 64 * cc);
+      const float pr[4] = {p.x, p.y, p.z, p.w};
+      for (int i = 0; i < 4; ++i) {
+        O[i][4 * cc + 0] = fmaf(pr[i], v.x, O[i][4 * cc + 0]);
+        O[i][4 * cc + 1] = fmaf(pr[i], v.y, O[i][4 * cc + 1]);
+        O[i][4 * cc + 2] = fmaf(pr[i], v.z, O[i][4 * cc + 2]);
+        O[i][4 * cc + 3] = fmaf(pr[i], v.w, O[i][4 * cc + 3]);
+      }
+    }
+  }
+}
+
+/// Row i of the thread's four: scales and masks its logits of the key tile (key j0 + tx + 16c valid
+/// below k1 and the row's step), writes them when asked, updates the online softmax (the row max
+/// over its 16 threads by shuffles; s1, s2 this thread's shares), rescales O[i] and writes the
+/// weights to P[j][row].
+template <int D>
+__device__ __forceinline__ void row_softmax(int i, float (&S)[4][4], float scale, int j0, int k1, int m0, int kv, int group,
+                                            int rows, long long t_max, int tx, int ty, const int (&t_row)[4],
+                                            float (&mx)[4], float (&s1)[4], float (&s2)[4], float (&O)[4][D / 16],
+                                            float* logits, float* Ps) {
+  constexpr int CW = D / 64;
+  const int m = m0 + ty * 4 + i;
+  float rmax = -INFINITY;
+  bool valid[4];
+  for (int c = 0; c < 4; ++c) {
+    const int j = j0 + tx + 16 * c;
+    S[i][c] *= scale;
+    valid[c] = j < k1 && j < t_row[i];
+    if (valid[c]) rmax = fmaxf(rmax, S[i][c]);
+    if (valid[c] && logits)
+      logits[((long long)(kv * group + m % group) * rows + m / group) * t_max + j] = S[i][c];
+  }
+  for (int off = 8; off > 0; off >>= 1) rmax = fmaxf(rmax, __shfl_xor_sync(0xffffffffu, rmax, off));
+  const float mnew = fmaxf(mx[i], rmax);
+  float f = 1.f, ps = 0.f, ps2 = 0.f, p[4] = {0.f, 0.f, 0.f, 0.f};
+  if (mnew != -INFINITY) {
+    f = mx[i] == -INFINITY ? 0.f : expf(mx[i] - mnew);
+    for (int c = 0; c < 4; ++c)
+      if (valid[c]) {
+        p[c] = expf(S[i][c] - mnew);
+        ps += p[c];
+        ps2 += p[c] * p[c];
+      }
+  }
+  // s1, s2: this thread's share of the row's sums (its 4 key columns of each tile), all shares
+  // relative to the same running max; summed over the 16 threads of the row at the end.
+  s1[i] = s1[i] * f + ps;
+  s2[i] = s2[i] * f * f + ps2;
+  mx[i] = mnew;
+  for (int c = 0; c < 4 * CW; ++c) O[i][c] *= f;
+  // P[j][row] with j = tx + 16c (so j & 15 = tx), row = ty·4 + i.
+  for (int c = 0; c < 4; ++c) Ps[(tx + 16 * c) * BM + 4 * (ty ^ tx) + i] = p[c];
+}
+
+/// Sums the thread's shares of Σ e^{l−max} and Σ e^{2(l−max)} over the row's 16 threads and writes
+/// chunk `item`'s partial result.
+template <int D>
+__device__ __forceinline__ void store_partials(long long item, int tx, int ty, const float (&O)[4][D / 16], const float (&mx)[4],
+                                               float (&s1)[4], float (&s2)[4], float* part_o, float* part_st) {
+  for (int i = 0; i < 4; ++i)
+    for (int off = 8; off > 0; off >>= 1) {
+      s1[i] += __shfl_xor_sync(0xffffffffu, s1[i], off);
+      s2[i] += __shfl_xor_sync(0xffffffffu, s2[i], off);
+    }
+  for (int i = 0; i < 4; ++i) {
+    const long long row = item * BM + ty * 4 + i;
+    for (int cc = 0; cc < D / 64; ++cc)
+      *reinterpret_cast<float4*>(part_o + row * D + tx * 4 + 64 * cc) =
+          make_float4(O[i][4 * cc], O[i][4 * cc + 1], O[i][4 * cc + 2], O[i][4 * cc + 3]);
+    if (tx == 0) {
+      part_st[row * 3 + 0] = mx[i];
+      part_st[row * 3 + 1] = s1[i];
+      part_st[row * 3 + 2] = s2[i];
+    }
+  }
+}
+
 /// One block: row tile items[b].x of KV head blockIdx.y against keys [items[b].y, items[b].z).
 /// Layouts: Q [kv][M][D] (scale not applied), K, V [kv][n][D]; part_o [kv][item][BM][D] (unnormalized,
 /// relative to the row's max), part_st [kv][item][BM][3] = (max, Σ e^{l−max}, Σ e^{2(l−max)});
@@ -49,7 +135,10 @@ __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_g
 /// threads of a half-warp read 16 different key rows at one offset: conflict-free); V [BN][D] (read
 /// along a row: conflict-free as is), its own buffer when ASYNC (cp.async loads the value tile during
 /// the logits and the next key tile during P V), else K's; P [BN][BM] transposed, its float4 groups
-/// swizzled by j & 15.
+/// swizzled by j & 15. load_rows: 64 rows from r0 of src into dst, zero from row `limit` on, float4
+/// groups swizzled when `swz`. A warp (rows 8w..8w+7) whose rows all end at or before a key tile
+/// skips the tile's arithmetic (in the diagonal chunk of a row tile); warp-uniform, so its shuffles
+/// stay whole.
 template <int D, bool ASYNC>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_kernel(const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V, int group,
@@ -68,7 +157,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float* Qh = Q + (long long)kv * M * D;
   const float* Kh = K + (long long)kv * n * D;
   const float* Vh = V + (long long)kv * n * D;
-  // 64 rows from r0 of src into dst, zero from row `limit` on, float4 groups swizzled when `swz`.
   auto load_rows = [&](float* dst, const float* src, int r0, int limit, bool swz) {
     for (int e = tid; e < 64 * G4; e += kThreads) {
       const int r = e / G4, c = e % G4;
@@ -106,8 +194,6 @@ __global__ void __launch_bounds__(kThreads, 2)
       load_rows(Ks, Kh, j0, k1, true);
     }
     __syncthreads();
-    // A warp (rows 8w..8w+7) whose rows all end at or before j0 skips the tile's arithmetic (in the
-    // diagonal chunk of a row tile). Warp-uniform, so its shuffles stay whole.
     const bool skip = j0 >= warp_t;
     float S[4][4] = {};
     if (!skip) {
@@ -122,39 +208,8 @@ __global__ void __launch_bounds__(kThreads, 2)
             S[i][c] = fmaf(a[i].w, b[c].w, fmaf(a[i].z, b[c].z, fmaf(a[i].y, b[c].y, fmaf(a[i].x, b[c].x, S[i][c]))));
       }
     }
-    for (int i = 0; i < 4 && !skip; ++i) {
-      const int m = m0 + ty * 4 + i;
-      float rmax = -INFINITY;
-      bool valid[4];
-      for (int c = 0; c < 4; ++c) {
-        const int j = j0 + tx + 16 * c;
-        S[i][c] *= scale;
-        valid[c] = j < k1 && j < t_row[i];
-        if (valid[c]) rmax = fmaxf(rmax, S[i][c]);
-        if (valid[c] && logits)
-          logits[((long long)(kv * group + m % group) * rows + m / group) * t_max + j] = S[i][c];
-      }
-      for (int off = 8; off > 0; off >>= 1) rmax = fmaxf(rmax, __shfl_xor_sync(0xffffffffu, rmax, off));
-      const float mnew = fmaxf(mx[i], rmax);
-      float f = 1.f, ps = 0.f, ps2 = 0.f, p[4] = {0.f, 0.f, 0.f, 0.f};
-      if (mnew != -INFINITY) {
-        f = mx[i] == -INFINITY ? 0.f : expf(mx[i] - mnew);
-        for (int c = 0; c < 4; ++c)
-          if (valid[c]) {
-            p[c] = expf(S[i][c] - mnew);
-            ps += p[c];
-            ps2 += p[c] * p[c];
-          }
-      }
-      // s1, s2: this thread's share of the row's sums (its 4 key columns of each tile), all shares
-      // relative to the same running max; summed over the 16 threads of the row at the end.
-      s1[i] = s1[i] * f + ps;
-      s2[i] = s2[i] * f * f + ps2;
-      mx[i] = mnew;
-      for (int c = 0; c < 4 * CW; ++c) O[i][c] *= f;
-      // P[j][row] with j = tx + 16c (so j & 15 = tx), row = ty·4 + i.
-      for (int c = 0; c < 4; ++c) Ps[(tx + 16 * c) * BM + 4 * (ty ^ tx) + i] = p[c];
-    }
+    for (int i = 0; i < 4 && !skip; ++i)
+      row_softmax<D>(i, S, scale, j0, k1, m0, kv, group, rows, t_max, tx, ty, t_row, mx, s1, s2, O, logits, Ps);
     __syncthreads();  // P complete; the key tile no longer read
     if (ASYNC) {
       if (j0 + BN < k1) load_rows(Ks, Kh, j0 + BN, k1, true);
@@ -164,39 +219,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       load_rows(Vs, Vh, j0, k1, false);
     }
     __syncthreads();
-    const int jn = skip ? 0 : min(BN, k1 - j0);
-    for (int j = 0; j < jn; ++j) {
-      const float4 p = *reinterpret_cast<const float4*>(Ps + j * BM + 4 * (ty ^ (j & 15)));
-      for (int cc = 0; cc < CW; ++cc) {
-        const float4 v = *reinterpret_cast<const float4*>(Vs + j * D + tx * 4 + 64 * cc);
-        const float pr[4] = {p.x, p.y, p.z, p.w};
-        for (int i = 0; i < 4; ++i) {
-          O[i][4 * cc + 0] = fmaf(pr[i], v.x, O[i][4 * cc + 0]);
-          O[i][4 * cc + 1] = fmaf(pr[i], v.y, O[i][4 * cc + 1]);
-          O[i][4 * cc + 2] = fmaf(pr[i], v.z, O[i][4 * cc + 2]);
-          O[i][4 * cc + 3] = fmaf(pr[i], v.w, O[i][4 * cc + 3]);
-        }
-      }
-    }
+    tile_pv<D>(Ps, Vs, skip ? 0 : min(BN, k1 - j0), tx, ty, O);
     if (ASYNC) __syncthreads();  // the value tile and P are free for the next tile
   }
-  for (int i = 0; i < 4; ++i)
-    for (int off = 8; off > 0; off >>= 1) {
-      s1[i] += __shfl_xor_sync(0xffffffffu, s1[i], off);
-      s2[i] += __shfl_xor_sync(0xffffffffu, s2[i], off);
-    }
-  const long long item = (long long)kv * gridDim.x + blockIdx.x;
-  for (int i = 0; i < 4; ++i) {
-    const long long row = item * BM + ty * 4 + i;
-    for (int cc = 0; cc < CW; ++cc)
-      *reinterpret_cast<float4*>(part_o + row * D + tx * 4 + 64 * cc) =
-          make_float4(O[i][4 * cc], O[i][4 * cc + 1], O[i][4 * cc + 2], O[i][4 * cc + 3]);
-    if (tx == 0) {
-      part_st[row * 3 + 0] = mx[i];
-      part_st[row * 3 + 1] = s1[i];
-      part_st[row * 3 + 2] = s2[i];
-    }
-  }
+  store_partials<D>((long long)kv * gridDim.x + blockIdx.x, tx, ty, O, mx, s1, s2, part_o, part_st);
 }
 
 /// One block per (row m, KV head), a thread per output dimension: merges the row's chunks
