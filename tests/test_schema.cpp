@@ -6,7 +6,9 @@
 
 #include "helpers.hpp"
 #include "kvsim/core/error.hpp"
+#include "kvsim/cli/config.hpp"
 #include "kvsim/io/h5.hpp"
+#include "kvsim/replay/engine.hpp"
 
 using namespace kvsim;
 using Catch::Matchers::Contains;
@@ -326,4 +328,34 @@ TEST_CASE("schema: an unfinished writer leaves no file behind", "[schema]") {
   }
   CHECK_FALSE(std::filesystem::exists(path));
   CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
+TEST_CASE("schema: layer_windows names local layers and the replay takes the global ones", "[schema]") {
+  test::TempDir tmp;
+  auto with = [&](const std::string& name, const std::function<void(h5::File&)>& mutate) {
+    const std::string p = tmp.file(name);
+    write_raw(p, 3, 2, 1, 40, 4, mutate);
+    return p;
+  };
+  const std::string local = with("local.h5", [](h5::File& f) { f.set_attr("/", "layer_windows", std::vector<int64_t>{16, 0, 16}); });
+  RecordingReader r(local);
+  CHECK(r.meta().layer_windows == std::vector<int64_t>{16, 0, 16});
+  CHECK(r.meta().layer_window(0) == 16);
+  CHECK(r.meta().layer_window(1) == 0);
+  // Without the attribute every layer is global (the negative control of the default).
+  RecordingReader plain(with("plain.h5", {}));
+  CHECK(plain.meta().layer_windows.empty());
+  CHECK(plain.meta().layer_window(0) == 0);
+  require_error(with("count.h5", [](h5::File& f) { f.set_attr("/", "layer_windows", std::vector<int64_t>{16, 0}); }),
+                "attribute 'layer_windows' has 2 entries for 3 layers");
+  require_error(with("neg.h5", [](h5::File& f) { f.set_attr("/", "layer_windows", std::vector<int64_t>{16, -1, 16}); }),
+                "negative window");
+  // The replay: global layers only by default; a local layer named in data.layers is refused.
+  const std::string cfg = "[data]\npath = \"" + local + "\"\n[[policy]]\nname = \"window\"\nbudget = 0.5\n";
+  const RunResult res = run_experiment(parse_experiment(cfg, "inline"), r, 1);
+  CHECK(res.layers == std::vector<int>{1});
+  for (const auto& row : res.policies.at(0).rows) CHECK(row.layer == 1);
+  CHECK(run_experiment(parse_experiment(cfg, "inline"), plain, 1).layers == std::vector<int>{0, 1, 2});
+  CHECK_THROWS_WITH(run_experiment(parse_experiment(cfg, "inline", {"data.layers=[0, 1]"}), r, 1),
+                    Contains("data.layers: layer 0 is a local layer (sliding window of 16 tokens)"));
 }

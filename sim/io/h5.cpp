@@ -136,6 +136,18 @@ int64_t File::attr_int(const std::string& name, const std::string& obj) const {
   return v;
 }
 
+std::vector<int64_t> File::attr_ints(const std::string& name, const std::string& obj) const {
+  if (!has_attr(name, obj)) fail("missing attribute '" + name + "' on '" + obj + "'");
+  Handle a(H5Aopen_by_name(hid(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
+  Handle t(H5Aget_type(a.get()));
+  if (H5Tget_class(t.get()) != H5T_INTEGER) fail("attribute '" + name + "' must be integers");
+  Handle sp(H5Aget_space(a.get()));
+  if (H5Sget_simple_extent_ndims(sp.get()) > 1) fail("attribute '" + name + "' must be a scalar or a 1-D array");
+  std::vector<int64_t> v(size_t(std::max<hssize_t>(0, H5Sget_simple_extent_npoints(sp.get()))));
+  if (!v.empty() && H5Aread(a.get(), H5T_NATIVE_INT64, v.data()) < 0) fail("cannot read attribute '" + name + "'");
+  return v;
+}
+
 double File::attr_double(const std::string& name, const std::string& obj) const {
   if (!has_attr(name, obj)) fail("missing attribute '" + name + "' on '" + obj + "'");
   Handle a(H5Aopen_by_name(hid(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT));
@@ -191,6 +203,16 @@ void write_attr(hid_t file, const std::string& path, const std::string& obj, con
 
 void File::set_attr(const std::string& obj, const std::string& name, int64_t v) {
   write_attr(hid(), path_, obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
+}
+void File::set_attr(const std::string& obj, const std::string& name, const std::vector<int64_t>& v) {
+  if (H5Aexists_by_name(hid(), obj.c_str(), name.c_str(), H5P_DEFAULT) > 0)
+    H5Adelete_by_name(hid(), obj.c_str(), name.c_str(), H5P_DEFAULT);
+  const hsize_t n = v.size();
+  Handle sp(H5Screate_simple(1, &n, nullptr));
+  Handle a(H5Acreate_by_name(hid(), obj.c_str(), name.c_str(), H5T_STD_I64LE, sp.get(), H5P_DEFAULT, H5P_DEFAULT,
+                             H5P_DEFAULT));
+  if (!a.valid() || (n > 0 && H5Awrite(a.get(), H5T_NATIVE_INT64, v.data()) < 0))
+    throw Error(path_ + ": cannot write attribute '" + name + "' on '" + obj + "'");
 }
 void File::set_attr(const std::string& obj, const std::string& name, double v) {
   write_attr(hid(), path_, obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);

@@ -122,6 +122,29 @@ void probe_metadata(const std::string& path) {
                                                 : "failed reading it, status " + std::to_string(WEXITSTATUS(status))) +
               "); re-export the recording");
 }
+
+/// The optional root attributes (docs/recordings.md, the schema): rope_theta, layer_windows, rope_pairs.
+void read_optional_attrs(const h5::File& f, const std::string& path, RecordingMeta& meta) {
+  if (f.has_attr("rope_theta")) {
+    meta.rope_theta = f.attr_double("rope_theta");
+    if (!std::isfinite(meta.rope_theta) || meta.rope_theta <= 1)
+      throw Error(path + ": attribute 'rope_theta' must be a finite number > 1");
+  }
+  if (f.has_attr("layer_windows")) {
+    meta.layer_windows = f.attr_ints("layer_windows");
+    if (int(meta.layer_windows.size()) != meta.n_layers)
+      throw Error(path + ": attribute 'layer_windows' has " + std::to_string(meta.layer_windows.size()) + " entries for " +
+                  std::to_string(meta.n_layers) + " layers");
+    for (int64_t w : meta.layer_windows)
+      if (w < 0) throw Error(path + ": attribute 'layer_windows' holds a negative window " + std::to_string(w));
+  }
+  if (f.has_attr("rope_pairs")) {
+    const std::string pairs = f.attr_string("rope_pairs");
+    if (pairs.rfind("halves", 0) != 0 && pairs.rfind("adjacent", 0) != 0)
+      throw Error(path + ": attribute 'rope_pairs' = '" + pairs + "' is neither 'halves …' nor 'adjacent …'");
+    meta.rope_halves = pairs.rfind("halves", 0) == 0;
+  }
+}
 }  // namespace
 
 RecordingReader::RecordingReader(const std::string& path) : path_(path) {
@@ -151,17 +174,7 @@ RecordingReader::RecordingReader(const std::string& path) : path_(path) {
   meta_.softmax_scale = f.has_attr("softmax_scale") ? f.attr_double("softmax_scale") : 1.0 / std::sqrt(double(meta_.head_dim));
   if (!std::isfinite(meta_.softmax_scale) || meta_.softmax_scale <= 0)
     throw Error(path + ": attribute 'softmax_scale' must be a positive finite number");
-  if (f.has_attr("rope_theta")) {
-    meta_.rope_theta = f.attr_double("rope_theta");
-    if (!std::isfinite(meta_.rope_theta) || meta_.rope_theta <= 1)
-      throw Error(path + ": attribute 'rope_theta' must be a finite number > 1");
-  }
-  if (f.has_attr("rope_pairs")) {
-    const std::string pairs = f.attr_string("rope_pairs");
-    if (pairs.rfind("halves", 0) != 0 && pairs.rfind("adjacent", 0) != 0)
-      throw Error(path + ": attribute 'rope_pairs' = '" + pairs + "' is neither 'halves …' nor 'adjacent …'");
-    meta_.rope_halves = pairs.rfind("halves", 0) == 0;
-  }
+  read_optional_attrs(f, path, meta_);
 
   for (int l = 0; l < meta_.n_layers; ++l) {
     for (Tensor t : {Tensor::q, Tensor::k, Tensor::v, Tensor::attn}) {
@@ -267,6 +280,7 @@ RecordingWriter::RecordingWriter(const std::string& path, const RecordingMeta& m
     f.set_attr("/", "rope_pairs", std::string(meta.rope_halves ? "halves (k, k + head_dim/2): Hugging Face channel order"
                                                                : "adjacent (2k, 2k + 1): llama2.c channel order"));
   }
+  if (!meta.layer_windows.empty()) f.set_attr("/", "layer_windows", meta.layer_windows);
   hsize_t n = meta.n_tokens, d = meta.head_dim;
   std::vector<hsize_t> chunk{1, std::min<hsize_t>(n, 1024), d};
   for (int l = 0; l < meta.n_layers; ++l) {

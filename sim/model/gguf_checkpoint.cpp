@@ -1,4 +1,8 @@
-// kvsim: a GGUF file of the `llama` architecture as a Checkpoint (include/kvsim/model/checkpoint.hpp).
+// kvsim: a GGUF file of the `llama` or `gemma3` architecture as a Checkpoint
+// (include/kvsim/model/checkpoint.hpp). Gemma 3 adds, per layer, attn_q_norm and attn_k_norm {hd} and
+// post_attention_norm and post_ffw_norm {D}; its heads have key_length channels; its RMSNorm weights
+// are stored as (1 + w) by llama.cpp's converter, so they multiply as llama's do; its Q and K rows are
+// not permuted.
 //
 // Tensor names and shapes (llama.cpp gguf-py/gguf/constants.py, MODEL_ARCH.LLAMA; ne = {in, out}):
 //   token_embd.weight {D, V}, output_norm.weight {D}, output.weight {D, V} (absent when tied),
@@ -43,10 +47,11 @@ LlamaConfig read_config(const gguf::File& f) {
   const std::string& path = f.path();
   auto bad = [&](const std::string& why) -> Error { return Error(path + ": " + why); };
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama")
+  if (arch != "llama" && arch != "gemma3")
     throw bad("architecture '" + arch +
               "' is not supported (kvsim reads GGUF files of the 'llama' architecture: SmolLM2, TinyLlama, Llama 2, "
-              "Llama 3 without rope scaling, Mistral without a sliding window)");
+              "Llama 3 without rope scaling, Mistral without a sliding window; and 'gemma3')");
+  const bool gemma = arch == "gemma3";
   const std::string p = arch + ".";
   auto meta_int = [&](const std::string& key, int64_t lo, int64_t hi) {
     const int64_t v = f.get_int(p + key);
@@ -68,11 +73,28 @@ LlamaConfig read_config(const gguf::File& f) {
     throw bad("metadata key '" + p + "attention.head_count_kv' = " + std::to_string(c.n_kv_heads) +
               " does not divide head_count " + std::to_string(c.n_heads));
   c.seq_len = meta_int("context_length", 1, 1 << 24);
-  if (c.dim % c.n_heads) throw bad("embedding_length " + std::to_string(c.dim) + " is not a multiple of head_count");
+  if (gemma) {
+    // Gemma 3: heads of key_length channels (not dim / heads), the layers in groups of five local
+    // (sliding-window, RoPE base 10,000) and one global (transformers' Gemma3TextConfig defaults:
+    // sliding_window_pattern 6, rope_local_base_freq 10,000, which the GGUF file does not carry;
+    // llama.cpp hard-codes the same), query_pre_attn_scalar = head_dim, embeddings × √dim.
+    c.head_dim_override = meta_int("attention.key_length", 2, 4096);
+    if (f.get_int(p + "attention.value_length", c.head_dim_override) != c.head_dim_override)
+      throw bad("metadata key '" + p + "attention.value_length' differs from key_length (not supported)");
+    c.sliding_window = meta_int("attention.sliding_window", 1, 1 << 24);
+    c.local_pattern = 6;
+    c.rope_theta_local = 10000.0;
+    c.embed_scale = std::sqrt(double(c.dim));
+    c.gelu_tanh = c.qk_norm = c.post_norms = true;
+    for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"})
+      if (f.has(p + k)) throw bad("metadata key '" + p + k + "' is set: logit soft-capping (Gemma 2) is not supported");
+  } else if (c.dim % c.n_heads) {
+    throw bad("embedding_length " + std::to_string(c.dim) + " is not a multiple of head_count");
+  }
   const int hd = c.head_dim();
   if (hd % 2) throw bad("head_dim " + std::to_string(hd) + " is odd (rotary embedding needs pairs)");
   for (const char* k : {"attention.key_length", "attention.value_length"})
-    if (f.has(p + k) && f.get_int(p + k) != hd)
+    if (!gemma && f.has(p + k) && f.get_int(p + k) != hd)
       throw bad("metadata key '" + p + k + "' = " + std::to_string(f.get_int(p + k)) + " differs from embedding_length / head_count = " +
                 std::to_string(hd) + " (kvsim reads models whose heads split the hidden state)");
   if (f.has(p + "rope.dimension_count") && f.get_int(p + "rope.dimension_count") != hd)
@@ -85,7 +107,7 @@ LlamaConfig read_config(const gguf::File& f) {
               ") is not supported");
   if (f.find_tensor("rope_freqs.weight"))
     throw bad("tensor 'rope_freqs.weight' (Llama 3.1-style rope scaling) is not supported");
-  if (f.get_int(p + "attention.sliding_window", 0) > 0)
+  if (!gemma && f.get_int(p + "attention.sliding_window", 0) > 0)
     throw bad("metadata key '" + p + "attention.sliding_window' is set: sliding-window attention is not supported");
   if (f.get_int(p + "expert_count", 0) > 0) throw bad("metadata key '" + p + "expert_count' is set: mixture of experts is not supported");
   c.rope_theta = f.get_float(p + "rope.freq_base", 10000.0);
@@ -130,6 +152,13 @@ std::vector<Want> expected_tensors(const LlamaConfig& c) {
   }
   want.push_back({"output_norm.weight", {D}, 10, 0});
   if (!c.shared_classifier) want.push_back({"output.weight", {D, V}, 11, 0});
+  for (int64_t l = 0; l < L && c.qk_norm; ++l) {  // Gemma 3 (llama.cpp's MODEL_ARCH.GEMMA3 names)
+    const std::string b = "blk." + std::to_string(l) + ".";
+    want.push_back({b + "attn_q_norm.weight", {hd}, 12, int(l)});
+    want.push_back({b + "attn_k_norm.weight", {hd}, 13, int(l)});
+    want.push_back({b + "post_attention_norm.weight", {D}, 14, int(l)});
+    want.push_back({b + "post_ffw_norm.weight", {D}, 15, int(l)});
+  }
   return want;
 }
 
@@ -175,6 +204,7 @@ Checkpoint load_gguf_checkpoint(const std::string& path) {
   gguf::File f(path);
   auto bad = [&](const std::string& why) -> Error { return Error(path + ": " + why); };
   LlamaConfig c = read_config(f);
+  const bool gemma = c.architecture == "gemma3";
   const std::vector<Want> want = expected_tensors(c);
   c.tensor_types = check_tensors(f, want);
   const int hd = c.head_dim();
@@ -182,23 +212,25 @@ Checkpoint load_gguf_checkpoint(const std::string& path) {
                 KVD = c.kv_dim();
   // Everything is validated: allocate (sizes are bounded by the tensors the file holds) and fill.
   Checkpoint ck;
+  const int64_t G = c.qk_norm ? L : 0;
   const int64_t sizes[] = {V * D, L * D, L * QD * D, L * KVD * D, L * KVD * D, L * D * QD, L * D, L * F * D, L * D * F,
-                           L * F * D, D, c.shared_classifier ? 0 : V * D};
-  int64_t floats = 0, start[12];
-  for (int t = 0; t < 12; ++t) {
+                           L * F * D, D, c.shared_classifier ? 0 : V * D, G * hd, G * hd, G * D, G * D};
+  int64_t floats = 0, start[16];
+  for (int t = 0; t < 16; ++t) {
     start[t] = floats;
     floats += sizes[t];
   }
   ck.weights.resize(size_t(floats));
   for (const auto& w : want) {
     const gguf::TensorInfo& t = *f.find_tensor(w.name);
-    const int parts = (w.slot == 0 || w.slot >= 10) ? 1 : int(L);
+    const int parts = (w.slot == 0 || w.slot == 10 || w.slot == 11) ? 1 : int(L);
     float* dst = ck.weights.data() + start[w.slot] + (parts > 1 ? int64_t(w.layer) * (sizes[w.slot] / parts) : 0);
     f.read(t, dst);
     for (int64_t i = 0; i < t.n_values; ++i)
       if (!std::isfinite(dst[i])) throw bad("tensor '" + w.name + "' holds a non-finite value at index " + std::to_string(i));
-    if (w.slot == 2) unpermute_rows(dst, c.n_heads, hd, D);
-    if (w.slot == 3) unpermute_rows(dst, c.n_kv_heads, hd, D);
+    // llama.cpp permutes Q and K for the llama architecture only (Gemma rotates halves: NEOX order).
+    if (w.slot == 2 && !gemma) unpermute_rows(dst, c.n_heads, hd, D);
+    if (w.slot == 3 && !gemma) unpermute_rows(dst, c.n_kv_heads, hd, D);
   }
   c.sha256 = f.sha256();
   ck.cfg = c;

@@ -44,6 +44,15 @@ void rope(float* vec, int n, int head_dim, int pos, double theta, bool halves) {
   }
 }
 
+/// GELU with the tanh approximation (Hendrycks & Gimpel 2016, Eq. in §2; PyTorch's
+/// gelu(approximate="tanh"), Gemma's hidden_activation "gelu_pytorch_tanh").
+inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
+
+/// RMSNorm of each head_dim slice of vec[n] with the same weights (Gemma 3's q_norm / k_norm).
+void rmsnorm_heads(float* vec, int n, int hd, const float* w, double eps) {
+  for (int h0 = 0; h0 < n; h0 += hd) rmsnorm(vec + h0, vec + h0, w, hd, eps);
+}
+
 /// rope() with the angles of one position precomputed: cs[k], sn[k] for pair k.
 void rope_rows(float* vec, int n, int head_dim, const float* cs, const float* sn, bool halves) {
   for (int h0 = 0; h0 < n; h0 += head_dim)
@@ -81,21 +90,28 @@ LlamaModel::LlamaModel(const std::string& path) : path_(path) {
   cfg_ = ck.cfg;
   data_ = std::move(ck.weights);
   const int64_t D = cfg_.dim, Hd = cfg_.hidden_dim, L = cfg_.n_layers, V = cfg_.vocab_size, KV = cfg_.kv_dim();
-  const int64_t hs = cfg_.head_dim();
+  const int64_t hs = cfg_.head_dim(), QD = cfg_.q_dim();
   const float* p = data_.data();
   emb_ = p; p += V * D;
   rms_att_ = p; p += L * D;
-  wq_ = p; p += L * D * D;
+  wq_ = p; p += L * QD * D;
   wk_ = p; p += L * D * KV;
   wv_ = p; p += L * D * KV;
-  wo_ = p; p += L * D * D;
+  wo_ = p; p += L * D * QD;
   rms_ffn_ = p; p += L * D;
   w1_ = p; p += L * D * Hd;
   w2_ = p; p += L * Hd * D;
   w3_ = p; p += L * D * Hd;
   rms_final_ = p; p += D;
   wcls_ = cfg_.shared_classifier ? emb_ : p;
-  x_.resize(D); xb_.resize(D); q_.resize(D); k_.resize(KV); v_.resize(KV); att_out_.resize(D);
+  if (!cfg_.shared_classifier) p += V * D;
+  if (cfg_.qk_norm) {
+    q_norm_ = p; p += L * hs;
+    k_norm_ = p; p += L * hs;
+    post_att_ = p; p += L * D;
+    post_ffn_ = p; p += L * D;
+  }
+  x_.resize(D); xb_.resize(D); q_.resize(QD); k_.resize(KV); v_.resize(KV); att_out_.resize(QD);
   hb_.resize(Hd); hb2_.resize(Hd); logits_.resize(V);
   // The exact cache grows with the positions fed (forward), not to seq_len up front: a version 1/2
   // header's seq_len is not tied to the file size, and a damaged one must not allocate terabytes.
@@ -105,20 +121,26 @@ LlamaModel::LlamaModel(const std::string& path) : path_(path) {
 
 const std::vector<float>& LlamaModel::forward(int token, int pos,
                                               const std::function<void(int, const LayerTrace&)>& trace) {
-  const int D = cfg_.dim, Hd = cfg_.hidden_dim, KV = cfg_.kv_dim(), hs = cfg_.head_dim();
+  const int D = cfg_.dim, Hd = cfg_.hidden_dim, KV = cfg_.kv_dim(), hs = cfg_.head_dim(), QD = cfg_.q_dim();
   const int S = cfg_.seq_len, G = cfg_.n_heads / cfg_.n_kv_heads;
   if (token < 0 || token >= cfg_.vocab_size) throw Error(path_ + ": token id " + std::to_string(token) + " out of range");
   if (pos < 0 || pos >= S)
     throw Error(path_ + ": position " + std::to_string(pos) + " is beyond the model's seq_len " + std::to_string(S));
-  std::copy(emb_ + int64_t(token) * D, emb_ + int64_t(token + 1) * D, x_.begin());
-  const double scale = 1.0 / std::sqrt(double(hs));
+  if (override_ && cfg_.sliding_window > 0)
+    throw Error(path_ + ": a cache policy inside a model with sliding-window layers (" + cfg_.architecture + ") is not supported yet");
+  for (int i = 0; i < D; ++i) x_[i] = emb_[int64_t(token) * D + i] * float(cfg_.embed_scale);
+  const double scale = cfg_.attn_scale();
   for (int l = 0; l < cfg_.n_layers; ++l) {
     rmsnorm(xb_.data(), x_.data(), rms_att_ + int64_t(l) * D, D, cfg_.rms_eps);
-    matvec(q_.data(), wq_ + int64_t(l) * D * D, xb_.data(), D, D);
+    matvec(q_.data(), wq_ + int64_t(l) * QD * D, xb_.data(), QD, D);
     matvec(k_.data(), wk_ + int64_t(l) * D * KV, xb_.data(), KV, D);
     matvec(v_.data(), wv_ + int64_t(l) * D * KV, xb_.data(), KV, D);
-    rope(q_.data(), D, hs, pos, cfg_.rope_theta, cfg_.rope_halves);
-    rope(k_.data(), KV, hs, pos, cfg_.rope_theta, cfg_.rope_halves);
+    if (cfg_.qk_norm) {
+      rmsnorm_heads(q_.data(), QD, hs, q_norm_ + int64_t(l) * hs, cfg_.rms_eps);
+      rmsnorm_heads(k_.data(), KV, hs, k_norm_ + int64_t(l) * hs, cfg_.rms_eps);
+    }
+    rope(q_.data(), QD, hs, pos, cfg_.layer_rope_theta(l), cfg_.rope_halves);
+    rope(k_.data(), KV, hs, pos, cfg_.layer_rope_theta(l), cfg_.rope_halves);
     if (override_) {
       override_->attend(l, pos, q_.data(), k_.data(), v_.data(), att_out_.data());
     } else {
@@ -134,24 +156,32 @@ const std::vector<float>& LlamaModel::forward(int token, int pos,
       }
       VecD z;
       double log_sum;
+      const int w = cfg_.layer_window(l), lo = w > 0 ? std::max(0, pos - w + 1) : 0;  // a local layer's first key
       for (int h = 0; h < cfg_.n_heads; ++h) {
         const size_t c = size_t(l) * cfg_.n_kv_heads + h / G;
         const VecD q = Eigen::Map<const VecF>(q_.data() + h * hs, hs).cast<double>() * scale;
-        attend_cached(key_cache_[c], value_cache_[c], pos + 1, q, z, log_sum);
+        if (lo == 0) {
+          attend_cached(key_cache_[c], value_cache_[c], pos + 1, q, z, log_sum);
+        } else {
+          const MatD kw = key_cache_[c].middleRows(lo, pos + 1 - lo), vw = value_cache_[c].middleRows(lo, pos + 1 - lo);
+          attend_cached(kw, vw, pos + 1 - lo, q, z, log_sum);
+        }
         Eigen::Map<VecF>(att_out_.data() + h * hs, hs) = z.cast<float>();
       }
     }
     if (trace) trace(l, LayerTrace{q_.data(), k_.data(), v_.data(), att_out_.data()});
-    matvec(xb_.data(), wo_ + int64_t(l) * D * D, att_out_.data(), D, D);
+    matvec(xb_.data(), wo_ + int64_t(l) * D * QD, att_out_.data(), D, QD);
+    if (post_att_) rmsnorm(xb_.data(), xb_.data(), post_att_ + int64_t(l) * D, D, cfg_.rms_eps);
     for (int i = 0; i < D; ++i) x_[i] += xb_[i];
     rmsnorm(xb_.data(), x_.data(), rms_ffn_ + int64_t(l) * D, D, cfg_.rms_eps);
     matvec(hb_.data(), w1_ + int64_t(l) * D * Hd, xb_.data(), Hd, D);
     matvec(hb2_.data(), w3_ + int64_t(l) * D * Hd, xb_.data(), Hd, D);
     for (int i = 0; i < Hd; ++i) {
       float a = hb_[i];
-      hb_[i] = a / (1.0f + std::exp(-a)) * hb2_[i];
+      hb_[i] = (cfg_.gelu_tanh ? gelu_tanh(a) : a / (1.0f + std::exp(-a))) * hb2_[i];
     }
     matvec(xb_.data(), w2_ + int64_t(l) * D * Hd, hb_.data(), D, Hd);
+    if (post_ffn_) rmsnorm(xb_.data(), xb_.data(), post_ffn_ + int64_t(l) * D, D, cfg_.rms_eps);
     for (int i = 0; i < D; ++i) x_[i] += xb_[i];
   }
   rmsnorm(x_.data(), x_.data(), rms_final_, D, cfg_.rms_eps);
@@ -192,12 +222,14 @@ void linear(MatF& Y, const MatF& X, const float* W, int64_t rows, int64_t cols, 
   });
 }
 
-/// Causal attention of every query head over all positions: A[:, h·hd…] = softmax(q kᵀ · scale) v.
-void causal_attention(const MatF& Q, const MatF& K, const MatF& V, MatF& A, int H, int KVH, int hd, int threads) {
+/// Causal attention of every query head over all positions: A[:, h·hd…] = softmax(q kᵀ · scale) v,
+/// over keys t − window + 1 … t when window > 0 (a local layer), else 0 … t.
+void causal_attention(const MatF& Q, const MatF& K, const MatF& V, MatF& A, int H, int KVH, int hd, double scale_d,
+                      int window, int threads) {
   const int64_t n = Q.rows();
   const int64_t B = 128, blocks = (n + B - 1) / B;
   const int G = H / KVH;
-  const float scale = float(1.0 / std::sqrt(double(hd)));
+  const float scale = float(scale_d);
   A.resize(n, int64_t(H) * hd);
   std::atomic<int64_t> next{0};
   // Work items (head, query block), largest (last) blocks first so the threads finish together.
@@ -207,16 +239,18 @@ void causal_attention(const MatF& Q, const MatF& K, const MatF& V, MatF& A, int 
       const int h = int(item % H);
       const int64_t r0 = (blocks - 1 - item / H) * B, rows = std::min(B, n - r0), keys = r0 + rows;
       const int g = h / G;
-      S.noalias() = Q.block(r0, int64_t(h) * hd, rows, hd) * K.block(0, int64_t(g) * hd, keys, hd).transpose();
+      const int64_t k0 = window > 0 ? std::max<int64_t>(0, r0 - window + 1) : 0;  // the block's first key
+      S.noalias() = Q.block(r0, int64_t(h) * hd, rows, hd) * K.block(k0, int64_t(g) * hd, keys - k0, hd).transpose();
       for (int64_t i = 0; i < rows; ++i) {
-        const int64_t visible = r0 + i + 1;  // keys 0..r0+i
-        auto s = S.row(i).head(visible).array();
+        const int64_t t = r0 + i, lo = (window > 0 ? std::max<int64_t>(0, t - window + 1) : 0) - k0, visible = t + 1 - k0 - lo;
+        auto s = S.row(i).segment(lo, visible).array();
         const float mx = s.maxCoeff() * scale;  // scale > 0
         s = (s * scale - mx).exp();            // Eigen's vectorized exp
         s *= float(1.0 / double(s.template cast<double>().sum()));
-        S.row(i).tail(keys - visible).setZero();
+        S.row(i).head(lo).setZero();
+        S.row(i).tail(keys - k0 - lo - visible).setZero();
       }
-      A.block(r0, int64_t(h) * hd, rows, hd).noalias() = S * V.block(0, int64_t(g) * hd, keys, hd);
+      A.block(r0, int64_t(h) * hd, rows, hd).noalias() = S * V.block(k0, int64_t(g) * hd, keys - k0, hd);
     }
   });
 }
@@ -240,6 +274,8 @@ void LlamaModel::decode_step(const std::vector<int>& tokens, int pos, const std:
   if (attn.size() != tokens.size()) throw Error("decode_step: " + std::to_string(B) + " tokens but " + std::to_string(attn.size()) + " attentions");
   if (pos < 0 || pos >= cfg_.seq_len)
     throw Error(path_ + ": position " + std::to_string(pos) + " is beyond the model's seq_len " + std::to_string(cfg_.seq_len));
+  if (cfg_.qk_norm || cfg_.sliding_window > 0)
+    throw Error(path_ + ": decoding through cache policies is not supported yet for the " + cfg_.architecture + " architecture");
   threads = std::max(1, threads);
   MatF X(B, D), XB(B, D), Q, K, V, A(B, D), O, H1, H3;
   for (int64_t b = 0; b < B; ++b) {
@@ -289,7 +325,7 @@ void LlamaModel::decode_step(const std::vector<int>& tokens, int pos, const std:
 void LlamaModel::prefill(const std::vector<int>& tokens, int threads,
                          const std::function<void(int, const MatF&, const MatF&, const MatF&, const MatF&)>& on_layer,
                          const std::function<void(int, const MatF&)>& on_logits) const {
-  const int D = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim(), hd = cfg_.head_dim();
+  const int D = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim(), hd = cfg_.head_dim(), QD = cfg_.q_dim();
   const int64_t n = int64_t(tokens.size());
   if (n > cfg_.seq_len)
     throw Error(path_ + ": " + std::to_string(n) + " positions requested but the model's seq_len is " + std::to_string(cfg_.seq_len));
@@ -298,49 +334,60 @@ void LlamaModel::prefill(const std::vector<int>& tokens, int threads,
   for (int64_t t = 0; t < n; ++t) {
     const int tok = tokens[size_t(t)];
     if (tok < 0 || tok >= cfg_.vocab_size) throw Error(path_ + ": token id " + std::to_string(tok) + " out of range");
-    std::copy(emb_ + int64_t(tok) * D, emb_ + int64_t(tok + 1) * D, X.row(t).data());
+    X.row(t) = Eigen::Map<const Eigen::RowVectorXf>(emb_ + int64_t(tok) * D, D) * float(cfg_.embed_scale);
   }
-  // Rotary angles once per position (the one-token path's double-precision formula, cast to float).
-  MatF cos_t(n, hd / 2), sin_t(n, hd / 2);
-  parallel_rows(n, threads, [&](int64_t a, int64_t b) {
-    for (int64_t t = a; t < b; ++t)
-      for (int k = 0; k < hd / 2; ++k) {
-        const double val = double(t) * (1.0 / std::pow(cfg_.rope_theta, double(2 * k) / hd));
-        cos_t(t, k) = static_cast<float>(std::cos(val));
-        sin_t(t, k) = static_cast<float>(std::sin(val));
-      }
-  });
-  auto norm_rows = [&](const float* w) {
+  // Rotary angles once per position and RoPE base (the one-token path's double-precision formula, cast to float).
+  std::vector<double> thetas = {cfg_.rope_theta};
+  if (cfg_.sliding_window > 0 && cfg_.rope_theta_local != cfg_.rope_theta) thetas.push_back(cfg_.rope_theta_local);
+  std::vector<MatF> cos_t(thetas.size(), MatF(n, hd / 2)), sin_t(thetas.size(), MatF(n, hd / 2));
+  for (size_t b = 0; b < thetas.size(); ++b)
+    parallel_rows(n, threads, [&](int64_t a0, int64_t a1) {
+      for (int64_t t = a0; t < a1; ++t)
+        for (int k = 0; k < hd / 2; ++k) {
+          const double val = double(t) * (1.0 / std::pow(thetas[b], double(2 * k) / hd));
+          cos_t[b](t, k) = static_cast<float>(std::cos(val));
+          sin_t[b](t, k) = static_cast<float>(std::sin(val));
+        }
+    });
+  auto norm_rows = [&](MatF& out, const MatF& in, const float* w) {
     parallel_rows(n, threads, [&](int64_t a, int64_t b) {
-      for (int64_t t = a; t < b; ++t) rmsnorm(XB.row(t).data(), X.row(t).data(), w, D, cfg_.rms_eps);
+      for (int64_t t = a; t < b; ++t) rmsnorm(out.row(t).data(), in.row(t).data(), w, int(in.cols()), cfg_.rms_eps);
     });
   };
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    norm_rows(rms_att_ + int64_t(l) * D);
-    linear(Q, XB, wq_ + int64_t(l) * D * D, D, D, threads);
+    norm_rows(XB, X, rms_att_ + int64_t(l) * D);
+    linear(Q, XB, wq_ + int64_t(l) * QD * D, QD, D, threads);
     linear(K, XB, wk_ + int64_t(l) * D * KV, KV, D, threads);
     linear(V, XB, wv_ + int64_t(l) * D * KV, KV, D, threads);
-    parallel_rows(n, threads, [&](int64_t a, int64_t b) {
-      for (int64_t t = a; t < b; ++t) {
-        rope_rows(Q.row(t).data(), D, hd, cos_t.row(t).data(), sin_t.row(t).data(), cfg_.rope_halves);
-        rope_rows(K.row(t).data(), KV, hd, cos_t.row(t).data(), sin_t.row(t).data(), cfg_.rope_halves);
+    const size_t b = thetas.size() > 1 && cfg_.layer_window(l) > 0 ? 1 : 0;
+    parallel_rows(n, threads, [&](int64_t a0, int64_t a1) {
+      for (int64_t t = a0; t < a1; ++t) {
+        if (q_norm_) {
+          rmsnorm_heads(Q.row(t).data(), QD, hd, q_norm_ + int64_t(l) * hd, cfg_.rms_eps);
+          rmsnorm_heads(K.row(t).data(), KV, hd, k_norm_ + int64_t(l) * hd, cfg_.rms_eps);
+        }
+        rope_rows(Q.row(t).data(), QD, hd, cos_t[b].row(t).data(), sin_t[b].row(t).data(), cfg_.rope_halves);
+        rope_rows(K.row(t).data(), KV, hd, cos_t[b].row(t).data(), sin_t[b].row(t).data(), cfg_.rope_halves);
       }
     });
-    causal_attention(Q, K, V, A, cfg_.n_heads, cfg_.n_kv_heads, hd, threads);
+    causal_attention(Q, K, V, A, cfg_.n_heads, cfg_.n_kv_heads, hd, cfg_.attn_scale(), cfg_.layer_window(l), threads);
     if (on_layer) on_layer(l, Q, K, V, A);
-    linear(O, A, wo_ + int64_t(l) * D * D, D, D, threads);
+    linear(O, A, wo_ + int64_t(l) * D * QD, D, QD, threads);
+    if (post_att_) norm_rows(O, O, post_att_ + int64_t(l) * D);
     X += O;
-    norm_rows(rms_ffn_ + int64_t(l) * D);
+    norm_rows(XB, X, rms_ffn_ + int64_t(l) * D);
     linear(H1, XB, w1_ + int64_t(l) * D * F, F, D, threads);
     linear(H3, XB, w3_ + int64_t(l) * D * F, F, D, threads);
-    parallel_rows(n, threads, [&](int64_t a, int64_t b) {  // SwiGLU, Eigen's vectorized exp
-      auto g = H1.middleRows(a, b - a).array();
-      g = g / (1.0f + (-g).exp()) * H3.middleRows(a, b - a).array();
+    parallel_rows(n, threads, [&](int64_t a, int64_t b2) {  // SwiGLU (Eigen's vectorized exp) or GeGLU
+      auto g = H1.middleRows(a, b2 - a).array();
+      if (cfg_.gelu_tanh) g = g.unaryExpr([](float x) { return gelu_tanh(x); }) * H3.middleRows(a, b2 - a).array();
+      else g = g / (1.0f + (-g).exp()) * H3.middleRows(a, b2 - a).array();
     });
     linear(O, H1, w2_ + int64_t(l) * D * F, D, F, threads);
+    if (post_ffn_) norm_rows(O, O, post_ffn_ + int64_t(l) * D);
     X += O;
   }
-  norm_rows(rms_final_);
+  norm_rows(XB, X, rms_final_);
   MatF Lb;
   for (int64_t r0 = 0; r0 < n; r0 += 256) {
     const int64_t rows = std::min<int64_t>(256, n - r0);

@@ -110,7 +110,9 @@ RecordingMeta model_recording_meta(const LlamaConfig& cfg, const std::string& mo
   meta.n_kv_heads = cfg.n_kv_heads;
   meta.head_dim = cfg.head_dim();
   meta.n_tokens = n_tokens;
-  meta.softmax_scale = 1.0 / std::sqrt(double(cfg.head_dim()));
+  meta.softmax_scale = cfg.attn_scale();
+  if (cfg.sliding_window > 0)
+    for (int l = 0; l < cfg.n_layers; ++l) meta.layer_windows.push_back(cfg.layer_window(l));
   return meta;
 }
 

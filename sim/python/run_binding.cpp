@@ -187,6 +187,7 @@ py::dict meta_dict(const RecordingMeta& m) {
     d["rope_theta"] = m.rope_theta;
     d["rope_pairs"] = m.rope_halves ? "halves" : "adjacent";
   }
+  if (!m.layer_windows.empty()) d["layer_windows"] = m.layer_windows;
   return d;
 }
 

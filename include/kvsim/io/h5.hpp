@@ -76,9 +76,13 @@ class File {
   void remove(const std::string& obj);
   bool has_attr(const std::string& name, const std::string& obj = "/") const;
   int64_t attr_int(const std::string& name, const std::string& obj = "/") const;
+  /// An integer attribute as a vector (a scalar gives one value).
+  std::vector<int64_t> attr_ints(const std::string& name, const std::string& obj = "/") const;
   double attr_double(const std::string& name, const std::string& obj = "/") const;
   std::string attr_string(const std::string& name, const std::string& obj = "/") const;
   void set_attr(const std::string& obj, const std::string& name, int64_t v);
+  /// A 1-D int64 array attribute (e.g. a recording's layer_windows).
+  void set_attr(const std::string& obj, const std::string& name, const std::vector<int64_t>& v);
   void set_attr(const std::string& obj, const std::string& name, double v);
   void set_attr(const std::string& obj, const std::string& name, const std::string& v);
 

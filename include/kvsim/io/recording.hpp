@@ -38,6 +38,11 @@ struct RecordingMeta {
   /// rope_pairs, "halves …" (channels k, k + head_dim/2: rope_halves) or "adjacent …" (2k, 2k + 1).
   double rope_theta = 0.0;
   bool rope_halves = true;
+  /// Optional attribute layer_windows: per layer, the tokens its attention sees (a local,
+  /// sliding-window layer: its last w tokens, itself included) or 0 (global: all earlier tokens).
+  /// Empty when the file does not say: every layer global. Gemma 3: 512 on five of six layers.
+  std::vector<int64_t> layer_windows;
+  int64_t layer_window(int l) const { return l < int(layer_windows.size()) ? layer_windows[size_t(l)] : 0; }
   int group_size() const { return n_heads / n_kv_heads; }
   int kv_head_of(int q_head) const { return q_head / group_size(); }
 };

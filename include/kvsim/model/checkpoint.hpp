@@ -21,6 +21,7 @@
 // every tensor dequantized to float32 into the same order, Q and K rows put back into the Hugging
 // Face order (rotary pairs (i, i + head_dim/2)), RoPE θ and the RMSNorm ε from the file's metadata.
 #pragma once
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -38,12 +39,30 @@ struct LlamaConfig {
   /// halves (i, i + head_dim/2), the order of Hugging Face checkpoints and transformers'
   /// `rotate_half`, which a GGUF file's Q/K rows are put back into (gguf_checkpoint.cpp).
   bool rope_halves = false;
-  std::string architecture = "llama";
+  std::string architecture = "llama";  ///< "llama" or (GGUF) "gemma3"
+  // Gemma 3 (Gemma Team 2025, "Gemma 3 Technical Report" §2; transformers' Gemma3TextModel), all
+  // neutral for llama:
+  int head_dim_override = 0;     ///< head_dim when heads do not split the hidden state (Gemma 3: 256 × 4 > 640)
+  double embed_scale = 1.0;      ///< token embeddings × this (Gemma: √dim)
+  double query_scale = 0.0;      ///< attention logits × this (Gemma: query_pre_attn_scalar^−½); 0 = head_dim^−½
+  bool gelu_tanh = false;        ///< FFN gate activation: GELU (tanh approximation) instead of SiLU
+  bool qk_norm = false;          ///< per-head RMSNorm of q and k before RoPE (weights q_norm, k_norm)
+  bool post_norms = false;       ///< RMSNorm of the attention and FFN outputs before each residual add
+  int sliding_window = 0;        ///< tokens a local layer attends (its own included); 0 = all layers global
+  int local_pattern = 0;         ///< layer l is global iff (l + 1) % local_pattern == 0 (Gemma 3: 6)
+  double rope_theta_local = 10000.0;  ///< RoPE base of local layers (rope_theta: global layers)
   std::string model_name;    ///< GGUF general.name
   std::string tensor_types;  ///< GGUF: "Q4_1 ×210, F32 ×61, Q8_0 ×1" (tensors per type, most first)
   std::string sha256;        ///< GGUF: the file's sha256
-  int head_dim() const { return dim / n_heads; }
+  int head_dim() const { return head_dim_override ? head_dim_override : dim / n_heads; }
+  int q_dim() const { return head_dim() * n_heads; }
   int kv_dim() const { return head_dim() * n_kv_heads; }
+  double attn_scale() const { return query_scale > 0 ? query_scale : 1.0 / std::sqrt(double(head_dim())); }
+  /// Tokens layer l attends: sliding_window on a local layer, 0 (all) on a global one.
+  int layer_window(int l) const {
+    return sliding_window > 0 && local_pattern > 0 && (l + 1) % local_pattern != 0 ? sliding_window : 0;
+  }
+  double layer_rope_theta(int l) const { return layer_window(l) ? rope_theta_local : rope_theta; }
   /// "llama2.c legacy (float32)", "llama2.c version 1 (float32)", "llama2.c version 2 (Q8_0, group
   /// 64)" or "GGUF v3 (llama; Q4_1 ×210, F32 ×61, Q8_0 ×1)".
   std::string format_name() const;
@@ -52,7 +71,9 @@ struct LlamaConfig {
 struct Checkpoint {
   LlamaConfig cfg;
   /// float32 weights in one order for every format: token_embedding, rms_att, wq, wk, wv, wo,
-  /// rms_ffn, w1, w2, w3, rms_final, then wcls when not shared.
+  /// rms_ffn, w1, w2, w3, rms_final, then wcls when not shared; then, for Gemma 3 only, q_norm
+  /// [L, head_dim], k_norm [L, head_dim], post_attention_norm [L, dim], post_ffw_norm [L, dim].
+  /// wq is [L, q_dim, dim], wo [L, dim, q_dim].
   std::vector<float> weights;
 };
 
@@ -64,7 +85,7 @@ struct Checkpoint {
 Checkpoint load_checkpoint(const std::string& path);
 
 /// Loads a GGUF file of the `llama` architecture (SmolLM2, TinyLlama, Llama 2, Llama 3 without rope
-/// scaling, Mistral without a sliding window). Throws kvsim::Error (one line, naming the file and the
+/// scaling, Mistral without a sliding window) or the `gemma3` architecture (Gemma 3 270M). Throws kvsim::Error (one line, naming the file and the
 /// key or tensor), before allocating the weights, for: another architecture (named), rope scaling
 /// (metadata or a rope_freqs tensor), a sliding window, mixture of experts, partial rotary, key/value
 /// lengths other than dim / n_heads, a tensor type kvsim cannot dequantize, a missing, duplicate or

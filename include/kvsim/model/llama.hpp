@@ -1,9 +1,14 @@
 // kvsim: a Llama-architecture forward pass for llama2.c checkpoints, used by `kvsim record` to
 // capture real query/key/value tensors (docs/recordings.md, "Recording from a model").
 //
-// Checkpoints: llama2.c legacy, version 1 (float32) and version 2 (Q8_0), see checkpoint.hpp.
+// Checkpoints: llama2.c legacy, version 1 (float32) and version 2 (Q8_0), and GGUF (llama, gemma3),
+// see checkpoint.hpp.
 // Block: x += Wo·Attn(RoPE(Wq·n(x)), RoPE(Wk·n(x)), Wv·n(x)); x += W2(silu(W1·n(x)) ⊙ W3·n(x)),
-// n = RMSNorm (eps 1e-5); rotary on adjacent pairs (2i, 2i+1) of each head.
+// n = RMSNorm (eps 1e-5); rotary on adjacent pairs (2i, 2i+1) of each head (halves for GGUF).
+// Gemma 3 (Gemma 3 Technical Report §2; transformers' Gemma3DecoderLayer): embeddings × √dim;
+// x += n_post(Wo·Attn(RoPE(n_q(Wq·n(x))), RoPE(n_k(Wk·n(x))), Wv·n(x))) with n_q, n_k RMSNorms per
+// head; x += n_post'(W2(gelu_tanh(W1·n(x)) ⊙ W3·n(x))); local layers attend to their last
+// sliding_window tokens with RoPE base rope_theta_local, global layers to all with rope_theta.
 #pragma once
 #include <functional>
 #include <limits>
@@ -78,6 +83,8 @@ class LlamaModel {
   std::vector<float> data_;
   // Weight pointers into data_.
   const float *emb_, *rms_att_, *wq_, *wk_, *wv_, *wo_, *rms_ffn_, *w1_, *w2_, *w3_, *rms_final_, *wcls_;
+  // Gemma 3 only (null otherwise): per-layer q/k RMSNorm [L, hd] and post-attention/FFN RMSNorm [L, dim].
+  const float *q_norm_ = nullptr, *k_norm_ = nullptr, *post_att_ = nullptr, *post_ffn_ = nullptr;
   // Activations and cache.
   std::vector<float> x_, xb_, q_, k_, v_, att_out_, hb_, hb2_, logits_;
   // Exact cache in double, one [seq_len, head_dim] matrix per (layer, kv head): the same arithmetic

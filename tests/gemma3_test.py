@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Gemma 3 270M (GGUF, Q4_K_M) in kvsim against transformers loading the same file.
+
+  gemma3_test.py KVSIM MODELS_DIR DATA_DIR
+
+transformers (`from_pretrained(MODELS_DIR, gguf_file=...)`, float32, CPU) dequantizes the file with the
+`gguf` package and builds its own Gemma3ForCausalLM (embedding scale, (1 + w) RMSNorms, per-head q/k
+norms, GeGLU, two RoPE bases, sliding-window layers), so it is an implementation written by others of
+the same weights. Both read the same token ids (kvsim's; see below). Checked:
+  1. logits over 256 tokens of TinyStories (BOS first): max |Δ| / max |logit| ≤ 1e-3, and the NLL.
+  2. the post-RoPE queries, keys and values of all 18 layers that `kvsim record` writes equal
+     transformers' (captured inside its attention, after the q/k norms) to max |Δ| / max |x| ≤ 1e-4;
+     the recording names each layer's window (512 on local layers, 0 on the global layers 5, 11, 17).
+  3. the sliding window: over 640 tokens (past the 512-token window) the last 128 positions' logits
+     agree ≤ 1e-3; negative control: transformers with every layer global disagrees with kvsim there.
+Not checked here: token ids against transformers' tokenizer. transformers (5.x) builds this file's
+SentencePiece vocabulary into a tokenizer that ignores the merge scores ("Once upon" → "On", "ce",
+"▁up", "on"; the model then predicts garbage), so it cannot serve as the reference; kvsim merges by
+score as SentencePiece does ("Once", "▁upon").
+Exit 0 passed, 1 failed, 77 SKIPPED (torch/transformers/gguf or the model file absent).
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77
+GGUF = "gemma-3-270m-q4_k_m.gguf"
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def rel(np, a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def check_logits(m, hf, ids, np, torch, transformers):
+    # 1. Logits over 256 tokens, with q, k, v captured inside transformers' attention.
+    captured = {}
+
+    def capture(module, query, key, value, attention_mask, **kw):
+        captured[module.layer_idx] = (query[0].detach().numpy().copy(), key[0].detach().numpy().copy(),
+                                      value[0].detach().numpy().copy())
+        return transformers.integrations.sdpa_attention.sdpa_attention_forward(
+            module, query, key, value, attention_mask, **kw)
+
+    transformers.AttentionInterface.register("kvsim_capture", capture)
+    hf.set_attn_implementation("kvsim_capture")
+    with torch.no_grad():
+        L_hf = hf(torch.tensor([ids])).logits[0].numpy()
+    L_kv = m.logits(ids)
+    dev = rel(np, L_kv, L_hf)
+    check(dev <= 1e-3, f"logits over {len(ids)} tokens: max relative deviation {dev:.2e} <= 1e-3")
+    n = len(ids) - 1
+    nll_kv = float(np.mean([np.logaddexp.reduce(L_kv[t].astype(np.float64)) - L_kv[t, ids[t + 1]] for t in range(n)]))
+    nll_hf = float(np.mean([np.logaddexp.reduce(L_hf[t].astype(np.float64)) - L_hf[t, ids[t + 1]] for t in range(n)]))
+    check(abs(nll_kv - nll_hf) <= 1e-3, f"NLL kvsim {nll_kv:.5f} vs transformers {nll_hf:.5f} nats/token")
+    hf.set_attn_implementation("sdpa")
+    return captured
+
+
+def check_recording(kvsim_bin, path, story, ids, captured, np, kvsim):
+    # 2. Recorded q, k, v against transformers' post-RoPE tensors; the per-layer windows.
+    with tempfile.TemporaryDirectory() as tmp:
+        tpath = os.path.join(tmp, "story.txt")
+        with open(tpath, "w", encoding="utf-8") as f:
+            f.write(story)
+        rec_path = os.path.join(tmp, "gemma3.h5")
+        r = subprocess.run([kvsim_bin, "record", "--checkpoint", path, "--text", tpath, "--tokens", str(len(ids)),
+                            "--out", rec_path], capture_output=True, text=True)
+        check(r.returncode == 0, "kvsim record --checkpoint gemma3.gguf: " + (r.stdout + r.stderr).strip()[-200:])
+        if r.returncode != 0:
+            return
+        rec = kvsim.Recording(rec_path)
+        check(list(rec.tokens()) == ids, "the recording's tokens are the ids transformers read")
+        worst = {"q": 0.0, "k": 0.0, "v": 0.0}
+        for layer in range(18):
+            q_hf, k_hf, v_hf = captured[layer]
+            for h in range(4):
+                worst["q"] = max(worst["q"], rel(np, rec.q(layer, h), q_hf[h]))
+            worst["k"] = max(worst["k"], rel(np, rec.k(layer, 0), k_hf[0]))
+            worst["v"] = max(worst["v"], rel(np, rec.v(layer, 0), v_hf[0]))
+        for t in "qkv":
+            check(worst[t] <= 1e-4, f"post-RoPE {t} of 18 layers: max relative deviation {worst[t]:.2e} <= 1e-4")
+        windows = list(rec.meta.get("layer_windows", []))
+        check(windows == [0 if (l + 1) % 6 == 0 else 512 for l in range(18)],
+              f"the recording's layer_windows: {windows}")
+
+
+def check_window(m, hf, ids, np, torch):
+    # 3. Past the 512-token window: the last 128 positions of 640.
+    with torch.no_grad():
+        L_hf = hf(torch.tensor([ids]), logits_to_keep=128).logits[0].numpy()
+    L_kv = m.logits(ids)[-128:]
+    dev = rel(np, L_kv, L_hf)
+    check(dev <= 1e-3, f"640 tokens, logits of the last 128 (local layers windowed): max relative deviation {dev:.2e} <= 1e-3")
+    saved = list(hf.config.layer_types)
+    hf.config.layer_types = ["full_attention"] * len(saved)
+    for layer in hf.model.layers:
+        layer.attention_type = "full_attention"
+        layer.self_attn.sliding_window = None
+    try:
+        with torch.no_grad():
+            L_full = hf(torch.tensor([ids]), logits_to_keep=128).logits[0].numpy()
+    finally:
+        hf.config.layer_types = saved
+    off = rel(np, L_kv, L_full)
+    check(off > 1e-2, f"negative control: transformers with every layer global is {off:.2e} off (> 1e-2)")
+
+
+def main():
+    if len(sys.argv) != 4:
+        print(__doc__)
+        return 2
+    kvsim_bin, models, data_dir = sys.argv[1:4]
+    path = os.path.join(models, GGUF)
+    if not os.path.exists(path):
+        print(f"SKIPPED: {path} absent (bash scripts/setup.sh fetches it)")
+        return SKIP
+    try:
+        import numpy as np
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:
+        print(f"SKIPPED: {e} (bash scripts/setup.sh installs .venv)")
+        return SKIP
+    import kvsim
+    from kvsim.model import Model
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(2)
+    hf = AutoModelForCausalLM.from_pretrained(models, gguf_file=GGUF, dtype=torch.float32)
+    hf.eval()
+    m = Model(path)
+    with open(os.path.join(data_dir, "tinystories-sample", "tinystories.txt"), encoding="utf-8") as f:
+        story = f.read()[20000:40000]
+    doc = [m.bos_id] + m.encode(story)
+    ids = doc[:256]
+    captured = check_logits(m, hf, ids, np, torch, transformers)
+    check_recording(kvsim_bin, path, story, ids, captured, np, kvsim)
+    check_window(m, hf, doc[:640], np, torch)
+    print(f"{len(failures)} failure(s)" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
