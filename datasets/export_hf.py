@@ -23,8 +23,7 @@ Everything uses forward hooks on public module interfaces; no transformers inter
 
 Faithfulness checks (the export refuses rather than writing wrong tensors):
   - architectures outside SUPPORTED_MODEL_TYPES, or without separate q/k/v/o projections;
-  - sliding-window attention when the exported sequence is longer than the window (kvsim replays
-    full causal attention), attention-logit soft-capping (Gemma 2), ALiBi-style position biases;
+  - attention-logit soft-capping (Gemma 2), ALiBi-style position biases;
   - after the pass, the exporter rotates the captured k_proj/k_norm output with the same cos/sin and
     compares it with the cache at sampled positions: a mismatch (a rotary or norm the exporter does
     not reproduce) aborts the export.
@@ -82,7 +81,7 @@ class RecordingFile:
     """
 
     def __init__(self, path, n_layers, n_heads, n_kv_heads, head_dim, n_tokens, softmax_scale, model, source,
-                 dtype="float16", with_attn=True, rope_theta=None):
+                 dtype="float16", with_attn=True, rope_theta=None, windows=None):
         import h5py
         import numpy as np
 
@@ -108,6 +107,8 @@ class RecordingFile:
         if rope_theta is not None:  # the default RoPE of transformers: pairs (k, k + head_dim/2)
             a["rope_theta"] = np.float64(rope_theta)
             a["rope_pairs"] = "halves (k, k + head_dim/2): Hugging Face channel order"
+        if windows is not None and any(windows):
+            a["layer_windows"] = np.asarray(windows, dtype=np.int64)
         chunk = (1, min(n_tokens, 1024), head_dim)
         for l in range(n_layers):
             g = self.f.create_group(f"layer_{l:03d}")
@@ -175,16 +176,31 @@ def check_architecture(model, n_tokens):
         raise ExportError(f"{name}: attention-logit soft-capping is not replayed by kvsim")
     if getattr(cfg, "alibi", False) or getattr(cfg, "position_embedding_type", "rope") == "alibi":
         raise ExportError(f"{name}: ALiBi position biases are not replayed by kvsim")
-    window = getattr(cfg, "sliding_window", None)
-    uses_window = window is not None and getattr(cfg, "use_sliding_window", True)
-    if uses_window and n_tokens > window:
-        raise ExportError(f"{name}: sliding-window attention (window {window}) with {n_tokens} tokens: kvsim replays "
-                          f"full causal attention; export at most {window} tokens")
     for l, layer in enumerate(model.model.layers):
         attn = layer.self_attn
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
             if not hasattr(attn, proj):
                 raise ExportError(f"{name}: layer {l}'s attention has no '{proj}' (fused projections are not supported)")
+
+
+def transformers_module():
+    import transformers
+    return transformers
+
+
+def layer_windows(model, layers):
+    """Per exported layer, the tokens its attention sees: the sliding window on a local layer
+    (config.layer_types "sliding_attention", or every layer of a model with a sliding_window and no
+    layer_types, e.g. Mistral), 0 on a global one; None when the model has no sliding window. Written as
+    the recording's layer_windows attribute (docs/recordings.md, the schema)."""
+    cfg = model.config
+    window = getattr(cfg, "sliding_window", None)
+    if not window or not getattr(cfg, "use_sliding_window", True):
+        return None
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return [int(window) if types[l] == "sliding_attention" else 0 for l in layers]
+    return [int(window)] * len(layers)
 
 
 def attention_geometry(model):
@@ -241,7 +257,7 @@ def export_model(model, input_ids, out_path, layers=None, dtype="float16", with_
     name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
     rec = RecordingFile(out_path, len(layers), H, Hkv, d, n, scale, name,
                         source or f"datasets/export_hf.py --model {name} --tokens {n}", dtype, with_attn,
-                        default_rope_theta(model, d))
+                        default_rope_theta(model, d), layer_windows(model, layers))
     check_pos = sorted(set(np.linspace(0, n - 1, min(n, k_check_positions)).astype(int).tolist()))
     state = {}
     k_rot_samples = {}
@@ -315,7 +331,12 @@ def export_model(model, input_ids, out_path, layers=None, dtype="float16", with_
                 handles.append(attn.o_proj.register_forward_pre_hook(o_hook(out_idx)))
         with torch.no_grad():
             # The decoder stack only: the LM head's [n, vocab] logits are not needed (16 GB at n = 32k).
-            out = model.model(input_ids=input_ids, use_cache=True)
+            # A fresh DynamicCache built without the config keeps every token of sliding-window layers
+            # too (built from the config, transformers keeps only the window's last tokens there).
+            kw = {}
+            if layer_windows(model, layers) is not None and hasattr(transformers_module(), "DynamicCache"):
+                kw["past_key_values"] = transformers_module().DynamicCache()
+            out = model.model(input_ids=input_ids, use_cache=True, **kw)
         cache = out.past_key_values
         if cache is None:
             raise ExportError(f"{name}: the forward pass returned no KV cache")

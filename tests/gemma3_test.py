@@ -13,10 +13,16 @@ the same weights. Both read the same token ids (kvsim's; see below). Checked:
      the recording names each layer's window (512 on local layers, 0 on the global layers 5, 11, 17).
   3. the sliding window: over 640 tokens (past the 512-token window) the last 128 positions' logits
      agree ≤ 1e-3; negative control: transformers with every layer global disagrees with kvsim there.
-Not checked here: token ids against transformers' tokenizer. transformers (5.x) builds this file's
-SentencePiece vocabulary into a tokenizer that ignores the merge scores ("Once upon" → "On", "ce",
-"▁up", "on"; the model then predicts garbage), so it cannot serve as the reference; kvsim merges by
-score as SentencePiece does ("Once", "▁upon").
+  4. token ids against Google's SentencePiece library (`sentencepiece`), given a model rebuilt from the
+     file's pieces, scores and types (BPE, byte fallback, no dummy prefix, whitespace escaped), on
+     > 50,000 characters of mixed text with runs of spaces collapsed: identical; negative control: the
+     same pieces with their scores negated disagree. Runs of spaces are the one known divergence: kvsim
+     uses the file's user-defined whitespace pieces ("  ", "   ", …; a run of k spaces before a word
+     becomes the piece of k − 1 spaces and "▁word"), where this rebuilt SentencePiece model splits the
+     run into "▁" pieces; checked as such (whitespace pieces used, the text decodes back).
+transformers is not the reference for token ids: its GGUF loader (5.x) builds this file's vocabulary
+into a tokenizer that ignores the merge scores ("Once upon" → "On", "ce", "▁up", "on"; the model then
+predicts garbage).
 Exit 0 passed, 1 failed, 77 SKIPPED (torch/transformers/gguf or the model file absent).
 """
 import os
@@ -113,6 +119,54 @@ def check_window(m, hf, ids, np, torch):
     check(off > 1e-2, f"negative control: transformers with every layer global is {off:.2e} off (> 1e-2)")
 
 
+def sentencepiece_from_gguf(path, negate=False):
+    """A SentencePiece BPE processor over the GGUF file's own pieces, scores and token types."""
+    import sentencepiece as spm
+    from gguf import GGUFReader
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    f = GGUFReader(path).fields
+    pieces = [bytes(f["tokenizer.ggml.tokens"].parts[i]).decode("utf-8") for i in f["tokenizer.ggml.tokens"].data]
+    scores = [float(f["tokenizer.ggml.scores"].parts[i][0]) for i in f["tokenizer.ggml.scores"].data]
+    types = [int(f["tokenizer.ggml.token_type"].parts[i][0]) for i in f["tokenizer.ggml.token_type"].data]
+    m = pb.ModelProto()
+    for piece, score, kind in zip(pieces, scores, types):  # GGUF token types are SentencePiece's piece types
+        p = m.pieces.add()
+        p.piece, p.score, p.type = piece, -score if negate else score, kind
+    t = m.trainer_spec
+    t.model_type, t.vocab_size, t.byte_fallback = pb.TrainerSpec.BPE, len(pieces), True
+    t.unk_id, t.bos_id, t.eos_id, t.pad_id = [int(f["tokenizer.ggml." + k].parts[-1][0]) for k in
+                                              ("unknown_token_id", "bos_token_id", "eos_token_id", "padding_token_id")]
+    t.allow_whitespace_only_pieces = True
+    n = m.normalizer_spec
+    n.name, n.add_dummy_prefix, n.remove_extra_whitespaces, n.escape_whitespaces = "identity", False, False, True
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(m.SerializeToString())
+    return sp, pieces
+
+
+def check_tokens(m, path, text):
+    # 4. Token ids against SentencePiece.
+    import re
+    prose = re.sub(" {2,}", " ", text)
+    sp, pieces = sentencepiece_from_gguf(path)
+    ours, ref = m.encode(prose), sp.encode(prose)
+    first = next((i for i in range(min(len(ours), len(ref))) if ours[i] != ref[i]), min(len(ours), len(ref)))
+    check(len(prose) > 50000 and ours == ref,
+          f"token ids on {len(prose):,} characters (runs of spaces collapsed): kvsim {len(ours):,} vs SentencePiece "
+          f"{len(ref):,}, first difference at {first}")
+    bad, _ = sentencepiece_from_gguf(path, negate=True)
+    neg = bad.encode(prose)
+    differ = sum(a != b for a, b in zip(ours, neg)) + abs(len(ours) - len(neg))
+    check(differ > len(ours) // 10, f"negative control: scores negated, {differ:,} ids differ")
+    spaces = {i for i, p in enumerate(pieces) if len(p) >= 2 and p.strip(" ") == ""}
+    ok = True
+    for k in range(3, 8):
+        s = "x" + " " * k + "y"
+        ids = m.encode(s)
+        ok = ok and any(i in spaces for i in ids) and m.decode(ids) == s
+    check(ok, f"runs of 3-7 spaces use the file's whitespace pieces ({len(spaces)} of them) and decode back")
+
+
 def main():
     if len(sys.argv) != 4:
         print(__doc__)
@@ -127,6 +181,7 @@ def main():
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
+        import sentencepiece  # noqa: F401  (the token-id reference)
     except ImportError as e:
         print(f"SKIPPED: {e} (bash scripts/setup.sh installs .venv)")
         return SKIP
@@ -139,6 +194,9 @@ def main():
     hf = AutoModelForCausalLM.from_pretrained(models, gguf_file=GGUF, dtype=torch.float32)
     hf.eval()
     m = Model(path)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from smollm2_test import mixed_text  # the same > 50,000 characters of mixed text
+    check_tokens(m, path, mixed_text(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), data_dir))
     with open(os.path.join(data_dir, "tinystories-sample", "tinystories.txt"), encoding="utf-8") as f:
         story = f.read()[20000:40000]
     doc = [m.bos_id] + m.encode(story)

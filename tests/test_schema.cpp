@@ -356,6 +356,10 @@ TEST_CASE("schema: layer_windows names local layers and the replay takes the glo
   CHECK(res.layers == std::vector<int>{1});
   for (const auto& row : res.policies.at(0).rows) CHECK(row.layer == 1);
   CHECK(run_experiment(parse_experiment(cfg, "inline"), plain, 1).layers == std::vector<int>{0, 1, 2});
+  // A window that covers the whole recording (64 ≥ 40 tokens) acts as global attention.
+  RecordingReader wide(with("wide.h5", [](h5::File& f) { f.set_attr("/", "layer_windows", std::vector<int64_t>{64, 0, 64}); }));
+  CHECK_FALSE(wide.meta().is_local(0));
+  CHECK(run_experiment(parse_experiment(cfg, "inline"), wide, 1).layers == std::vector<int>{0, 1, 2});
   CHECK_THROWS_WITH(run_experiment(parse_experiment(cfg, "inline", {"data.layers=[0, 1]"}), r, 1),
                     Contains("data.layers: layer 0 is a local layer (sliding window of 16 tokens)"));
 }

@@ -69,19 +69,19 @@ void validate_eval(const Experiment& ex) {
 }
 
 /// `data.layers` / `data.heads` (empty = all layers, or the global ones when the recording has
-/// local sliding-window layers: cache policies matter on global layers), range-checked; the (layer,
+/// local sliding-window layers shorter than itself: cache policies matter on global layers), range-checked; the (layer,
 /// KV head) cells they select. A local layer named in data.layers is refused: its exact reference
 /// would have to be window attention, which the replay does not implement yet.
 std::vector<Cell> plan_cells(const DataSpec& data, const RecordingMeta& meta, std::vector<int>& layers) {
   layers = data.layers;
   if (layers.empty())
     for (int l = 0; l < meta.n_layers; ++l)
-      if (meta.layer_window(l) == 0) layers.push_back(l);
+      if (!meta.is_local(l)) layers.push_back(l);
   if (layers.empty()) throw Error("the recording has no global layer (layer_windows: every layer is local)");
   for (int l : layers) {
     if (l < 0 || l >= meta.n_layers)
       throw Error("data.layers: layer " + std::to_string(l) + " is out of range [0, " + std::to_string(meta.n_layers) + ")");
-    if (meta.layer_window(l) > 0)
+    if (meta.is_local(l))
       throw Error("data.layers: layer " + std::to_string(l) + " is a local layer (sliding window of " +
                   std::to_string(meta.layer_window(l)) + " tokens); replaying local layers is not supported yet");
   }

@@ -43,6 +43,9 @@ struct RecordingMeta {
   /// Empty when the file does not say: every layer global. Gemma 3: 512 on five of six layers.
   std::vector<int64_t> layer_windows;
   int64_t layer_window(int l) const { return l < int(layer_windows.size()) ? layer_windows[size_t(l)] : 0; }
+  /// Whether layer l is local for this recording: a window shorter than the recording (a window
+  /// that covers every token acts as global attention).
+  bool is_local(int l) const { return layer_window(l) > 0 && layer_window(l) < n_tokens; }
   int group_size() const { return n_heads / n_kv_heads; }
   int kv_head_of(int q_head) const { return q_head / group_size(); }
 };
