@@ -183,16 +183,10 @@ def check_architecture(model, n_tokens):
                 raise ExportError(f"{name}: layer {l}'s attention has no '{proj}' (fused projections are not supported)")
 
 
-def transformers_module():
-    import transformers
-    return transformers
-
-
 def layer_windows(model, layers):
-    """Per exported layer, the tokens its attention sees: the sliding window on a local layer
-    (config.layer_types "sliding_attention", or every layer of a model with a sliding_window and no
-    layer_types, e.g. Mistral), 0 on a global one; None when the model has no sliding window. Written as
-    the recording's layer_windows attribute (docs/recordings.md, the schema)."""
+    """Per exported layer, the tokens its attention sees (the recording's layer_windows): the window on
+    a local layer (layer_types "sliding_attention", or every layer when the config has no layer_types,
+    e.g. Mistral), 0 on a global one; None when the model has no sliding window."""
     cfg = model.config
     window = getattr(cfg, "sliding_window", None)
     if not window or not getattr(cfg, "use_sliding_window", True):
@@ -201,6 +195,15 @@ def layer_windows(model, layers):
     if types:
         return [int(window) if types[l] == "sliding_attention" else 0 for l in layers]
     return [int(window)] * len(layers)
+
+
+def full_cache(model, layers):
+    """forward() arguments for a cache keeping every token: a sliding-window model gets a DynamicCache
+    built without its config (built from it, local layers keep only the window's last tokens)."""
+    import transformers
+    if layer_windows(model, layers) is None or not hasattr(transformers, "DynamicCache"):
+        return {}
+    return {"past_key_values": transformers.DynamicCache()}
 
 
 def attention_geometry(model):
@@ -331,12 +334,7 @@ def export_model(model, input_ids, out_path, layers=None, dtype="float16", with_
                 handles.append(attn.o_proj.register_forward_pre_hook(o_hook(out_idx)))
         with torch.no_grad():
             # The decoder stack only: the LM head's [n, vocab] logits are not needed (16 GB at n = 32k).
-            # A fresh DynamicCache built without the config keeps every token of sliding-window layers
-            # too (built from the config, transformers keeps only the window's last tokens there).
-            kw = {}
-            if layer_windows(model, layers) is not None and hasattr(transformers_module(), "DynamicCache"):
-                kw["past_key_values"] = transformers_module().DynamicCache()
-            out = model.model(input_ids=input_ids, use_cache=True, **kw)
+            out = model.model(input_ids=input_ids, use_cache=True, **full_cache(model, layers))
         cache = out.past_key_values
         if cache is None:
             raise ExportError(f"{name}: the forward pass returned no KV cache")
