@@ -3,10 +3,11 @@
 # all figures and results/report.md with plots/make_figures.py. Needs ../shared/data beside the
 # checkout for the small real models and models/ (scripts/setup.sh) for SmolLM2.
 #
-# Usage: bash scripts/reproduce.sh [--quick] [--only small|smollm2] [--fresh] [--no-figures] [THREADS]
+# Usage: bash scripts/reproduce.sh [--quick] [--only small|smollm2|gemma3] [--fresh] [--no-figures] [THREADS]
 #   --quick   a subset in minutes: the single-window small-model experiments and SmolLM2 on one
 #             2048-token window of code (what CI's slow `reproduce` test runs)
-#   --only    just the small models (stories260K, aidreams260K, shakespeare-q80, synthetic) or just SmolLM2
+#   --only    just the small models (stories260K, aidreams260K, shakespeare-q80, synthetic), just SmolLM2
+#             or just Gemma 3 270M (its equal-memory sweep; not part of --quick)
 #   --fresh   forget earlier steps; without it the script resumes: a step whose stamp in
 #             results/.reproduce holds the same command line (and the same kvsim binary, configs and
 #             scripts, by sha1) is skipped
@@ -21,11 +22,11 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --only) ONLY=${2:-}; shift
-            case "$ONLY" in small|smollm2) ;; *) echo "reproduce.sh: --only takes small or smollm2, not '$ONLY'" >&2; exit 2;; esac ;;
+            case "$ONLY" in small|smollm2|gemma3) ;; *) echo "reproduce.sh: --only takes small, smollm2 or gemma3, not '$ONLY'" >&2; exit 2;; esac ;;
     --fresh) rm -rf results/.reproduce ;;
     --no-figures) FIGURES=0 ;;
     [0-9]*) T=$1 ;;
-    *) echo "reproduce.sh: unknown argument '$1' (usage: reproduce.sh [--quick] [--only small|smollm2] [--fresh] [--no-figures] [THREADS])" >&2; exit 2 ;;
+    *) echo "reproduce.sh: unknown argument '$1' (usage: reproduce.sh [--quick] [--only small|smollm2|gemma3] [--fresh] [--no-figures] [THREADS])" >&2; exit 2 ;;
   esac
   shift
 done
@@ -171,8 +172,21 @@ smollm2() {
   done
 }
 
-[ "$ONLY" = smollm2 ] || small_models
-[ "$ONLY" = small ] || smollm2
+# Gemma 3 270M (GGUF, one KV head of head_dim 256, local/global layers): 8 prose windows of 2048 tokens,
+# replayed on its global layers. Full runs only.
+gemma3() {
+  local G=${KVSIM_MODELS:-models}/gemma-3-270m-q4_k_m.gguf
+  [ -f "$G" ] || { echo "reproduce.sh: $G is missing (bash scripts/setup.sh fetches it)" >&2; exit 1; }
+  local rec=($K record --checkpoint "$G" --no-attn --threads "$T")
+  step rec_gemma3_shakespeare null "${rec[@]}" --text "$D/tinyshakespeare/input.txt" --text-tail 0.05 --tokens 2048 \
+    --windows 4 --out results/recordings/gemma3_shakespeare_2048.h5
+  step rec_gemma3_tinystories null "${rec[@]}" --text "$D/tinystories-sample/tinystories.txt" --tokens 2048 \
+    --windows 4 --out results/recordings/gemma3_tinystories_2048.h5
+  step gemma3_budget_sweep results/gemma3_budget_sweep.txt $K run experiments/gemma3_budget_sweep.toml --threads "$T"
+}
+
+case "$ONLY" in small) small_models ;; smollm2) smollm2 ;; gemma3) gemma3 ;;
+  *) small_models; smollm2; [ "$QUICK" = 1 ] || gemma3 ;; esac
 if [ "$FIGURES" = 0 ]; then echo "reproduce.sh: done, figures not drawn (--no-figures; step times in $ST/times.tsv)"; exit 0; fi
 
 # Figures and results/report.md from every results folder in results/ (make_figures skips what a
@@ -222,5 +236,6 @@ fig results/smollm2_length_sweep.png smollm2_length_sweep.png
 fig results/clusterability_smollm2_code/clusterability.png clusterability_smollm2.png
 fig results/smollm2_closed_loop/closed_loop.png smollm2_closed_loop.png
 fig results/smollm2_buzz_tw_sweep/buzz_tw_sweep.png smollm2_buzz_tw_sweep.png
+fig results/gemma3_budget_sweep/rel_err_vs_memory_sequences.png gemma3_budget_sweep.png
 for f in heatmaps memory link; do fig "results/retrieval/retrieval_$f.png" "smollm2_retrieval_$f.png"; done
 echo "reproduce.sh: done (step times in $ST/times.tsv)"
