@@ -33,6 +33,9 @@ import sys
 import tempfile
 
 SKIP = 77
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_checks import logits_with_qkv  # noqa: E402
+
 GGUF = "gemma-3-270m-q4_k_m.gguf"
 failures = []
 
@@ -49,18 +52,7 @@ def rel(np, a, b):
 
 def check_logits(m, hf, ids, np, torch, transformers):
     # 1. Logits over 256 tokens, with q, k, v captured inside transformers' attention.
-    captured = {}
-
-    def capture(module, query, key, value, attention_mask, **kw):
-        captured[module.layer_idx] = (query[0].detach().numpy().copy(), key[0].detach().numpy().copy(),
-                                      value[0].detach().numpy().copy())
-        return transformers.integrations.sdpa_attention.sdpa_attention_forward(
-            module, query, key, value, attention_mask, **kw)
-
-    transformers.AttentionInterface.register("kvsim_capture", capture)
-    hf.set_attn_implementation("kvsim_capture")
-    with torch.no_grad():
-        L_hf = hf(torch.tensor([ids])).logits[0].numpy()
+    L_hf, captured = logits_with_qkv(hf, ids, torch, transformers)
     L_kv = m.logits(ids)
     dev = rel(np, L_kv, L_hf)
     check(dev <= 1e-3, f"logits over {len(ids)} tokens: max relative deviation {dev:.2e} <= 1e-3")
@@ -68,7 +60,6 @@ def check_logits(m, hf, ids, np, torch, transformers):
     nll_kv = float(np.mean([np.logaddexp.reduce(L_kv[t].astype(np.float64)) - L_kv[t, ids[t + 1]] for t in range(n)]))
     nll_hf = float(np.mean([np.logaddexp.reduce(L_hf[t].astype(np.float64)) - L_hf[t, ids[t + 1]] for t in range(n)]))
     check(abs(nll_kv - nll_hf) <= 1e-3, f"NLL kvsim {nll_kv:.5f} vs transformers {nll_hf:.5f} nats/token")
-    hf.set_attn_implementation("sdpa")
     return captured
 
 
@@ -217,7 +208,6 @@ def main():
     hf = AutoModelForCausalLM.from_pretrained(models, gguf_file=GGUF, dtype=torch.float32)
     hf.eval()
     m = Model(path)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from smollm2_test import mixed_text  # the same > 50,000 characters of mixed text
     check_tokens(m, path, mixed_text(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), data_dir))
     with open(os.path.join(data_dir, "tinystories-sample", "tinystories.txt"), encoding="utf-8") as f:

@@ -23,6 +23,9 @@ import sys
 import tempfile
 
 SKIP = 77
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_checks import logits_with_qkv  # noqa: E402
+
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 failures = []
 
@@ -113,18 +116,7 @@ def check_logits(m, tok, hf, story, np, torch, transformers):
     # 2. Logits over 256 tokens of TinyStories.
     ids = m.encode(story)[:256]
     check(len(ids) == 256 and ids == tok.encode(story, add_special_tokens=False)[:256], "256 held-out tokens, same ids")
-    captured = {}
-
-    def capture(module, query, key, value, attention_mask, **kw):
-        captured[module.layer_idx] = (query[0].detach().numpy().copy(), key[0].detach().numpy().copy(),
-                                      value[0].detach().numpy().copy())
-        return transformers.integrations.sdpa_attention.sdpa_attention_forward(
-            module, query, key, value, attention_mask, **kw)
-
-    transformers.AttentionInterface.register("kvsim_capture", capture)
-    hf.set_attn_implementation("kvsim_capture")
-    with torch.no_grad():
-        L_hf = hf(torch.tensor([ids])).logits[0].numpy()
+    L_hf, captured = logits_with_qkv(hf, ids, torch, transformers)
     L_kv = m.logits(ids)
     dev = float(np.abs(L_kv - L_hf).max() / np.abs(L_hf).max())
     check(dev <= 1e-3, f"logits over 256 tokens: max relative deviation {dev:.2e} <= 1e-3")
