@@ -1,6 +1,7 @@
 """docs/python.md's example runs as written: its ```sh recording block,
-then its ```python blocks, from the repository root; the plot is written and the printed table has
-every policy. SKIPPED without stories260K."""
+then its ```python blocks, in a scratch directory laid out like the repository root (so that the
+docs test, which runs the same recording command in the root, never races it under ctest -j); the
+plot is written and the printed table has every policy. SKIPPED without stories260K."""
 import os
 import re
 import subprocess
@@ -20,14 +21,14 @@ def test_docs_python_example_runs(stories_recording, shared_data, kvsim_bin, tmp
     code = fenced(doc, "python")
     assert len(record) == 1 and len(code) == 1 and "register_policy" in code[0]
     cmd = record[0].strip().replace("./build/kvsim", kvsim_bin).replace("../shared/data", str(shared_data))
-    subprocess.run(cmd, shell=True, check=True, cwd=ROOT, capture_output=True)
-    png = ROOT / "results" / "python_example.png"
-    if png.exists():
-        png.unlink()
+    work = tmp_path / "root"
+    (work / "results" / "recordings").mkdir(parents=True)
+    subprocess.run(cmd, shell=True, check=True, cwd=work, capture_output=True)
+    png = work / "results" / "python_example.png"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(kvsim_bin).parent / "python"), os.environ.get("PYTHONPATH", "")])}
     script = tmp_path / "example.py"
     script.write_text(code[0])
-    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     for label in ("window(memory=0.2)", "h2o(memory=0.2)", "decayed_h2o(gamma=0.5,memory=0.2)",
                   "decayed_h2o(gamma=0.9,memory=0.2)"):

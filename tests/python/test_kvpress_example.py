@@ -1,5 +1,5 @@
 """docs/kvpress.md's complete example runs as written: its ```sh recording block, then its ```python
-block, from the repository root; the printed table has both presses and kvsim's h2o with finite errors.
+block, in a scratch copy of the root's layout (models/ linked); the printed table has both presses and kvsim's h2o with finite errors.
 And `python -m kvsim.kvpress` writes a press file, or exits 2 with one line naming the bad press,
 argument or file. SKIPPED without the SmolLM2 model file or kvpress (tests/setup_check.py fails the suite in that case
 after setup)."""
@@ -26,12 +26,17 @@ def test_docs_kvpress_example_runs(shared_data, kvsim_bin, tmp_path):
     (record,) = [b for b in fenced(doc, "sh") if "kvsim record" in b]
     (code,) = fenced(doc, "python")
     cmd = record.strip().replace("./build/kvsim", kvsim_bin).replace("../shared/data", str(shared_data))
-    subprocess.run(cmd, shell=True, check=True, cwd=ROOT, capture_output=True)
+    # A scratch root (models/ linked, results/recordings/ empty): the docs test records the same file
+    # in the repository root, and ctest -j may run both at once.
+    work = tmp_path / "root"
+    (work / "results" / "recordings").mkdir(parents=True)
+    (work / "models").symlink_to(ROOT / "models")
+    subprocess.run(cmd, shell=True, check=True, cwd=work, capture_output=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(Path(kvsim_bin).parent / "python"), os.environ.get("PYTHONPATH", "")])}
     script = tmp_path / "example.py"
     script.write_text(code)
-    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     table = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()[1:] if line.strip()}
     for label in ("SnapKVPress", "ExpectedAttentionPress"):
