@@ -6,6 +6,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -24,9 +26,64 @@
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/replay/kept.hpp"
 #include "kvsim/replay/metrics.hpp"
+#include "kvsim/replay/reference.hpp"
 
 namespace kvsim::python {
 namespace {
+
+using ArrF = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+/// kvsim's float32 exact reference pass (exact_attention_f32, the engine's blocks of 128 steps) over
+/// every step of every query head: causal attention of Q [H, n, d] against K, V [H_kv, n, d] (query
+/// head h reads KV head h / (H / H_kv)). The (head, block) units are shared by `threads` threads
+/// dynamically (later blocks cost more). Returns (out [H, n, d] float32, seconds of the pass alone:
+/// the copies in and out are not timed). For kvsim.compare_torch (issue "performance beside PyTorch").
+py::tuple exact_causal(const ArrF& q, const ArrF& k, const ArrF& v, double scale, int threads) {
+  if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3)
+    throw Error("_exact_causal: q, k and v must be [heads, n, head_dim] arrays");
+  const int64_t H = q.shape(0), n = q.shape(1), d = q.shape(2), Hkv = k.shape(0);
+  if (n < 1 || Hkv < 1 || H % Hkv != 0 || k.shape(1) != n || k.shape(2) != d || v.shape(0) != Hkv ||
+      v.shape(1) != n || v.shape(2) != d)
+    throw Error("_exact_causal: shapes must be q [H, n, d], k and v [H_kv, n, d] with H a multiple of H_kv");
+  auto copy = [&](const ArrF& a, int64_t h) { return MatF(Eigen::Map<const MatF>(a.data() + h * n * d, n, d)); };
+  std::vector<MatF> Q, K, V;
+  for (int64_t h = 0; h < H; ++h) Q.push_back(copy(q, h));
+  for (int64_t h = 0; h < Hkv; ++h) K.push_back(copy(k, h)), V.push_back(copy(v, h));
+  std::vector<int64_t> steps(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) steps[size_t(t)] = t + 1;
+  std::vector<std::pair<size_t, size_t>> blocks;
+  for (size_t b0 = 0; b0 < steps.size();) {
+    const size_t b1 = reference_block_end(steps, b0, kReferenceRowsF32);
+    blocks.emplace_back(b0, b1);
+    b0 = b1;
+  }
+  py::array_t<float> out({py::ssize_t(H), py::ssize_t(n), py::ssize_t(d)});
+  float* o = out.mutable_data();
+  std::atomic<size_t> next{0};
+  const size_t units = size_t(H) * blocks.size();
+  double seconds = 0;
+  {
+    py::gil_scoped_release release;
+    auto work = [&] {
+      ReferenceBlock blk;
+      for (size_t u; (u = next++) < units;) {
+        const int64_t h = int64_t(u / blocks.size());
+        const auto [b0, b1] = blocks[u % blocks.size()];
+        const std::vector<int64_t> block(steps.begin() + int64_t(b0), steps.begin() + int64_t(b1));
+        const int64_t g = h / (H / Hkv);
+        exact_attention_f32(Q[size_t(h)], K[size_t(g)], V[size_t(g)], scale, block, blk);
+        Eigen::Map<MatF>(o + (h * n + int64_t(b0)) * d, int64_t(b1 - b0), d) = blk.out.cast<float>();
+      }
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return py::make_tuple(out, seconds);
+}
 
 /// A finished run: the experiment, and per sequence its single-sequence experiment and result.
 struct PyRun {
@@ -254,6 +311,8 @@ void bind_run(py::module_& m) {
         return gemm_gflops(n, f32);
       },
       py::arg("n"), py::arg("f32"));
+  m.def("_exact_causal", &exact_causal, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
+        py::arg("threads"));
 }
 
 }  // namespace kvsim::python

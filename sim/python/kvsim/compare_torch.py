@@ -1,40 +1,51 @@
-"""`.venv/bin/python -m kvsim.compare_torch`: kvsim's window and H2O replays beside the same replays written in
-PyTorch the way a researcher would, on the same machine, stream and thread count.
+"""`.venv/bin/python -m kvsim.compare_torch`: kvsim's exact pass and cache replays beside the same work written
+in PyTorch the way a researcher would, on the same machine, stream, precision and thread count, with raw
+ratios (PyTorch seconds / kvsim seconds: above 1, kvsim is faster).
 
-- window (StreamingLLM's local cache, budget B): PyTorch answers all steps at once as a banded masked
-  attention — blocks of 128 queries against their (B + 127) keys, masked to each step's cache
-  [t − B, t), softmax, then the values — float32, both query heads of the KV group batched. kvsim: the
-  blocked closed-form replay (`[eval] closed_form = "blocked"`, float32 policy precision) and, for
-  reference, the per-step one.
-- h2o (H2O §4.1 Algorithm 1, heavy_ratio 0.5): a step loop over preallocated slot tensors, as in H2O's
-  reference code: evict the lowest accumulated score outside the recent window when full, write the
-  new key and value into the freed slot, attend, add the group-mean attention to the scores. kvsim:
-  its per-step h2o in float32 policy precision.
+The stream: the seeded `heavy_hitter` synthetic stream, n tokens (default 8192), head_dim 128, 4 query heads
+over 2 KV heads (GQA groups of 2), float32 on both sides. Each row times the answers of all n steps of all 4
+query heads, at each thread count of --threads (default 1 and 2; torch.set_num_threads and kvsim's threads):
 
-kvsim's figure is its policy_ns metric (mean wall time of a policy's own work per decoded step); the
-PyTorch figure is the loop's wall time over the same steps. Both also time their GEMM: Eigen's SGEMM
-(what kvsim uses) and torch.mm, n = 1024, float32, one thread unless --threads. GEMM rates differ
-between PyTorch builds (Debian's python3-torch 1.13 used a generic reference BLAS at 3% of Eigen's
-rate; the pinned PyPI torch 2.13 CPU wheel runs at 113–140% of it), so the script prints the raw ratio
-(PyTorch time / kvsim time) and the ratio normalized to equal GEMM rates (PyTorch time × torch GFLOP/s / Eigen GFLOP/s:
-what a PyTorch with Eigen's GEMM would take if all its time were GEMM-bound; for the H2O step loop,
-whose time is mostly per-call overhead, the normalized figure is a lower bound on PyTorch's time).
+- exact: causal attention. kvsim: its float32 reference pass (`exact_attention_f32`, the blocks of 128
+  steps the engine uses; it also keeps each row's probabilities, log τ and ‖a_t‖₂ for the metrics), the
+  (head, block) units shared by the threads. PyTorch:
+  `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)`.
+- window, sink (StreamingLLM's caches, budget B = 25% of n; sink: 4 sink tokens + B − 4 recent): PyTorch
+  answers all steps at once as a banded masked attention — blocks of 128 queries against the keys their
+  caches can hold, masked to each step's cache, softmax, the values — all heads batched. kvsim: the blocked
+  closed-form replay (`[eval] closed_form = "blocked"`).
+- h2o (H2O §4.1 Algorithm 1, heavy_ratio 0.5) and tova (TOVA §4 Eq. 6): a step loop over preallocated slot
+  tensors, both KV heads batched, as in H2O's reference code: when full, evict per KV head the lowest score
+  (h2o: accumulated, outside the recent window; tova: the last step's weight), write the new key and value
+  into the freed slot, attend, update the scores with the group-mean attention. kvsim: its per-step
+  policies in float32 policy precision.
 
-Correctness: both answer the same queries. The script checks PyTorch's window outputs against kvsim's
-rel_err rows at 64 sampled steps (the exact reference computed here in float64): they must agree
-within 1e-4 (float32 rounding), else it exits 1. H2O's mean rel_err is printed for both (float32
-score ties may evict differently, so it is not asserted).
+kvsim's policy seconds come from its policy_ns metric (wall time of each cell's policy work per step, one
+cell per KV head): Σ over cells ÷ min(threads, cells), since the engine runs cells on separate threads.
+The exact row is timed around the pass itself (no copies). PyTorch rows are wall times of the loops above
+(best of 3; the step loops once). GEMM rates of both (Eigen's SGEMM, torch.mm; 1024³ float32) are printed
+for context only.
 
-Usage: .venv/bin/python -m kvsim.compare_torch [--n 8192] [--d 128] [--budget 0.25] [--threads 1] [--quick]
-Exit codes: 0 done, 1 the window answers disagree, 77 PyTorch is not importable (nothing measured).
+Correctness: both answer the same queries. The exact outputs must agree within 1e-4 relative (max over
+rows), and PyTorch's window and sink answers must match kvsim's rel_err rows at 64 sampled steps within
+1e-4 (the exact attention recomputed here in float64), else exit 1. h2o's and tova's mean rel_err are
+printed for both (float32 score ties may evict differently, so they are not asserted).
+
+Usage: .venv/bin/python -m kvsim.compare_torch [--n 8192] [--d 128] [--budget 0.25] [--threads 1,2] [--quick]
+       [--json FILE]
+Exit codes: 0 done, 1 the answers disagree, 2 bad arguments, 77 PyTorch is not importable (nothing measured).
 """
 import argparse
+import json
+import os
 import sys
 import time
 
 import numpy as np
 
 from . import _kvsim, run, synth
+
+HEADS, KV_HEADS, SINK = 4, 2, 4
 
 
 def torch_or_none():
@@ -59,75 +70,132 @@ def _timed(fn):
     return time.perf_counter() - t0
 
 
-def torch_window(torch, q, k, v, scale, budget, block=128):
-    """Banded masked attention: z[h, t-1] = softmax over keys [max(0, t − B), t) of query t, head h."""
-    G, n, d = q.shape
-    out = torch.empty(G, n, d)
+def torch_banded(torch, q, k, v, scale, budget, sink=0, block=128):
+    """Window (sink = 0) or sink cache answers of every step as a banded masked attention.
+    q [H_kv, G, n, d], k and v [H_kv, n, d]; step t (1-based) attends keys j < min(sink, t) and
+    max(sink, t − (budget − sink)) ≤ j < t. Returns [H_kv, G, n, d]."""
+    Hkv, G, n, d = q.shape
+    window = budget - sink
+    out = torch.empty(Hkv, G, n, d)
     rows = torch.arange(block).unsqueeze(1)
     for s in range(0, n, block):
         e = min(n, s + block)
-        lo = max(0, s + 1 - budget)
-        scores = torch.matmul(q[:, s:e] * scale, k[lo:e].T)  # [G, rows, band]
-        key = torch.arange(lo, e).unsqueeze(0)
-        step = rows[: e - s] + s + 1  # 1-based step of each row
-        mask = (key >= step) | (key < step - budget)
+        lo = max(sink, s + 1 - window)
+        idx = torch.cat([torch.arange(min(sink, e)), torch.arange(min(lo, e), e)])
+        kb, vb = k[:, idx], v[:, idx]  # [H_kv, band, d]
+        scores = torch.matmul(q[:, :, s:e] * scale, kb.transpose(1, 2).unsqueeze(1))  # [H_kv, G, rows, band]
+        step = rows[: e - s] + s + 1
+        key = idx.unsqueeze(0)
+        mask = (key >= step) | ((key >= sink) & (key < step - window))
         scores.masked_fill_(mask, float("-inf"))
-        out[:, s:e] = torch.matmul(torch.softmax(scores, dim=-1), v[lo:e])
+        out[:, :, s:e] = torch.matmul(torch.softmax(scores, dim=-1), vb.unsqueeze(1))
     return out
 
 
-def torch_h2o(torch, q, k, v, scale, budget, heavy_ratio=0.5):
-    """H2O's step loop over preallocated slots (evict before the new token joins, as kvsim's h2o)."""
-    G, n, d = q.shape
-    recent = budget - min(budget - 1, max(1, round(heavy_ratio * budget)))
-    K, V = torch.zeros(budget, d), torch.zeros(budget, d)
-    pos = torch.full((budget,), -1, dtype=torch.long)
-    score = torch.zeros(budget)
-    out = torch.empty(G, n, d)
+def torch_step_loop(torch, q, k, v, scale, budget, policy, heavy_ratio=0.5):
+    """h2o or tova as a step loop over preallocated slots (evict before the new token joins, as kvsim).
+    q [H_kv, G, n, d], k and v [H_kv, n, d]; returns [H_kv, G, n, d]."""
+    Hkv, G, n, d = q.shape
+    recent = budget - min(budget - 1, max(1, round(heavy_ratio * budget))) if policy == "h2o" else 0
+    K, V = torch.zeros(Hkv, budget, d), torch.zeros(Hkv, budget, d)
+    pos = torch.full((Hkv, budget), -1, dtype=torch.long)
+    score = torch.zeros(Hkv, budget)
+    out = torch.empty(Hkv, G, n, d)
     inf = torch.tensor(float("inf"))
+    heads = torch.arange(Hkv)
     size = 0
     for t in range(n):
         if size < budget:
-            slot = size
+            slot = torch.full((Hkv,), size, dtype=torch.long)
             size += 1
         else:
-            evictable = pos <= t - recent
-            slot = int(torch.argmin(torch.where(evictable, score, inf)))
-        K[slot], V[slot], pos[slot], score[slot] = k[t], v[t], t, 0.0
-        a = torch.softmax(torch.matmul(q[:, t] * scale, K[:size].T), dim=-1)  # [G, size]
-        score[:size] += a.mean(0)
-        out[:, t] = torch.matmul(a, V[:size])
+            slot = torch.argmin(torch.where(pos <= t - recent, score, inf), dim=1)
+        K[heads, slot], V[heads, slot], pos[heads, slot], score[heads, slot] = k[:, t], v[:, t], t, 0.0
+        a = torch.softmax(torch.matmul(q[:, :, t] * scale, K[:, :size].transpose(1, 2)), dim=-1)  # [H_kv, G, size]
+        if policy == "h2o":
+            score[:, :size] += a.mean(1)
+        else:
+            score[:, :size] = a.mean(1)
+        out[:, :, t] = torch.matmul(a, V[:, :size])
     return out
 
 
 def rel_err_at(q, k, v, scale, z, steps):
-    """‖z_t − Attn_t‖ / ‖Attn_t‖ per (head, step) with the exact attention in float64."""
-    res = np.empty((q.shape[0], len(steps)))
+    """‖z_t − Attn_t‖ / ‖Attn_t‖ per (query head, step), the exact attention in float64.
+    q, z [H, n, d]; k, v [H_kv, n, d]."""
+    H, G = q.shape[0], q.shape[0] // k.shape[0]
+    res = np.empty((H, len(steps)))
     for j, t in enumerate(steps):
-        for h in range(q.shape[0]):
-            logits = (k[:t].astype(np.float64) @ (q[h, t - 1].astype(np.float64) * scale))
+        for h in range(H):
+            kh, vh = k[h // G, :t].astype(np.float64), v[h // G, :t].astype(np.float64)
+            logits = kh @ (q[h, t - 1].astype(np.float64) * scale)
             a = np.exp(logits - logits.max())
-            a /= a.sum()
-            exact = a @ v[:t].astype(np.float64)
+            exact = (a / a.sum()) @ vh
             res[h, j] = np.linalg.norm(z[h, t - 1] - exact) / np.linalg.norm(exact)
     return res
 
 
-def kvsim_side(n, d, budget, threads):
-    """policy_ns means (window blocked, window per-step, h2o) and the window's rel_err rows."""
+def kvsim_policies(n, d, budget, threads):
+    """kvsim's seconds for all n steps of all query heads per policy, and its rows (policy, head, step)."""
     cfg = {"name": "compare_torch", "seed": 1,
-           "data": {"synthetic": "heavy_hitter", "n": n, "d": d, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1},
+           "data": {"synthetic": "heavy_hitter", "n": n, "d": d, "n_layers": 1, "n_heads": HEADS,
+                    "n_kv_heads": KV_HEADS},
            "eval": {"every": 1, "policy_precision": "float32", "reference_precision": "float32"},
-           "policy": [{"name": "window", "budget": budget}, {"name": "h2o", "budget": budget}]}
-    res = run(cfg, threads=threads)
-    per_step = run(cfg, threads=threads, overrides={"eval.closed_form": "per_step"})
-    rows, rows_ps = res.rows(), per_step.rows()
+           "policy": [{"name": "window", "budget": budget}, {"name": "sink", "sink": SINK, "budget": budget},
+                      {"name": "h2o", "budget": budget}, {"name": "tova", "budget": budget}]}
+    rows = run(cfg, threads=threads).rows()
+    seconds = {}
+    for name in ("window", "sink", "h2o", "tova"):
+        # policy_ns is per cell (KV head) and step; each query head's row of the group repeats it.
+        per_head = rows[rows.policy == name].groupby("head").policy_ns.mean()
+        per_step = float(per_head.sum()) / (HEADS // KV_HEADS) / min(threads, KV_HEADS)
+        seconds[name] = per_step * n / 1e9
+    return seconds, rows
 
-    def mean(r, name, metric="policy_ns"):
-        return float(r[r.policy == name][metric].mean())
 
-    return {"window": mean(rows, "window"), "window_per_step": mean(rows_ps, "window"), "h2o": mean(rows, "h2o"),
-            "h2o_rel_err": mean(rows, "h2o", "rel_err"), "window_rows": rows[rows.policy == "window"]}
+def measure(torch, a, n, budget, threads):
+    """One thread count: the rows [(name, kvsim s, PyTorch s)] and the agreement checks."""
+    torch.set_num_threads(threads)
+    rec = synth("heavy_hitter", n=n, d=a.d, layers=1, heads=HEADS, kv_heads=KV_HEADS, seed=1)
+    scale = rec.meta["softmax_scale"]
+    q = np.stack([rec.q(0, h) for h in range(HEADS)])
+    k = np.stack([rec.k(0, h) for h in range(KV_HEADS)])
+    v = np.stack([rec.v(0, h) for h in range(KV_HEADS)])
+    G = HEADS // KV_HEADS
+    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v))
+    tq4 = tq.view(KV_HEADS, G, n, a.d)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    # exact causal attention
+    ks_exact = min(_kvsim._exact_causal(q, k, v, scale, threads)[1] for _ in range(3))
+    z_kvsim = _kvsim._exact_causal(q, k, v, scale, threads)[0]
+    exact = lambda: sdpa(tq.unsqueeze(0), tk.unsqueeze(0), tv.unsqueeze(0), is_causal=True, scale=scale,  # noqa: E731
+                         enable_gqa=True)
+    exact()
+    t_exact = min(_timed(exact) for _ in range(3))
+    z_torch = exact()[0].numpy()
+    exact_diff = float(np.max(np.linalg.norm(z_torch - z_kvsim, axis=-1) / np.linalg.norm(z_kvsim, axis=-1)))
+
+    ks, krows = kvsim_policies(n, a.d, budget, threads)
+    rows = [("exact causal attention", ks_exact, t_exact)]
+    steps = sorted(set(np.linspace(1, n, 64).astype(int).tolist()))
+    checks = {"exact_max_rel_diff": exact_diff}
+    for name, sink in (("window", 0), ("sink", SINK)):
+        banded = lambda: torch_banded(torch, tq4, tk, tv, scale, budget, sink)  # noqa: E731
+        banded()
+        rows.append((f"{name} (banded)", ks[name], min(_timed(banded) for _ in range(3))))
+        z = banded().reshape(HEADS, n, a.d).numpy()
+        w = krows[krows.policy == name].set_index(["head", "step"])["rel_err"]
+        theirs = np.array([[w.loc[(h, t)] for t in steps] for h in range(HEADS)])
+        checks[f"{name}_max_rel_err_diff"] = float(np.max(np.abs(rel_err_at(q, k, v, scale, z, steps) - theirs)))
+    for name in ("h2o", "tova"):
+        t0 = time.perf_counter()
+        z = torch_step_loop(torch, tq4, tk, tv, scale, budget, name).reshape(HEADS, n, a.d).numpy()
+        rows.append((f"{name} (step loop)", ks[name], time.perf_counter() - t0))
+        checks[f"{name}_rel_err_torch"] = float(rel_err_at(q, k, v, scale, z, steps).mean())
+        checks[f"{name}_rel_err_kvsim"] = float(krows[krows.policy == name].rel_err.mean())
+    gemm = {"eigen_gflops": _kvsim._gemm_gflops(1024, True), "torch_mm_gflops": torch_gemm_gflops(torch)}
+    return rows, checks, gemm
 
 
 def main(argv=None):
@@ -135,52 +203,52 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=8192, help="tokens")
     ap.add_argument("--d", type=int, default=128, help="head_dim")
     ap.add_argument("--budget", type=float, default=0.25, help="cache size: tokens, or a fraction of n")
-    ap.add_argument("--threads", type=int, default=1, help="threads for both (torch.set_num_threads)")
-    ap.add_argument("--quick", action="store_true", help="n = 1024 (seconds; the test uses it)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    ap.add_argument("--quick", action="store_true", help="n = 1024, one thread (seconds; the test uses it)")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows, checks and versions as JSON")
     a = ap.parse_args(argv)
+    try:
+        threads = [1] if a.quick else [int(x) for x in a.threads.split(",")]
+        if not threads or min(threads) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"compare_torch: error: --threads {a.threads!r}: expected thread counts ≥ 1 such as 1,2")
+        return 2
     torch = torch_or_none()
     if torch is None:
         return 77
     n = 1024 if a.quick else a.n
     budget = int(round(a.budget * n)) if a.budget < 1 else int(a.budget)
-    torch.set_num_threads(a.threads)
-    rec = synth("heavy_hitter", n=n, d=a.d, layers=1, heads=2, kv_heads=1, seed=1)
-    scale = rec.meta["softmax_scale"]
-    q = np.stack([rec.q(0, 0), rec.q(0, 1)])
-    k, v = rec.k(0, 0), rec.v(0, 0)
-    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v))
-    ks = kvsim_side(n, a.d, budget, a.threads)
-    torch_window(torch, tq, tk, tv, scale, budget)  # warm-up
-    t_win = min(_timed(lambda: torch_window(torch, tq, tk, tv, scale, budget)) for _ in range(3)) * 1e9 / n
-    z_win = torch_window(torch, tq, tk, tv, scale, budget).numpy()
-    t0 = time.perf_counter()
-    z_h2o = torch_h2o(torch, tq, tk, tv, scale, budget).numpy()
-    t_h2o = (time.perf_counter() - t0) * 1e9 / n
-    g_torch, g_eigen = torch_gemm_gflops(torch), _kvsim._gemm_gflops(1024, True)
-
-    # The same answers: PyTorch's window rel_err against kvsim's rows at sampled steps.
-    steps = sorted(set(np.linspace(1, n, 64).astype(int).tolist()))
-    mine = rel_err_at(q, k, v, scale, z_win, steps)
-    w = ks["window_rows"].set_index(["head", "step"])["rel_err"]
-    theirs = np.array([[w.loc[(h, t)] for t in steps] for h in range(2)])
-    agree = float(np.max(np.abs(mine - theirs)))
-    h2o_err = float(rel_err_at(q, k, v, scale, z_h2o, steps).mean())
-
-    norm = g_torch / g_eigen
-    print(f"kvsim vs PyTorch {torch.__version__}: heavy_hitter n={n} head_dim={a.d}, GQA group of 2, budget {budget} "
-          f"tokens, float32, {a.threads} thread(s)")
-    print(f"GEMM 1024^3 float32: Eigen (kvsim) {g_eigen:.1f} GFLOP/s, torch.mm {g_torch:.1f} GFLOP/s "
-          f"(torch at {100 * norm:.1f}% of Eigen)")
-    print(f"{'replay':<34} {'kvsim µs/step':>14} {'PyTorch µs/step':>16} {'ratio':>8} {'normalized':>11}")
-    for label, mine_ns, torch_ns in (("window (kvsim blocked)", ks["window"], t_win),
-                                     ("window (kvsim per step)", ks["window_per_step"], t_win),
-                                     ("h2o (step loop both)", ks["h2o"], t_h2o)):
-        print(f"{label:<34} {mine_ns / 1e3:>14.2f} {torch_ns / 1e3:>16.2f} {torch_ns / mine_ns:>7.2f}x "
-              f"{torch_ns * norm / mine_ns:>10.2f}x")
-    print("ratio = PyTorch time / kvsim time; normalized = the same with PyTorch's time scaled to Eigen's GEMM rate")
-    print(f"window answers: |rel_err(PyTorch) − rel_err(kvsim)| ≤ {agree:.2e} over {len(steps)} steps x 2 heads; "
-          f"h2o mean rel_err at those steps: PyTorch {h2o_err:.4f}, kvsim (all steps) {ks['h2o_rel_err']:.4f}")
-    return 0 if agree <= 1e-4 else 1
+    if not (SINK < budget <= n) or a.d < 1:
+        print(f"compare_torch: error: budget {budget} tokens: must lie in ({SINK}, n = {n}]; head_dim ≥ 1")
+        return 2
+    print(f"kvsim {_kvsim._version()} vs PyTorch {torch.__version__}: heavy_hitter n={n} head_dim={a.d}, "
+          f"{HEADS} query heads over {KV_HEADS} KV heads, budget {budget} tokens, float32")
+    print(f"{'row':<26} {'threads':>7} {'kvsim s':>10} {'PyTorch s':>10} {'ratio':>8}")
+    report = {"kvsim_version": _kvsim._version(), "torch_version": torch.__version__,
+              "shape": {"n": n, "head_dim": a.d, "heads": HEADS, "kv_heads": KV_HEADS, "budget": budget,
+                        "sink": SINK, "dtype": "float32"}, "rows": [], "checks": [], "gemm": []}
+    ok = True
+    for th in threads:
+        rows, checks, gemm = measure(torch, a, n, budget, th)
+        for name, mine, theirs in rows:
+            print(f"{name:<26} {th:>7} {mine:>10.4f} {theirs:>10.4f} {theirs / mine:>7.2f}x")
+            report["rows"].append({"name": name, "threads": th, "kvsim_s": mine, "torch_s": theirs,
+                                   "ratio": theirs / mine})
+        report["checks"].append({"threads": th, **checks})
+        report["gemm"].append({"threads": th, **gemm})
+        ok &= max(v for key, v in checks.items() if "diff" in key) <= 1e-4
+        print(f"  {th} thread(s): exact outputs within {checks['exact_max_rel_diff']:.1e}; window/sink rel_err "
+              f"within {max(checks['window_max_rel_err_diff'], checks['sink_max_rel_err_diff']):.1e}; mean "
+              f"rel_err PyTorch/kvsim h2o {checks['h2o_rel_err_torch']:.4f}/{checks['h2o_rel_err_kvsim']:.4f}, "
+              f"tova {checks['tova_rel_err_torch']:.4f}/{checks['tova_rel_err_kvsim']:.4f}; GEMM 1024³ "
+              f"Eigen {gemm['eigen_gflops']:.1f}, torch.mm {gemm['torch_mm_gflops']:.1f} GFLOP/s")
+    print("ratio = PyTorch seconds / kvsim seconds (above 1: kvsim is faster); all n steps of all query heads")
+    if a.json:
+        with open(a.json + ".tmp", "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(a.json + ".tmp", a.json)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
