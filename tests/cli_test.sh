@@ -123,6 +123,16 @@ expect_fail "data.sequences only applies to synthetic data" "$KVSIM" run "$TMP/r
 # kvsim bench --quick prints its figures and writes JSON with them.
 out=$("$KVSIM" bench --quick --json "$TMP/bench.json" 2>&1) && grep -q "roofline" <<<"$out" && grep -q "results identical" <<<"$out" \
   && grep -q '"sgemm_gflops"' "$TMP/bench.json" && grep -q '"peak_rss_mb"' "$TMP/bench.json" && ok || bad "bench: $out"
+# Its model section: SmolLM2's prefill beside transformers' forward when setup fetched the model
+# (both figures numbers, not null), else SKIPPED with the reason; a named --model that is absent fails.
+if [ -f "$SRC/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+  grep -qE '"model_prefill_tokens_per_s_threads1": [0-9]' "$TMP/bench.json" \
+    && grep -qE '"model_hf_forward_tokens_per_s_threads1": [0-9]' "$TMP/bench.json" \
+    && grep -q "head-steps/s" <<<"$out" && ok || bad "bench model section: $out"
+else
+  grep -q "SKIPPED: no such file" <<<"$out" && ok || bad "bench model section without the model: $out"
+fi
+expect_fail "$TMP/nope.gguf: no such checkpoint (kvsim bench --model)" "$KVSIM" bench --quick --model "$TMP/nope.gguf"
 
 # The README's main job.
 (cd "$TMP" && "$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet >/dev/null) && [ -s "$TMP/results/quickstart/summary.csv" ] && ok \

@@ -266,6 +266,8 @@ double gemm_gflops(int n, bool f32) { return f32 ? gemm_rate<float>(n) : gemm_ra
 
 std::string run_bench(const BenchOptions& o) {
   const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  if (!o.model.empty() && !std::filesystem::exists(o.model))
+    throw Error(o.model + ": no such checkpoint (kvsim bench --model)");
   if (o.device == "cuda") {  // printed as each part ends: the end-to-end part takes minutes
     std::cout << cuda::bench(o.quick) << std::flush;
     return e2e_bench(o, N);
@@ -289,6 +291,7 @@ std::string run_bench(const BenchOptions& o) {
   bench_eps(o, b, cheapest);
   bench_subgen_regime(o, b);
   bench_threads(o, b, ex, N);
+  bench_model(o, b, N);
   write_bench_json(o, b);
   return b.out.str();
 }

@@ -212,6 +212,7 @@ void add_bench(CLI::App& app) {
   bench->add_flag("--quick", bo.quick, "small sizes (seconds)");
   bench->add_option("--threads", bo.threads, "N for the 1-vs-N threads comparison (default: all cores)");
   bench->add_option("--json", bo.json, "also write the figures as JSON");
+  bench->add_option("--model", bo.model, "checkpoint of the `model` section (default models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   bench->add_option("--device", bo.device, "cpu (default) or cuda")->check(CLI::IsMember(choice_list<Device>()));
 
   bench->callback([] { std::cout << run_bench(bo); });

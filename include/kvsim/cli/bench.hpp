@@ -9,6 +9,9 @@ struct BenchOptions {
   int threads = 0;           ///< N for the 1-vs-N comparison (0 = all cores)
   std::string json;          ///< also write the figures as JSON here (atomically)
   std::string device = "cpu";  ///< "cuda": the GPU figures of include/kvsim/cuda/cuda.hpp instead
+  /// GGUF or llama2.c checkpoint of section `model` (empty: models/SmolLM2-135M-Instruct.Q4_1.gguf
+  /// beside the build folder; the section is SKIPPED when the file is absent)
+  std::string model;
 };
 
 /// Runs the benchmarks and returns the printable report (figures, not pass/fail).

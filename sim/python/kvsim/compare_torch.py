@@ -33,6 +33,10 @@ printed for both (float32 score ties may evict differently, so they are not asse
 
 Usage: .venv/bin/python -m kvsim.compare_torch [--n 8192] [--d 128] [--budget 0.25] [--threads 1,2] [--quick]
        [--json FILE]
+       .venv/bin/python -m kvsim.compare_torch --hf-forward MODEL.gguf --ids FILE --threads 1,2
+         (what `kvsim bench`'s model section runs: transformers' float32 CPU forward over the token ids of
+         FILE, logits of every position, best of 2 after a warm-up; prints `hf_forward_seconds THREADS S`
+         per thread count)
 Exit codes: 0 done, 1 the answers disagree, 2 bad arguments, 77 PyTorch is not importable (nothing measured).
 """
 import argparse
@@ -117,6 +121,22 @@ def torch_step_loop(torch, q, k, v, scale, budget, policy, heavy_ratio=0.5):
         else:
             score[:, :size] = a.mean(1)
         out[:, :, t] = torch.matmul(a, V[:, :size])
+    return out
+
+
+def hf_forward(torch, model_path, ids_path, threads):
+    """Seconds of one transformers forward (float32, CPU, no KV cache kept) over the ids in ids_path, at
+    each thread count of `threads` (one model load): {threads: seconds}."""
+    from .kvpress import load_model
+    model, _ = load_model(model_path)
+    with open(ids_path) as f:
+        ids = torch.tensor([[int(x) for x in f.read().split()]])
+    out = {}
+    with torch.inference_mode():
+        for th in threads:
+            torch.set_num_threads(th)
+            model(ids[:, :16], use_cache=False)
+            out[th] = min(_timed(lambda: model(ids, use_cache=False)) for _ in range(2))
     return out
 
 
@@ -206,7 +226,16 @@ def main(argv=None):
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--quick", action="store_true", help="n = 1024, one thread (seconds; the test uses it)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows, checks and versions as JSON")
+    ap.add_argument("--hf-forward", metavar="MODEL", help="time transformers' forward of MODEL over --ids instead")
+    ap.add_argument("--ids", metavar="FILE", help="token ids (whitespace-separated) for --hf-forward")
     a = ap.parse_args(argv)
+    if a.hf_forward:
+        torch = torch_or_none()
+        if torch is None:
+            return 77
+        for th, sec in hf_forward(torch, a.hf_forward, a.ids, [int(x) for x in a.threads.split(",")]).items():
+            print(f"hf_forward_seconds {th} {sec:.6f}")
+        return 0
     try:
         threads = [1] if a.quick else [int(x) for x in a.threads.split(",")]
         if not threads or min(threads) < 1:

@@ -1,0 +1,145 @@
+// `kvsim bench` section `model` (issue "performance beside a real PyTorch and at a real model's shape"):
+// the recorder's batched prefill on a real LLM beside transformers' CPU forward over the same tokens in
+// the same run, and the replay's throughput at that model's attention shape.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include <unistd.h>
+
+#include "bench_detail.hpp"
+#include "kvsim/model/llama.hpp"
+
+namespace kvsim::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path exe_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::current_path() : exe.parent_path();
+}
+
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+/// transformers' float32 CPU forward over the token ids in `ids_file` at each of `threads`, timed by
+/// `python -m kvsim.compare_torch --hf-forward` (one model load; best of 2 after a warm-up): seconds per
+/// thread count, or empty with `why` set when Python, transformers or the model cannot run it.
+std::map<int, double> hf_forward_seconds(const std::string& model, const std::string& ids_file,
+                                         const std::vector<int>& threads, std::string& why) {
+  const char* env = std::getenv("KVSIM_PYTHON");
+  const std::string py = env && *env ? env : (exe_dir().parent_path() / ".venv" / "bin" / "python").string();
+  if (!fs::exists(py)) {
+    why = py + " not found (set KVSIM_PYTHON, or bash scripts/setup.sh)";
+    return {};
+  }
+  std::string list;
+  for (int th : threads) {
+    if (!list.empty()) list += ',';
+    list += std::to_string(th);
+  }
+  const std::string cmd = "PYTHONPATH=" + quoted((exe_dir() / "python").string()) + " " + quoted(py) +
+                          " -m kvsim.compare_torch --hf-forward " + quoted(model) + " --ids " + quoted(ids_file) +
+                          " --threads " + list + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    why = "cannot start " + py;
+    return {};
+  }
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = pclose(p);
+  std::map<int, double> s;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    int th = 0;
+    double sec = 0;
+    if (std::sscanf(line.c_str(), "hf_forward_seconds %d %lf", &th, &sec) == 2 && sec > 0) s[th] = sec;
+  }
+  if (rc != 0 || s.size() != threads.size()) {
+    why = "python -m kvsim.compare_torch --hf-forward failed: " + out.substr(0, out.find('\n'));
+    s.clear();
+  }
+  return s;
+}
+
+/// The recorder's prefill (LlamaModel::prefill with the per-layer q/k/v and the logits handed out,
+/// as `kvsim record` does before writing them): seconds, best of `reps`.
+double prefill_seconds(const LlamaModel& m, const std::vector<int>& ids, int threads, int reps) {
+  double best = 1e30, sink = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    m.prefill(
+        ids, threads, [&](int, const MatF& Q, const MatF& K, const MatF&, const MatF&) { sink += Q(0, 0) + K(0, 0); },
+        [&](int, const MatF& L) { sink += L(0, 0); });
+    best = std::min(best, seconds_since(t0));
+  }
+  return sink == sink ? best : best;  // keeps `sink` alive
+}
+
+}  // namespace
+
+void bench_model(const BenchOptions& o, BenchOut& b, int N) {
+  const std::string model = o.model.empty() ? (exe_dir().parent_path() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").string()
+                                            : o.model;
+  b.out << "\nmodel (" << model << "):\n";
+  if (!fs::exists(model)) {
+    b.out << "  SKIPPED: no such file (bash scripts/setup.sh fetches SmolLM2; or --model PATH)\n";
+    return;
+  }
+  const LlamaModel m(model);
+  const LlamaConfig& c = m.config();
+  const int n = o.quick ? 64 : 1024;
+  std::mt19937 rng(1);
+  std::vector<int> ids(static_cast<size_t>(n));
+  for (int& t : ids) t = int(rng() % uint32_t(c.vocab_size));
+  const fs::path ids_file = fs::temp_directory_path() / ("kvsim_bench_ids_" + std::to_string(::getpid()) + ".txt");
+  {
+    std::ofstream f(ids_file);
+    for (int t : ids) f << t << ' ';
+  }
+  std::vector<int> threads{1};
+  if (N > 1) threads.push_back(N);
+  std::string why;
+  const std::map<int, double> hf = hf_forward_seconds(model, ids_file.string(), threads, why);
+  b.out << "  prefill of " << n << " seeded random token ids, float32, logits of every position:\n"
+        << "  threads   kvsim record tokens/s   transformers forward tokens/s   ratio\n";
+  for (int th : threads) {
+    const double ks = prefill_seconds(m, ids, th, o.quick ? 1 : 2);
+    const double hs = hf.count(th) ? hf.at(th) : NAN;
+    if (hs > 0)
+      std::snprintf(b.buf, sizeof b.buf, "  %7d %23.1f %31.1f %6.2fx\n", th, n / ks, n / hs, hs / ks);
+    else
+      std::snprintf(b.buf, sizeof b.buf, "  %7d %23.1f   SKIPPED: %.180s\n", th, n / ks, why.c_str());
+    b.out << b.buf;
+    b.js.add("model_prefill_tokens_per_s_threads" + std::to_string(th), n / ks);
+    b.js.add("model_hf_forward_tokens_per_s_threads" + std::to_string(th), n / hs);
+  }
+  fs::remove(ids_file);
+
+  // The replay at this model's attention shape: a synthetic heavy_hitter stream with its heads, KV heads
+  // and head_dim (one layer), h2o at 20% memory, every 16th step evaluated, N threads.
+  Experiment ex = synthetic_experiment(o.quick ? 1024 : 8192, 1, c.n_heads, c.n_kv_heads);
+  ex.data.synth.head_dim = c.head_dim();
+  ex.eval.every = 16;
+  ex.policies = {{"h2o", "h2o", make_params({{"memory", 0.2}})}};
+  SynthSource src(ex.data.synth);
+  const RunResult r = run_experiment(ex, src, N);
+  const double head_steps = double(c.n_heads) * double(ex.data.synth.n) / r.wall_seconds;
+  std::snprintf(b.buf, sizeof b.buf,
+                "  replay at this shape (%d query heads over %d KV heads, head_dim %d, n = %lld, one layer; h2o at 20%% "
+                "memory, every 16th step, exact reference and all metrics, %d threads): %.0f head-steps/s (%.2f s)\n",
+                c.n_heads, c.n_kv_heads, c.head_dim(), (long long)ex.data.synth.n, N, head_steps, r.wall_seconds);
+  b.out << b.buf;
+  b.js.add("model_replay_head_steps_per_s", head_steps);
+}
+
+}  // namespace kvsim::bench
