@@ -72,17 +72,81 @@ std::map<int, double> hf_forward_seconds(const std::string& model, const std::st
 }
 
 /// The recorder's prefill (LlamaModel::prefill with the per-layer q/k/v and the logits handed out,
-/// as `kvsim record` does before writing them): seconds, best of `reps`.
-double prefill_seconds(const LlamaModel& m, const std::vector<int>& ids, int threads, int reps) {
+/// as `kvsim record` does before writing them): seconds, best of `reps`. `values`, if set, receives
+/// each layer's value rows V [n, n_kv_heads·head_dim] (copied outside the timed passes' work: the
+/// first pass is only timed when reps == 1).
+double prefill_seconds(const LlamaModel& m, const std::vector<int>& ids, int threads, int reps,
+                       std::vector<MatF>* values = nullptr) {
   double best = 1e30, sink = 0;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
     m.prefill(
-        ids, threads, [&](int, const MatF& Q, const MatF& K, const MatF&, const MatF&) { sink += Q(0, 0) + K(0, 0); },
+        ids, threads,
+        [&](int, const MatF& Q, const MatF& K, const MatF& V, const MatF&) {
+          sink += Q(0, 0) + K(0, 0);
+          if (values && r == 0) values->push_back(V);
+        },
         [&](int, const MatF& L) { sink += L(0, 0); });
-    best = std::min(best, seconds_since(t0));
+    if (r > 0 || reps == 1) best = std::min(best, seconds_since(t0));
   }
   return sink == sink ? best : best;  // keeps `sink` alive
+}
+
+/// The replay at the model's attention shape: a synthetic heavy_hitter stream with its heads, KV heads
+/// and head_dim (one layer), window and h2o at 20% memory, every 16th step evaluated, N threads.
+/// Returns the cheapest policy's ns per step and cell (the ‖V_t‖_op share's denominator).
+double replay_at_shape(const BenchOptions& o, BenchOut& b, const LlamaConfig& c, int N) {
+  Experiment ex = synthetic_experiment(o.quick ? 1024 : 8192, 1, c.n_heads, c.n_kv_heads);
+  ex.data.synth.head_dim = c.head_dim();
+  ex.eval.every = 16;
+  ex.policies = {{"window", "window", make_params({{"memory", 0.2}})}, {"h2o", "h2o", make_params({{"memory", 0.2}})}};
+  SynthSource src(ex.data.synth);
+  const RunResult r = run_experiment(ex, src, N);
+  const double head_steps = double(c.n_heads) * double(ex.data.synth.n) / r.wall_seconds;
+  const std::vector<double> ns = policy_means(r, "policy_ns");
+  char line[640];
+  std::snprintf(line, sizeof line,
+                "  replay at this shape (%d query heads over %d KV heads, head_dim %d, n = %lld, one layer; window and "
+                "h2o at 20%% memory, every 16th step, exact reference and all metrics, %d threads): %.0f head-steps/s "
+                "(%.2f s); policy ns/step per KV head: window %.0f, h2o %.0f\n",
+                c.n_heads, c.n_kv_heads, c.head_dim(), (long long)ex.data.synth.n, N, head_steps, r.wall_seconds,
+                ns[0], ns[1]);
+  b.out << line;
+  b.js.add("model_replay_head_steps_per_s", head_steps);
+  b.js.add("model_replay_window_ns", ns[0]);
+  b.js.add("model_replay_h2o_ns", ns[1]);
+  return std::min(ns[0], ns[1]);
+}
+
+/// eps_spectral's ‖V_t‖_op bookkeeping on the model's own value rows (every layer and KV head of the
+/// prefill, one step at a time, as at eval.every = 1), beside the synthetic streams of bench_eps:
+/// ns per step and its share of (it + the cheapest policy step at this shape).
+void eps_on_values(BenchOut& b, const std::vector<MatF>& values, int kv_heads, int hd, double cheapest) {
+  double sink = 0;
+  int64_t steps = 0, products = 0;
+  const auto t0 = Clock::now();
+  for (const MatF& V : values)
+    for (int h = 0; h < kv_heads; ++h) {
+      OperatorNormTracker tr(hd);
+      for (int64_t t = 0; t < V.rows(); ++t) {
+        tr.add(V.row(t).data() + int64_t(h) * hd);
+        sink += tr.op_norm();
+        products += tr.last_iterations();
+        ++steps;
+      }
+    }
+  const double ns = seconds_since(t0) * 1e9 / double(std::max<int64_t>(1, steps));
+  const double share1 = ns / (ns + cheapest), share16 = ns / 16 / (ns / 16 + cheapest);
+  char line[640];
+  std::snprintf(line, sizeof line,
+                "  ‖V_t‖_op bookkeeping on these values (%zu layers x %d KV heads, head_dim %d): %.0f ns/step, %.1f "
+                "G-products/step; share of the cheapest policy step above: %.1f%% at every=1, %.1f%% at every=16%s\n",
+                values.size(), kv_heads, hd, ns, double(products) / double(std::max<int64_t>(1, steps)), 100 * share1,
+                100 * share16, sink > 0 ? "" : " ");
+  b.out << line;
+  b.js.add("model_eps_bookkeeping_ns", ns);
+  b.js.add("model_eps_share_every1", share1);
+  b.js.add("model_eps_share_every16", share16);
 }
 
 }  // namespace
@@ -112,8 +176,9 @@ void bench_model(const BenchOptions& o, BenchOut& b, int N) {
   const std::map<int, double> hf = hf_forward_seconds(model, ids_file.string(), threads, why);
   b.out << "  prefill of " << n << " seeded random token ids, float32, logits of every position:\n"
         << "  threads   kvsim record tokens/s   transformers forward tokens/s   ratio\n";
+  std::vector<MatF> values;
   for (int th : threads) {
-    const double ks = prefill_seconds(m, ids, th, o.quick ? 1 : 2);
+    const double ks = prefill_seconds(m, ids, th, o.quick ? 1 : 3, values.empty() ? &values : nullptr);
     const double hs = hf.count(th) ? hf.at(th) : NAN;
     if (hs > 0)
       std::snprintf(b.buf, sizeof b.buf, "  %7d %23.1f %31.1f %6.2fx\n", th, n / ks, n / hs, hs / ks);
@@ -124,22 +189,8 @@ void bench_model(const BenchOptions& o, BenchOut& b, int N) {
     b.js.add("model_hf_forward_tokens_per_s_threads" + std::to_string(th), n / hs);
   }
   fs::remove(ids_file);
-
-  // The replay at this model's attention shape: a synthetic heavy_hitter stream with its heads, KV heads
-  // and head_dim (one layer), h2o at 20% memory, every 16th step evaluated, N threads.
-  Experiment ex = synthetic_experiment(o.quick ? 1024 : 8192, 1, c.n_heads, c.n_kv_heads);
-  ex.data.synth.head_dim = c.head_dim();
-  ex.eval.every = 16;
-  ex.policies = {{"h2o", "h2o", make_params({{"memory", 0.2}})}};
-  SynthSource src(ex.data.synth);
-  const RunResult r = run_experiment(ex, src, N);
-  const double head_steps = double(c.n_heads) * double(ex.data.synth.n) / r.wall_seconds;
-  std::snprintf(b.buf, sizeof b.buf,
-                "  replay at this shape (%d query heads over %d KV heads, head_dim %d, n = %lld, one layer; h2o at 20%% "
-                "memory, every 16th step, exact reference and all metrics, %d threads): %.0f head-steps/s (%.2f s)\n",
-                c.n_heads, c.n_kv_heads, c.head_dim(), (long long)ex.data.synth.n, N, head_steps, r.wall_seconds);
-  b.out << b.buf;
-  b.js.add("model_replay_head_steps_per_s", head_steps);
+  const double cheapest = replay_at_shape(o, b, c, N);
+  eps_on_values(b, values, c.n_kv_heads, c.head_dim(), cheapest);
 }
 
 }  // namespace kvsim::bench
