@@ -48,6 +48,7 @@ MetricContext Metrics::context(const Evaluated& e, int g) {
   c.group_index = g;
   c.greedy_cache = &greedy_cache_;
   c.powerlaw_cache = &powerlaw_cache_;
+  c.row_cache = &row_cache_;
   c.scratch = &scratch_;
   return c;
 }

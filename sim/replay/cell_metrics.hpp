@@ -48,6 +48,7 @@ class Metrics {
   Reference& ref_;
   std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>> greedy_cache_;  // (g, t, m) -> greedy, opt
   std::map<std::pair<int, int64_t>, PowerLawFit> powerlaw_cache_;                        // (g, t) -> H2O Fig. 2 fit
+  std::map<std::tuple<int, int64_t, int64_t>, double> row_cache_;  // (g, t, key) -> MetricContext::row_memo
   std::vector<double> scratch_;
 };
 

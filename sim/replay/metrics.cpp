@@ -45,8 +45,10 @@ double MetricContext::kept_mass() {
 }
 
 double MetricContext::oracle_mass() {
-  if (oracle_ < 0)
-    oracle_ = top_mass(probs, t, has_kept() ? int64_t(answer->kept.size()) : policy->cache_tokens(), *scratch);
+  if (oracle_ < 0) {
+    const int64_t m = has_kept() ? int64_t(answer->kept.size()) : policy->cache_tokens();
+    oracle_ = row_memo(std::max<int64_t>(m, 0), [&] { return top_mass(probs, t, m, *scratch); });
+  }
   return oracle_;
 }
 
@@ -178,7 +180,7 @@ const std::vector<Metric> kMetrics = {
     {"attn_sparsity", "1",
      "fraction of the exact row a_t's t entries below 1% of its maximum (a property of the data, the same for every "
      "policy)", "H2O §3 (\"> 95% sparse\")",
-     [](MetricContext& c) { return attention_sparsity(c.probs, c.t); }},
+     [](MetricContext& c) { return c.row_memo(-1, [&] { return attention_sparsity(c.probs, c.t); }); }},
     {"accum_slope", "1",
      "power-law exponent of the accumulated attention Σ_{i≤t} a_i(j) ranked by size: least-squares slope of log "
      "score vs log rank over the t tokens (objective steps; data property)", "H2O §3, Fig. 2",
@@ -207,7 +209,7 @@ const std::vector<Metric> kMetrics = {
      "share of the exact row a_t on the first 4 positions of the sequence (the attention sinks; a property of the "
      "data, the same for every policy)",
      "StreamingLLM §3.1 (Xiao et al., 2024: initial tokens draw a large share of attention)",
-     [](MetricContext& c) { return attention_sink_mass(c.probs, c.t, 4); }},
+     [](MetricContext& c) { return c.row_memo(-2, [&] { return attention_sink_mass(c.probs, c.t, 4); }); }},
     {"needle_mass", "1",
      "Σ_{j∈F} a_t(j): the exact row's mass on the needle's tokens F (retrieval tasks, `kvsim task`; a property of "
      "the data, the same for every policy)",

@@ -48,12 +48,25 @@ class MetricContext {
   std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>>* greedy_cache = nullptr;
   /// Memoizes the accumulated-attention power-law fit per (query head, t) across policies of a cell.
   std::map<std::pair<int, int64_t>, PowerLawFit>* powerlaw_cache = nullptr;
+  /// Memoizes functions of the exact row alone per (query head, t, key) across the policies of a cell
+  /// (row_memo): oracle_mass's top-m sum (key = m ≥ 0: most policies at one memory share a cache
+  /// size, and its partial sort over t entries was ~10% of a SmolLM2 run), attn_sparsity (−1),
+  /// sink_mass (−2).
+  std::map<std::tuple<int, int64_t, int64_t>, double>* row_cache = nullptr;
   std::vector<double>* scratch = nullptr;
 
   bool has_kept() const { return answer->has_kept; }
   double diff_norm();     ///< ‖z − Attn‖₂
   double kept_mass();     ///< Σ_{j ∈ kept} a_t(j) (requires has_kept)
   double oracle_mass();   ///< the largest mass any |kept| (or cache_tokens) tokens can hold
+  /// f() (a function of probs and t alone), computed once per (group_index, t, key) when row_cache is set.
+  template <class F>
+  double row_memo(int64_t key, F f) {
+    if (!row_cache) return f();
+    const auto k = std::make_tuple(group_index, t, key);
+    const auto it = row_cache->find(k);
+    return it != row_cache->end() ? it->second : ((*row_cache)[k] = f());
+  }
   double fl_value();      ///< f_t(kept)
   double fl_greedy();     ///< lazy-greedy f_t at |kept|
   double fl_opt();        ///< brute-force OPT (NaN when too many subsets)
