@@ -3,7 +3,7 @@
 # all figures and results/report.md with plots/make_figures.py. Needs ../shared/data beside the
 # checkout for the small real models and models/ (scripts/setup.sh) for SmolLM2.
 #
-# Usage: bash scripts/reproduce.sh [--quick] [--only small|smollm2|gemma3] [--fresh] [--no-figures] [THREADS]
+# Usage: bash scripts/reproduce.sh [--quick] [--only small|smollm2|gemma3] [--fresh] [--no-figures] [--no-tasks] [THREADS]
 #   --quick   a subset in minutes: the single-window small-model experiments and SmolLM2 on one
 #             2048-token window of code (what CI's slow `reproduce` test runs)
 #   --only    just the small models (stories260K, aidreams260K, shakespeare-q80, synthetic), just SmolLM2
@@ -12,12 +12,13 @@
 #             results/.reproduce holds the same command line (and the same kvsim binary, configs and
 #             scripts, by sha1) is skipped
 #   --no-figures  run the experiments only (no make_figures, no report, no copies into docs/figures)
+#   --no-tasks    leave out SmolLM2's retrieval tasks (`kvsim task`, about 30 min each; run them alone)
 # Every step's wall time and peak memory go to results/.reproduce/times.tsv (docs/experiments.md).
 # The embedded figures are copied into $KVSIM_FIGURES (default docs/figures; tests point it elsewhere
 # so that no test writes a tracked file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-QUICK=0; ONLY=all; FIGURES=1; T=$(nproc)
+QUICK=0; ONLY=all; FIGURES=1; TASKS=1; T=$(nproc)
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -25,8 +26,9 @@ while [ $# -gt 0 ]; do
             case "$ONLY" in small|smollm2|gemma3) ;; *) echo "reproduce.sh: --only takes small, smollm2 or gemma3, not '$ONLY'" >&2; exit 2;; esac ;;
     --fresh) rm -rf results/.reproduce ;;
     --no-figures) FIGURES=0 ;;
+    --no-tasks) TASKS=0 ;;
     [0-9]*) T=$1 ;;
-    *) echo "reproduce.sh: unknown argument '$1' (usage: reproduce.sh [--quick] [--only small|smollm2|gemma3] [--fresh] [--no-figures] [THREADS])" >&2; exit 2 ;;
+    *) echo "reproduce.sh: unknown argument '$1' (usage: reproduce.sh [--quick] [--only small|smollm2|gemma3] [--fresh] [--no-figures] [--no-tasks] [THREADS])" >&2; exit 2 ;;
   esac
   shift
 done
@@ -160,6 +162,7 @@ smollm2() {
   done
   step smollm2_closed_loop results/smollm2_closed_loop.txt $K closed-loop experiments/smollm2_closed_loop.toml --threads "$T"
   for t in passkey word_needle; do  # retrieval tasks: about 30 min each (--resume continues a killed one)
+    [ "$TASKS" = 1 ] || break
     step "smollm2_$t" "results/smollm2_$t.txt" $K task "experiments/smollm2_$t.toml" --threads "$T" --resume
   done
   step smollm2_h2o_theorem44 results/smollm2_h2o_theorem44.txt $K run experiments/smollm2_h2o_theorem44.toml --threads "$T"
