@@ -38,6 +38,17 @@ def stories_recording(tmp_path_factory, kvsim_bin, shared_data):
 
 
 @pytest.fixture
+def scratch_root(tmp_path):
+    """A scratch folder laid out like the repository root for running a doc's commands as written:
+    results/recordings/ empty, models/ linked to the checkout's. The docs test runs the same
+    commands in the root itself, and ctest -j may run both at once, so the examples never write there."""
+    work = tmp_path / "root"
+    (work / "results" / "recordings").mkdir(parents=True)
+    (work / "models").symlink_to(ROOT / "models")
+    return work
+
+
+@pytest.fixture
 def reference_policies():
     """Registers the Python twins of window and h2o (kvsim.examples)."""
     import kvsim

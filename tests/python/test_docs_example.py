@@ -15,14 +15,13 @@ def fenced(text, lang):
     return re.findall(r"^```" + lang + r"\n(.*?)^```", text, flags=re.S | re.M)
 
 
-def test_docs_python_example_runs(stories_recording, shared_data, kvsim_bin, tmp_path):
+def test_docs_python_example_runs(stories_recording, shared_data, kvsim_bin, tmp_path, scratch_root):
     doc = (ROOT / "docs" / "python.md").read_text()
     record = [b for b in fenced(doc, "sh") if "kvsim record" in b]
     code = fenced(doc, "python")
     assert len(record) == 1 and len(code) == 1 and "register_policy" in code[0]
     cmd = record[0].strip().replace("./build/kvsim", kvsim_bin).replace("../shared/data", str(shared_data))
-    work = tmp_path / "root"
-    (work / "results" / "recordings").mkdir(parents=True)
+    work = scratch_root
     subprocess.run(cmd, shell=True, check=True, cwd=work, capture_output=True)
     png = work / "results" / "python_example.png"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(kvsim_bin).parent / "python"), os.environ.get("PYTHONPATH", "")])}

@@ -18,7 +18,7 @@ def fenced(text, lang):
     return re.findall(r"^```" + lang + r"\n(.*?)^```", text, flags=re.S | re.M)
 
 
-def test_docs_kvpress_example_runs(shared_data, kvsim_bin, tmp_path):
+def test_docs_kvpress_example_runs(shared_data, kvsim_bin, tmp_path, scratch_root):
     if not (ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").exists():
         pytest.skip("models/SmolLM2-135M-Instruct.Q4_1.gguf missing (bash scripts/setup.sh)")
     pytest.importorskip("kvpress")
@@ -26,11 +26,7 @@ def test_docs_kvpress_example_runs(shared_data, kvsim_bin, tmp_path):
     (record,) = [b for b in fenced(doc, "sh") if "kvsim record" in b]
     (code,) = fenced(doc, "python")
     cmd = record.strip().replace("./build/kvsim", kvsim_bin).replace("../shared/data", str(shared_data))
-    # A scratch root (models/ linked, results/recordings/ empty): the docs test records the same file
-    # in the repository root, and ctest -j may run both at once.
-    work = tmp_path / "root"
-    (work / "results" / "recordings").mkdir(parents=True)
-    (work / "models").symlink_to(ROOT / "models")
+    work = scratch_root
     subprocess.run(cmd, shell=True, check=True, cwd=work, capture_output=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(Path(kvsim_bin).parent / "python"), os.environ.get("PYTHONPATH", "")])}
