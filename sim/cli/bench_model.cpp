@@ -77,19 +77,20 @@ std::map<int, double> hf_forward_seconds(const std::string& model, const std::st
 /// first pass is only timed when reps == 1).
 double prefill_seconds(const LlamaModel& m, const std::vector<int>& ids, int threads, int reps,
                        std::vector<MatF>* values = nullptr) {
-  double best = 1e30, sink = 0;
+  double best = 1e30;
+  volatile float sink = 0;  // keeps the handed-out tensors' reads (as gemm_rate does)
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
     m.prefill(
         ids, threads,
         [&](int, const MatF& Q, const MatF& K, const MatF& V, const MatF&) {
-          sink += Q(0, 0) + K(0, 0);
+          sink = sink + Q(0, 0) + K(0, 0);
           if (values && r == 0) values->push_back(V);
         },
-        [&](int, const MatF& L) { sink += L(0, 0); });
+        [&](int, const MatF& L) { sink = sink + L(0, 0); });
     if (r > 0 || reps == 1) best = std::min(best, seconds_since(t0));
   }
-  return sink == sink ? best : best;  // keeps `sink` alive
+  return best;
 }
 
 /// The replay at the model's attention shape: a synthetic heavy_hitter stream with its heads, KV heads

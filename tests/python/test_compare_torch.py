@@ -49,9 +49,7 @@ def test_torch_caches_answer_what_kvsim_caches_answer():
     steps = list(range(1, n + 1))
 
     def diff(z, name):
-        w = rows[rows.policy == name].set_index(["head", "step"])["rel_err"]
-        theirs = np.array([[w.loc[(h, t)] for t in steps] for h in range(ct.HEADS)])
-        return np.abs(ct.rel_err_at(q, k, v, scale, z.reshape(ct.HEADS, n, d).numpy(), steps) - theirs).max()
+        return ct.rel_err_row_diff(q, k, v, scale, z.reshape(ct.HEADS, n, d).numpy(), rows, name, steps)
 
     assert diff(ct.torch_banded(torch, tq4, tk, tv, scale, budget, 0, block=32), "window") < 1e-5
     assert diff(ct.torch_banded(torch, tq4, tk, tv, scale, budget, ct.SINK, block=32), "sink") < 1e-5
