@@ -9,6 +9,7 @@
 #include <new>
 #include <thread>
 
+#include "kvsim/core/blas.hpp"
 #include "kvsim/cli/bench.hpp"
 #include "kvsim/cli/closed_loop.hpp"
 #include "kvsim/cli/task.hpp"
@@ -287,7 +288,7 @@ int run_main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"kvsim — KV-cache attention approximation simulator"};
   app.set_version_flag("--version", "kvsim " + kvsim_version() + " (git " + kvsim_git_commit() + "; MPI " +
-                                        (mpi::built_with_mpi() ? "yes" : "no") + ")");
+                                        (mpi::built_with_mpi() ? "yes" : "no") + "; float32 GEMM " + gemm_backend() + ")");
   app.require_subcommand(1);
   add_run(app);
   add_synth(app);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kvsim/core/blas.hpp"
 #include "kvsim/core/error.hpp"
 #include "lane_sums.hpp"
 
@@ -55,7 +56,7 @@ void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double sca
   const int64_t rows = static_cast<int64_t>(steps.size());
   const int64_t t_max = steps.back();
   P.resize(rows, t_max);
-  P.noalias() = Qb * K.topRows(t_max).transpose();
+  gemm_abt(Qb, K.topRows(t_max), P);  // OpenBLAS where linked (include/kvsim/core/blas.hpp)
   out.steps = steps;
   out.log_tau.resize(rows);
   out.probs_norm.resize(rows);
@@ -75,7 +76,7 @@ void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double sca
     out.probs_norm[r] = std::sqrt(sq) * inv[r];
   }
   Z.resize(rows, V.cols());
-  Z.noalias() = P * V.topRows(t_max);
+  gemm_ab(P, V.topRows(t_max), Z);
   out.out.resize(rows, V.cols());
   out.out.noalias() = inv.asDiagonal() * Z.cast<double>();
   out.probs.resize(0, 0);
