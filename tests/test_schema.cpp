@@ -1,6 +1,7 @@
 // Recording schema (docs/recordings.md, the schema): round trip and every rejection the reader must make.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 
@@ -362,4 +363,33 @@ TEST_CASE("schema: layer_windows names local layers and the replay takes the glo
   CHECK(run_experiment(parse_experiment(cfg, "inline"), wide, 1).layers == std::vector<int>{0, 1, 2});
   CHECK_THROWS_WITH(run_experiment(parse_experiment(cfg, "inline", {"data.layers=[0, 1]"}), r, 1),
                     Contains("data.layers: layer 0 is a local layer (sliding window of 16 tokens)"));
+}
+
+TEST_CASE("schema: recordings are written uncompressed by default, deflated on request, and read alike", "[schema]") {
+  test::TempDir tmp;
+  RecordingMeta m;
+  m.n_layers = 1;
+  m.n_heads = 2;
+  m.n_kv_heads = 1;
+  m.head_dim = 8;
+  m.n_tokens = 1500;  // two chunks of 1024 rows, the second partly filled
+  MatF x(1500, 8);
+  for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = float(std::sin(0.37 * double(i)));
+  auto write = [&](const std::string& name, int deflate) {
+    const std::string p = tmp.file(name);
+    RecordingWriter w(p, m, false, deflate);
+    for (Tensor t : {Tensor::q, Tensor::k, Tensor::v})
+      for (int h = 0; h < (t == Tensor::q ? 2 : 1); ++h) w.write(0, t, h, x * float(h + 1));
+    w.finish();
+    return p;
+  };
+  const std::string raw = write("raw.h5", 0), packed = write("packed.h5", 4);
+  const auto info = [](const std::string& p) { return h5::File::open_read(p).dataset_info(layer_dataset(0, Tensor::k)); };
+  CHECK(info(raw).filters.empty());
+  CHECK(info(packed).filters.size() == 2);  // shuffle + deflate: the option really compresses
+  const RecordingReader a(raw), b(packed);
+  for (Tensor t : {Tensor::q, Tensor::k, Tensor::v}) CHECK(a.read(0, t, 0) == b.read(0, t, 0));
+  CHECK(a.read(0, Tensor::q, 1) == x * 2.0f);
+  CHECK(std::filesystem::file_size(packed) < std::filesystem::file_size(raw));
+  CHECK_THROWS_WITH(RecordingWriter(tmp.file("bad.h5"), m, false, 10), Catch::Matchers::Contains("deflate level 10 is not 0-9"));
 }

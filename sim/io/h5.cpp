@@ -304,14 +304,14 @@ void File::check_storage(const std::string& name, const DatasetInfo& info) const
 }
 
 void File::create_dataset(const std::string& name, hid_t file_type, const std::vector<hsize_t>& shape,
-                          const std::vector<hsize_t>& chunk, bool compress) {
+                          const std::vector<hsize_t>& chunk, bool compress, int deflate_level) {
   Handle sp(H5Screate_simple(static_cast<int>(shape.size()), shape.data(), nullptr));
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
   if (!chunk.empty()) {
     H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
     if (compress) {
       H5Pset_shuffle(dcpl.get());
-      H5Pset_deflate(dcpl.get(), 4);
+      H5Pset_deflate(dcpl.get(), unsigned(deflate_level));
     }
   }
   Handle lcpl(H5Pcreate(H5P_LINK_CREATE));

@@ -250,11 +250,12 @@ std::vector<double> RecordingReader::cross_entropy() const {
   return file_->read_double_vector("/cross_entropy");
 }
 
-RecordingWriter::RecordingWriter(const std::string& path, const RecordingMeta& meta, bool with_attn)
+RecordingWriter::RecordingWriter(const std::string& path, const RecordingMeta& meta, bool with_attn, int deflate)
     : path_(path), tmp_(path + ".tmp"), meta_(meta) {
   if (meta.n_layers <= 0 || meta.n_heads <= 0 || meta.n_kv_heads <= 0 || meta.head_dim <= 0 || meta.n_tokens <= 0)
     throw Error(path + ": cannot write a recording with empty dimensions");
   if (meta.n_heads % meta.n_kv_heads) throw Error(path + ": n_heads must be a multiple of n_kv_heads");
+  if (deflate < 0 || deflate > 9) throw Error(path + ": deflate level " + std::to_string(deflate) + " is not 0-9");
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (!dir.empty()) {  // the output folder is created (a fresh clone has no results/recordings/)
     std::error_code ec;
@@ -284,10 +285,10 @@ RecordingWriter::RecordingWriter(const std::string& path, const RecordingMeta& m
   hsize_t n = meta.n_tokens, d = meta.head_dim;
   std::vector<hsize_t> chunk{1, std::min<hsize_t>(n, 1024), d};
   for (int l = 0; l < meta.n_layers; ++l) {
-    f.create_dataset(layer_dataset(l, Tensor::q), H5T_IEEE_F32LE, {hsize_t(meta.n_heads), n, d}, chunk);
-    f.create_dataset(layer_dataset(l, Tensor::k), H5T_IEEE_F32LE, {hsize_t(meta.n_kv_heads), n, d}, chunk);
-    f.create_dataset(layer_dataset(l, Tensor::v), H5T_IEEE_F32LE, {hsize_t(meta.n_kv_heads), n, d}, chunk);
-    if (with_attn) f.create_dataset(layer_dataset(l, Tensor::attn), H5T_IEEE_F32LE, {hsize_t(meta.n_heads), n, d}, chunk);
+    f.create_dataset(layer_dataset(l, Tensor::q), H5T_IEEE_F32LE, {hsize_t(meta.n_heads), n, d}, chunk, deflate > 0, deflate);
+    f.create_dataset(layer_dataset(l, Tensor::k), H5T_IEEE_F32LE, {hsize_t(meta.n_kv_heads), n, d}, chunk, deflate > 0, deflate);
+    f.create_dataset(layer_dataset(l, Tensor::v), H5T_IEEE_F32LE, {hsize_t(meta.n_kv_heads), n, d}, chunk, deflate > 0, deflate);
+    if (with_attn) f.create_dataset(layer_dataset(l, Tensor::attn), H5T_IEEE_F32LE, {hsize_t(meta.n_heads), n, d}, chunk, deflate > 0, deflate);
   }
 }
 

@@ -163,7 +163,7 @@ void write_trailer(RecordingWriter& w, const RecordOptions& opt, const LlamaConf
 /// Writes the first n_rec positions of `tr` (and tokens, cross-entropy) in the recording schema.
 void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Trace& tr, int n_rec,
                      const RecordResult& res) {
-  RecordingWriter w(opt.out, recording_meta(opt, cfg, n_rec), opt.with_attn);
+  RecordingWriter w(opt.out, recording_meta(opt, cfg, n_rec), opt.with_attn, opt.deflate);
   for (int l = 0; l < cfg.n_layers; ++l) {
     for (int h = 0; h < cfg.n_heads; ++h) {
       w.write(l, Tensor::q, h, tr.Q[l][h].topRows(n_rec));
@@ -187,7 +187,7 @@ RecordResult record_batched(const RecordOptions& opt, const LlamaModel& model, c
   res.path_taken = "batched prefill";
   res.tokens.assign(input.begin(), input.begin() + n);
   std::unique_ptr<RecordingWriter> w;
-  if (!opt.out.empty()) w = std::make_unique<RecordingWriter>(opt.out, recording_meta(opt, cfg, n), opt.with_attn);
+  if (!opt.out.empty()) w = std::make_unique<RecordingWriter>(opt.out, recording_meta(opt, cfg, n), opt.with_attn, opt.deflate);
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   res.cross_entropy.resize(size_t(n - 1));
   double write_s = 0;

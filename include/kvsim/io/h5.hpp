@@ -96,9 +96,9 @@ class File {
   void check_storage(const std::string& name, const DatasetInfo& info) const;
 
   /// Create a float32 (or int32/float64/int64) dataset of `shape`; `chunk` empty = contiguous.
-  /// Compression (shuffle + deflate level 4) is applied whenever `chunk` is given.
+  /// With `chunk` and `compress`, shuffle + deflate at `deflate_level` (1-9) are applied.
   void create_dataset(const std::string& name, hid_t file_type, const std::vector<hsize_t>& shape,
-                      const std::vector<hsize_t>& chunk, bool compress = true);
+                      const std::vector<hsize_t>& chunk, bool compress = true, int deflate_level = 4);
 
   /// Read the hyperslab [offset, offset+count) of dataset `name` into `out` (converted to the memory
   /// type `mem_type`, e.g. H5T_NATIVE_FLOAT; any floating file type converts, float16 included).

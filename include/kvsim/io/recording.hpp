@@ -93,7 +93,10 @@ std::string layer_dataset(int layer, Tensor which);
 /// place. Destroying an unfinished writer removes the temporary file.
 class RecordingWriter {
  public:
-  RecordingWriter(const std::string& path, const RecordingMeta& meta, bool with_attn = false);
+  /// `deflate`: 0 (the default) writes the tensors uncompressed; 1-9 applies shuffle + deflate at
+  /// that level. Deflate saves only ~15% on float32 q/k/v (SmolLM2: 236 -> 202 MB per 2048 tokens)
+  /// and cost ~27% of `kvsim record`'s time (docs/performance.md); readers take either.
+  RecordingWriter(const std::string& path, const RecordingMeta& meta, bool with_attn = false, int deflate = 0);
   ~RecordingWriter();
   RecordingWriter(const RecordingWriter&) = delete;
   RecordingWriter& operator=(const RecordingWriter&) = delete;

@@ -23,6 +23,7 @@ struct RecordOptions {
   std::string prompt;       ///< generation mode: optional prompt (else BOS only)
   std::string out;          ///< output .h5 (written atomically); empty = do not write
   bool with_attn = true;    ///< also store /layer_*/attn (the model's attention output)
+  int deflate = 0;          ///< 0: tensors uncompressed; 1-9: shuffle + deflate level (RecordingWriter)
   std::vector<int> token_ids;  ///< teacher-forced: use these tokens instead of encoding text_path
   /// Teacher-forced: index of the first recorded token in text_path's token stream (after text_tail);
   /// record_windows sets w · tokens. Written as the attribute text_token_offset (provenance).
