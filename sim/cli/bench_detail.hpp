@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvsim/cli/bench.hpp"
+#include "kvsim/core/blas.hpp"
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/replay/reference.hpp"
 
@@ -41,6 +42,22 @@ double gemm_rate(int n) {
     best = std::min(best, seconds_since(t0));
   }
   volatile S sink = C(0, 0);
+  (void)sink;
+  return 2.0 * n * n * double(n) / best / 1e9;
+}
+
+/// The float32 exact reference's GEMM (kvsim::gemm_ab: OpenBLAS where linked, include/kvsim/core/blas.hpp)
+/// on n×n×n in GFLOP/s, one thread, best of 7 after a warm-up.
+inline double reference_sgemm_rate(int n) {
+  MatF A = MatF::Random(n, n), B = MatF::Random(n, n), C(n, n);
+  gemm_ab(A, B, C);  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < 7; ++r) {
+    auto t0 = Clock::now();
+    gemm_ab(A, B, C);
+    best = std::min(best, seconds_since(t0));
+  }
+  volatile float sink = C(0, 0);
   (void)sink;
   return 2.0 * n * n * double(n) / best / 1e9;
 }
@@ -104,6 +121,7 @@ struct BenchOut {
   char buf[256];
   double gemm = 0;   // SGEMM GFLOP/s (the roofline)
   double dgemm = 0;  // DGEMM GFLOP/s
+  double ref_sgemm = 0;  // the float32 reference's GEMM (gemm_ab), GFLOP/s
 };
 
 /// The mean of metric `name` over each policy's rows (one per query head and evaluated step), in

@@ -15,6 +15,7 @@
 
 #include "bindings.hpp"
 #include "kvsim/cli/bench.hpp"
+#include "kvsim/core/blas.hpp"
 #include "kvsim/cli/config.hpp"
 #include "kvsim/cli/run.hpp"
 #include "kvsim/core/error.hpp"
@@ -311,6 +312,14 @@ void bind_run(py::module_& m) {
         return gemm_gflops(n, f32);
       },
       py::arg("n"), py::arg("f32"));
+  m.def(
+      "_reference_gemm_gflops",
+      [](int n) {
+        py::gil_scoped_release release;
+        return reference_gemm_gflops(n);
+      },
+      py::arg("n"));
+  m.def("_gemm_backend", [] { return gemm_backend(); });
   m.def("_exact_causal", &exact_causal, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
         py::arg("threads"));
 }

@@ -23,8 +23,9 @@ query heads, at each thread count of --threads (default 1 and 2; torch.set_num_t
 kvsim's policy seconds come from its policy_ns metric (wall time of each cell's policy work per step, one
 cell per KV head): Σ over cells ÷ min(threads, cells), since the engine runs cells on separate threads.
 The exact row is timed around the pass itself (no copies). PyTorch rows are wall times of the loops above
-(best of 3; the step loops once). GEMM rates of both (Eigen's SGEMM, torch.mm; 1024³ float32) are printed
-for context only.
+(best of 3; the step loops once). GEMM rates (1024³ float32) of kvsim's reference GEMM (OpenBLAS where the
+build links it, else Eigen; its name is printed), Eigen's SGEMM (the policies' GEMM) and torch.mm are
+printed for context only.
 
 Correctness: both answer the same queries. The exact outputs must agree within 1e-4 relative (max over
 rows), and PyTorch's window and sink answers must match kvsim's rel_err rows at 64 sampled steps within
@@ -218,7 +219,9 @@ def measure(torch, a, n, budget, threads):
         rows.append((f"{name} (step loop)", ks[name], time.perf_counter() - t0))
         checks[f"{name}_rel_err_torch"] = float(rel_err_at(q, k, v, scale, z, steps).mean())
         checks[f"{name}_rel_err_kvsim"] = float(krows[krows.policy == name].rel_err.mean())
-    gemm = {"eigen_gflops": _kvsim._gemm_gflops(1024, True), "torch_mm_gflops": torch_gemm_gflops(torch)}
+    gemm = {"eigen_gflops": _kvsim._gemm_gflops(1024, True),
+            "reference_gemm_gflops": _kvsim._reference_gemm_gflops(1024),
+            "torch_mm_gflops": torch_gemm_gflops(torch)}
     return rows, checks, gemm
 
 
@@ -257,8 +260,10 @@ def main(argv=None):
         return 2
     print(f"kvsim {_kvsim._version()} vs PyTorch {torch.__version__}: heavy_hitter n={n} head_dim={a.d}, "
           f"{HEADS} query heads over {KV_HEADS} KV heads, budget {budget} tokens, float32")
+    print(f"kvsim's float32 reference GEMM: {_kvsim._gemm_backend()}")
     print(f"{'row':<26} {'threads':>7} {'kvsim s':>10} {'PyTorch s':>10} {'ratio':>8}")
     report = {"kvsim_version": _kvsim._version(), "torch_version": torch.__version__,
+              "gemm_backend": _kvsim._gemm_backend(),
               "shape": {"n": n, "head_dim": a.d, "heads": HEADS, "kv_heads": KV_HEADS, "budget": budget,
                         "sink": SINK, "dtype": "float32"}, "rows": [], "checks": [], "gemm": []}
     ok = True
@@ -275,7 +280,8 @@ def main(argv=None):
               f"within {max(checks['window_max_rel_err_diff'], checks['sink_max_rel_err_diff']):.1e}; mean "
               f"rel_err PyTorch/kvsim h2o {checks['h2o_rel_err_torch']:.4f}/{checks['h2o_rel_err_kvsim']:.4f}, "
               f"tova {checks['tova_rel_err_torch']:.4f}/{checks['tova_rel_err_kvsim']:.4f}; GEMM 1024³ "
-              f"Eigen {gemm['eigen_gflops']:.1f}, torch.mm {gemm['torch_mm_gflops']:.1f} GFLOP/s")
+              f"kvsim's reference {gemm['reference_gemm_gflops']:.1f}, Eigen {gemm['eigen_gflops']:.1f}, "
+              f"torch.mm {gemm['torch_mm_gflops']:.1f} GFLOP/s")
     print("ratio = PyTorch seconds / kvsim seconds (above 1: kvsim is faster); all n steps of all query heads")
     if a.json:
         with open(a.json + ".tmp", "w") as f:
