@@ -363,6 +363,31 @@ TEST_CASE("schema: layer_windows names local layers and the replay takes the glo
   CHECK(run_experiment(parse_experiment(cfg, "inline"), wide, 1).layers == std::vector<int>{0, 1, 2});
   CHECK_THROWS_WITH(run_experiment(parse_experiment(cfg, "inline", {"data.layers=[0, 1]"}), r, 1),
                     Contains("data.layers: layer 0 is a local layer (sliding window of 16 tokens)"));
+  // data.local_layers = "replay": every layer is replayed, a local one against window attention. The
+  // window policy keeping the last 16 tokens then answers as the reference does on layer 0 (its own
+  // window), while the full cache (policy exact) is off there once t > 16: the negative control,
+  // which on the global layer 1 is the one that matches.
+  const std::string rcfg = "[data]\npath = \"" + local + "\"\nlocal_layers = \"replay\"\n[[policy]]\nname = \"window\"\n"
+                           "budget = 16\n[[policy]]\nname = \"exact\"\n";
+  const RunResult rr = run_experiment(parse_experiment(rcfg, "inline"), r, 1);
+  CHECK(rr.layers == std::vector<int>{0, 1, 2});
+  double win_local = 0, full_local = 0, full_local_late = 1e9, full_global = 0, win_global_late = 1e9;
+  for (const auto& row : rr.policies.at(0).rows)
+    if (row.layer == 0) win_local = std::max(win_local, metric_of(row, "rel_err"));
+    else if (row.layer == 1 && row.step > 24) win_global_late = std::min(win_global_late, metric_of(row, "rel_err"));
+  for (const auto& row : rr.policies.at(1).rows)
+    if (row.layer == 1) full_global = std::max(full_global, metric_of(row, "rel_err"));
+    else if (row.layer == 0) {
+      full_local = std::max(full_local, row.step <= 16 ? metric_of(row, "rel_err") : 0.0);
+      if (row.step > 24) full_local_late = std::min(full_local_late, metric_of(row, "rel_err"));
+    }
+  CHECK(win_local < 1e-9);
+  CHECK(full_global < 1e-9);
+  CHECK(full_local < 1e-9);  // up to t = 16 the window holds every key
+  CHECK(full_local_late > 1e-4);
+  CHECK(win_global_late > 1e-4);
+  CHECK_THROWS_WITH(parse_experiment(rcfg + "", "inline", {"data.local_layers=\"all\""}),
+                    Contains("data.local_layers must be \"exact\""));
 }
 
 TEST_CASE("schema: recordings are written uncompressed by default, deflated on request, and read alike", "[schema]") {

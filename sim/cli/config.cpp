@@ -34,7 +34,7 @@ Experiment interpret(const TV& root, const std::string& origin) {
   const TV& data = root.at("data");
   check_keys(data, {"path", "synthetic", "n", "d", "n_layers", "n_heads", "n_kv_heads", "layers", "heads", "tokens",
                     "prefill", "softmax_scale", "q_scale", "k_scale", "v_scale", "cluster_c", "cluster_gamma", "cluster_diameter",
-                    "center_scale", "query_norm", "n_heavy", "heavy_strength", "sequences", "recipe"},
+                    "center_scale", "query_norm", "n_heavy", "heavy_strength", "sequences", "recipe", "local_layers"},
              "[data]");
   const bool has_path = data.contains("path"), has_syn = data.contains("synthetic");
   if (has_path == has_syn) throw Error(origin + ": [data] needs exactly one of 'path' (a recording) or 'synthetic' (a preset)");
@@ -46,6 +46,11 @@ Experiment interpret(const TV& root, const std::string& origin) {
   if (ex.data.prefill < 0) fail_at(data.at("prefill"), "data.prefill must be ≥ 0 (0 = no prompt)");
   if (ex.data.tokens > 0 && ex.data.prefill >= ex.data.tokens)
     fail_at(data.at("prefill"), "data.prefill must be < data.tokens (at least one decoded step)");
+  const std::string local = get_string(data, "local_layers", "exact", "data.");
+  if (local != "exact" && local != "replay")
+    fail_at(data.at("local_layers"), "data.local_layers must be \"exact\" (leave local layers out) or \"replay\" (replay them "
+                                     "against window attention), not \"" + local + "\"");
+  ex.data.replay_local = local == "replay";
   if (has_path) {
     const std::vector<std::string> paths = get_string_list(data, "path", "data.");
     ex.data.path = paths.front();

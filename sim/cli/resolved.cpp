@@ -65,7 +65,8 @@ void write_data(std::ostream& o, const DataSpec& d) {
     o << "]\n";
   }
   o << "layers = " << int_list(d.layers) << "   # [] = all\nheads = " << int_list(d.heads) << "   # [] = all\ntokens = "
-    << d.tokens << "   # 0 = all\nprefill = " << d.prefill << "   # 0 = no prompt\n";
+    << d.tokens << "   # 0 = all\nprefill = " << d.prefill << "   # 0 = no prompt\nlocal_layers = "
+    << quoted(d.replay_local ? "replay" : "exact") << "   # exact: local sliding-window layers left out; replay: against window attention\n";
 }
 
 void write_eval(std::ostream& o, const EvalSpec& e) {

@@ -91,6 +91,15 @@ void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
   f.set_attr("/", "n_layers", int64_t(r.meta.n_layers));
   f.set_attr("/", "n_heads", int64_t(r.meta.n_heads));
   f.set_attr("/", "n_kv_heads", int64_t(r.meta.n_kv_heads));
+  if (!r.layers.empty()) {  // the layers replayed, and which of them are local (window attention as exact)
+    std::vector<int64_t> replayed, local;
+    for (int l : r.layers) {
+      replayed.push_back(l);
+      if (r.meta.is_local(l)) local.push_back(l);
+    }
+    f.set_attr("/", "layers", replayed);
+    if (!r.meta.layer_windows.empty()) f.set_attr("/", "local_layers", local);
+  }
   f.set_attr("/", "head_dim", int64_t(r.meta.head_dim));
   f.set_attr("/", "model", r.meta.model);
   f.set_attr("/", "gqa", std::string(to_string(ex.eval.gqa)));

@@ -18,7 +18,9 @@ void replay_cell(const Experiment& ex, const StreamSource& src, const Cell& cell
                  std::vector<std::vector<MetricRow>>& out, cell::GpuLayerBatch* batch) {
   const double scale = src.meta().softmax_scale;
   const cell::Streams streams(src, cell, n, scale);
-  cell::Reference reference(ex.eval, streams, n, scale);
+  // A local layer (data.local_layers = "replay") is measured against window attention.
+  const int64_t window = src.meta().is_local(cell.layer) ? src.meta().layer_window(cell.layer) : 0;
+  cell::Reference reference(ex.eval, streams, n, scale, window);
   cell::Metrics metrics(ex, cell, n, src.meta().head_dim, reference);
   cell::PolicySteps policies(ex, cell, n, src.meta(), streams, scale, reference, metrics, batch);
   policies.make();

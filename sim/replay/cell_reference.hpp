@@ -16,7 +16,10 @@ namespace kvsim::cell {
 /// non-causal oracles rank by (H2O §3's "global" heavy hitters).
 class Reference {
  public:
-  Reference(const EvalSpec& eval, const Streams& streams, int64_t n, double scale);
+  /// `window` > 0: a local layer's sliding window (data.local_layers = "replay"); the exact reference
+  /// is then window attention over the last `window` keys (exact_attention). ‖V_t‖_op still covers
+  /// all t value rows (an upper bound on the window's), so eps_spectral there is a lower bound.
+  Reference(const EvalSpec& eval, const Streams& streams, int64_t n, double scale, int64_t window = 0);
 
   /// The exact reference and ‖V_t‖_op at each of `block`'s steps (increasing, after the last block's).
   void pass(const std::vector<int64_t>& block);
@@ -36,6 +39,7 @@ class Reference {
   const Streams& s_;
   const int64_t n_;
   const double scale_;
+  const int64_t window_;
   std::vector<ReferenceBlock> ref_;
   std::vector<VecD> prow_;  // a float32 block's probability row, widened when read
   OperatorNormTracker opnorm_tracker_;

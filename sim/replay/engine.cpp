@@ -69,21 +69,21 @@ void validate_eval(const Experiment& ex) {
 }
 
 /// `data.layers` / `data.heads` (empty = all layers, or the global ones when the recording has
-/// local sliding-window layers shorter than itself: cache policies matter on global layers), range-checked; the (layer,
-/// KV head) cells they select. A local layer named in data.layers is refused: its exact reference
-/// would have to be window attention, which the replay does not implement yet.
+/// local sliding-window layers shorter than itself and `data.local_layers` is "exact": cache policies
+/// matter on global layers), range-checked; the (layer, KV head) cells they select. A local layer is
+/// replayed only with `data.local_layers = "replay"` (its exact reference is then window attention).
 std::vector<Cell> plan_cells(const DataSpec& data, const RecordingMeta& meta, std::vector<int>& layers) {
   layers = data.layers;
   if (layers.empty())
     for (int l = 0; l < meta.n_layers; ++l)
-      if (!meta.is_local(l)) layers.push_back(l);
+      if (data.replay_local || !meta.is_local(l)) layers.push_back(l);
   if (layers.empty()) throw Error("the recording has no global layer (layer_windows: every layer is local)");
   for (int l : layers) {
     if (l < 0 || l >= meta.n_layers)
       throw Error("data.layers: layer " + std::to_string(l) + " is out of range [0, " + std::to_string(meta.n_layers) + ")");
-    if (meta.is_local(l))
+    if (meta.is_local(l) && !data.replay_local)
       throw Error("data.layers: layer " + std::to_string(l) + " is a local layer (sliding window of " +
-                  std::to_string(meta.layer_window(l)) + " tokens); replaying local layers is not supported yet");
+                  std::to_string(meta.layer_window(l)) + " tokens); set data.local_layers = \"replay\" to replay it against window attention");
   }
   std::vector<int> heads = data.heads;
   if (heads.empty())
@@ -200,6 +200,11 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
   res.metrics = metric_columns(ex.eval);
   check_objective_steps(ex.eval, res.n_tokens);
   const std::vector<Cell> cells = plan_cells(ex.data, meta, res.layers);
+  if (ex.eval.device == Device::cuda)
+    for (int l : res.layers)
+      if (meta.is_local(l))
+        throw Error("data.local_layers = \"replay\": layer " + std::to_string(l) +
+                    " is local, and window attention is not on the GPU path yet (use [eval] device = \"cpu\")");
   // The policies' parameters checked once against the real stream, before any work: one instance of
   // each policy per planned cell shape (its layer and group size), as the cells will build them.
   {

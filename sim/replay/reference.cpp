@@ -1,5 +1,6 @@
 #include "kvsim/replay/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kvsim/core/blas.hpp"
@@ -21,8 +22,11 @@ void scaled_queries(const MatF& Q, int64_t n_keys, double scale, const std::vect
 }
 }  // namespace
 
+/// First key (0-based) step t reads: t − window for a local layer, else 0.
+inline int64_t window_begin(int64_t t, int64_t window) { return window > 0 ? std::max<int64_t>(0, t - window) : 0; }
+
 void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, const std::vector<int64_t>& steps,
-                     ReferenceBlock& out) {
+                     ReferenceBlock& out, int64_t window) {
   MatD Qb;
   scaled_queries(Q, K.rows(), scale, steps, Qb);
   const int64_t rows = static_cast<int64_t>(steps.size());
@@ -34,22 +38,24 @@ void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, 
   out.log_tau.resize(rows);
   out.probs_norm.resize(rows);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = steps[r];
+    const int64_t t = steps[r], lo = window_begin(t, window);
     auto row = out.probs.row(r);
-    const double mx = row.head(t).maxCoeff();
-    row.head(t) = (row.head(t).array() - mx).exp().matrix();  // Eigen's vectorized exp (~3.5x std::exp)
-    const double sum = row.head(t).sum();
+    auto seen = row.segment(lo, t - lo);  // the keys step t reads (all t of them on a global layer)
+    const double mx = seen.maxCoeff();
+    seen = (seen.array() - mx).exp().matrix();  // Eigen's vectorized exp (~3.5x std::exp)
+    const double sum = seen.sum();
+    row.head(lo).setZero();
     row.tail(t_max - t).setZero();
-    row.head(t) /= sum;
+    seen /= sum;
     out.log_tau[r] = mx + std::log(sum);
-    out.probs_norm[r] = row.head(t).norm();
+    out.probs_norm[r] = seen.norm();
   }
   out.out.resize(rows, V.cols());
   out.out.noalias() = out.probs * V.topRows(t_max);
 }
 
 void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double scale, const std::vector<int64_t>& steps,
-                         ReferenceBlock& out) {
+                         ReferenceBlock& out, int64_t window) {
   thread_local MatF Qb, P, Z;  // scratch reused across blocks (the block shapes repeat)
   P.swap(out.probs_f);         // reuse the storage the block held last time
   scaled_queries(Q, K.rows(), scale, steps, Qb);
@@ -64,12 +70,14 @@ void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double sca
   // P keeps the unnormalized exp(l − max); the normalization is applied in double to the output rows
   // here and to the probabilities when a row is read (ReferenceBlock::probs_row).
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = steps[r];
+    const int64_t t = steps[r], lo = window_begin(t, window);
     auto row = P.row(r);
-    const float mx = row.head(t).maxCoeff();
-    row.head(t) = (row.head(t).array() - mx).exp().matrix();
-    double sum, sq;  // τ's sum and ‖a‖² in double (t terms)
-    detail::lane_sums<true>(row.data(), t, sum, sq);
+    auto seen = row.segment(lo, t - lo);
+    const float mx = seen.maxCoeff();
+    seen = (seen.array() - mx).exp().matrix();
+    double sum, sq;  // τ's sum and ‖a‖² in double (t − lo terms)
+    detail::lane_sums<true>(row.data() + lo, t - lo, sum, sq);
+    row.head(lo).setZero();
     row.tail(t_max - t).setZero();
     inv[r] = 1.0 / sum;
     out.log_tau[r] = double(mx) + std::log(sum);
@@ -90,7 +98,7 @@ size_t reference_block_end(const std::vector<int64_t>& steps, size_t begin, size
   return end;
 }
 
-VecD global_attention_scores(const MatF& Q, const MatD& K, double scale) {
+VecD global_attention_scores(const MatF& Q, const MatD& K, double scale, int64_t window) {
   const int64_t n = Q.rows();
   VecD g = VecD::Zero(n);
   const MatD V = MatD::Zero(n, 1);  // outputs are not needed
@@ -99,7 +107,7 @@ VecD global_attention_scores(const MatF& Q, const MatD& K, double scale) {
   ReferenceBlock blk;
   for (size_t b0 = 0; b0 < steps.size();) {
     const size_t b1 = reference_block_end(steps, b0);
-    exact_attention(Q, K, V, scale, std::vector<int64_t>(steps.begin() + b0, steps.begin() + b1), blk);
+    exact_attention(Q, K, V, scale, std::vector<int64_t>(steps.begin() + b0, steps.begin() + b1), blk, window);
     g.head(blk.probs.cols()) += blk.probs.colwise().sum().transpose();
     b0 = b1;
   }

@@ -29,6 +29,11 @@ struct DataSpec {
   /// policy receives at once (kvsim::prefill); decoding streams t = P+1..n and `eval.from` defaults
   /// to P+1. 0 = no prompt.
   int64_t prefill = 0;
+  /// `[data] local_layers`: "exact" (default) leaves a recording's local sliding-window layers
+  /// (layer_windows, docs/recordings.md) out of the replay, where compression does not matter;
+  /// "replay" replays them too, each against window attention over its last w keys as the exact
+  /// reference (Gemma 3: w = 512).
+  bool replay_local = false;
 };
 
 struct EvalSpec {

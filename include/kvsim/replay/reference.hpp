@@ -32,9 +32,11 @@ struct ReferenceBlock {
 };
 
 /// Exact attention of query head rows `steps` of Q ([n, d], unscaled) against K, V ([n, d], double).
-/// `steps` must be non-empty, increasing, within [1, n].
+/// `steps` must be non-empty, increasing, within [1, n]. `window` > 0: a local (sliding-window) layer's
+/// attention, step t reads only keys t − window + 1 … t (1-based), the probabilities of older keys
+/// are 0 and τ sums over the window (Gemma 3's local layers; 0 = every key).
 void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, const std::vector<int64_t>& steps,
-                     ReferenceBlock& out);
+                     ReferenceBlock& out, int64_t window = 0);
 
 /// The same block in float32 arithmetic (`[eval] reference_precision = "float32"`): SGEMMs for the
 /// logits and the output, the softmax in float with τ's sum in double; results stored in `out` as
@@ -45,7 +47,7 @@ void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, 
 /// large sweeps of approximate policies, whose errors are 1e-3 and up; keep float64 (1e-6, docs/theory.md)
 /// for anything compared against the exact policy.
 void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double scale, const std::vector<int64_t>& steps,
-                         ReferenceBlock& out);
+                         ReferenceBlock& out, int64_t window = 0);
 
 /// End (exclusive) of the block of `steps` starting at index `begin` that one exact_attention call
 /// handles: at most `max_rows` rows and rows × t_max ≤ 2^22 entries, at least one row. 256 rows for
@@ -57,7 +59,8 @@ inline constexpr size_t kReferenceRowsF32 = 128;
 
 /// Column sums of the full causal attention matrix: g(j) = Σ_{t ≥ j} a_t(j) over all n queries of
 /// Q ([n, d], unscaled) — H2O's "global" heavy-hitter score (H2O §3, Fig. 2). O(n²d), blocked.
-VecD global_attention_scores(const MatF& Q, const MatD& K, double scale);
+/// `window` as in exact_attention.
+VecD global_attention_scores(const MatF& Q, const MatD& K, double scale, int64_t window = 0);
 
 /// Incremental operator norm ‖V_t‖_op = sqrt(λ_max(V_tᵀV_t)) (docs/metrics.md, for SubGen Eq. 3's ε;
 /// sim/replay/operator_norm.cpp). `add` appends a value row to a pending block; every kPending rows
