@@ -128,9 +128,36 @@ def check_paths(kvsim_bin, path, story, np, kvsim):
                 return
             recs[mode] = kvsim.Recording(out)
         a, b = recs["batched"], recs["per-token"]
+        check_local_reference(a, np)
         worst = max(rel(np, getattr(b, t)(l, h), getattr(a, t)(l, h)) for l in range(18) for t, heads in
                     (("q", 4), ("k", 1), ("v", 1)) for h in range(heads))
         check(worst <= 1e-4, f"600 tokens: the one-token path's q/k/v equal the prefill's to {worst:.2e} <= 1e-4")
+
+
+def check_local_reference(rec, np):
+    # 6. The replay's exact reference on a local layer (data.local_layers = "replay"): window attention
+    # over the last 512 keys, as kvsim's reference pass computes it (_exact_causal), against the model's
+    # own attention output the recorder wrote (its forward matches transformers, checks 1-4). Negative
+    # control: the same pass over every key is off once the stream outgrows the window.
+    from kvsim import _kvsim
+    m = rec.meta
+    windows = list(m.get("layer_windows", []))
+    local = [l for l, w in enumerate(windows) if 0 < w < m["n_tokens"]]
+    check(bool(local), f"the recording names local layers (layer_windows {windows})")
+    if not local:
+        return
+    layer, w = local[0], windows[local[0]]
+    q = np.stack([rec.q(layer, h) for h in range(m["n_heads"])])
+    k = np.stack([rec.k(layer, h) for h in range(m["n_kv_heads"])])
+    v = np.stack([rec.v(layer, h) for h in range(m["n_kv_heads"])])
+    attn = np.stack([rec.attn(layer, h) for h in range(m["n_heads"])])
+    z_win = _kvsim._exact_causal(q, k, v, m["softmax_scale"], 1, window=w)[0]
+    z_all = _kvsim._exact_causal(q, k, v, m["softmax_scale"], 1)[0]
+    late = slice(w + 8, None)  # steps past the window
+    err = float(np.max(np.linalg.norm(z_win - attn, axis=-1) / np.linalg.norm(attn, axis=-1)))
+    off = float(np.max(np.linalg.norm(z_all[:, late] - attn[:, late], axis=-1) / np.linalg.norm(attn[:, late], axis=-1)))
+    check(err <= 1e-4, f"layer {layer} (window {w}): the replay's window reference equals the model's attention to {err:.2e} <= 1e-4")
+    check(off > 1e-3, f"layer {layer}: attention over every key differs past the window ({off:.2e} > 1e-3)")
 
 
 def sentencepiece_from_gguf(path, negate=False):

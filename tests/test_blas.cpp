@@ -57,7 +57,7 @@ TEST_CASE("gemm_abt and gemm_ab match a float64 product on strided views", "[bla
   CHECK(worst_rel(off, exact, scale) > 0.01);
 }
 
-TEST_CASE("gemm_abt: empty inner dimension gives zeros; mismatched shapes throw", "[blas]") {
+TEST_CASE("gemm_abt: an empty inner dimension gives zeros, mismatched shapes throw", "[blas]") {
   const MatF A(4, 0), B(3, 0);
   MatF C = MatF::Constant(4, 3, 7.0f);
   gemm_abt(A, B, C);

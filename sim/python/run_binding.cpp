@@ -37,9 +37,12 @@ using ArrF = py::array_t<float, py::array::c_style | py::array::forcecast>;
 /// kvsim's float32 exact reference pass (exact_attention_f32, the engine's blocks of 128 steps) over
 /// every step of every query head: causal attention of Q [H, n, d] against K, V [H_kv, n, d] (query
 /// head h reads KV head h / (H / H_kv)). The (head, block) units are shared by `threads` threads
-/// dynamically (later blocks cost more). Returns (out [H, n, d] float32, seconds of the pass alone:
-/// the copies in and out are not timed). For kvsim.compare_torch (issue "performance beside PyTorch").
-py::tuple exact_causal(const ArrF& q, const ArrF& k, const ArrF& v, double scale, int threads) {
+/// dynamically (later blocks cost more). `window` > 0: a local layer's sliding-window attention (step t
+/// reads keys t − window + 1 … t), as the replay's reference for `data.local_layers = "replay"`.
+/// Returns (out [H, n, d] float32, seconds of the pass alone: the copies in and out are not timed).
+/// For kvsim.compare_torch (issue "performance beside PyTorch") and tests/gemma3_test.py.
+py::tuple exact_causal(const ArrF& q, const ArrF& k, const ArrF& v, double scale, int threads, int64_t window) {
+  if (window < 0) throw Error("_exact_causal: window must be >= 0 (0 = every key)");
   if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3)
     throw Error("_exact_causal: q, k and v must be [heads, n, head_dim] arrays");
   const int64_t H = q.shape(0), n = q.shape(1), d = q.shape(2), Hkv = k.shape(0);
@@ -72,7 +75,7 @@ py::tuple exact_causal(const ArrF& q, const ArrF& k, const ArrF& v, double scale
         const auto [b0, b1] = blocks[u % blocks.size()];
         const std::vector<int64_t> block(steps.begin() + int64_t(b0), steps.begin() + int64_t(b1));
         const int64_t g = h / (H / Hkv);
-        exact_attention_f32(Q[size_t(h)], K[size_t(g)], V[size_t(g)], scale, block, blk);
+        exact_attention_f32(Q[size_t(h)], K[size_t(g)], V[size_t(g)], scale, block, blk, window);
         Eigen::Map<MatF>(o + (h * n + int64_t(b0)) * d, int64_t(b1 - b0), d) = blk.out.cast<float>();
       }
     };
@@ -321,7 +324,7 @@ void bind_run(py::module_& m) {
       py::arg("n"));
   m.def("_gemm_backend", [] { return gemm_backend(); });
   m.def("_exact_causal", &exact_causal, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
-        py::arg("threads"));
+        py::arg("threads"), py::arg("window") = 0);
 }
 
 }  // namespace kvsim::python
