@@ -28,38 +28,34 @@ inline double peak_rss_mb() {
   return double(u.ru_maxrss) / 1024.0;  // Linux: kilobytes
 }
 
+/// GEMM rate of `product(A, B, C)` (C = A·B, n×n×n) in GFLOP/s: best of 7 after a warm-up.
+template <class M, class Product>
+double best_gemm_rate(int n, Product product) {
+  M A = M::Random(n, n), B = M::Random(n, n), C(n, n);
+  product(A, B, C);  // warm-up (page faults, frequency ramp)
+  double best = 1e30;
+  for (int r = 0; r < 7; ++r) {
+    auto t0 = Clock::now();
+    product(A, B, C);
+    best = std::min(best, seconds_since(t0));
+  }
+  volatile typename M::Scalar sink = C(0, 0);
+  (void)sink;
+  return 2.0 * n * n * double(n) / best / 1e9;
+}
+
 /// GEMM rate of Eigen on n×n×n (GFLOP/s) in scalar type S, best of 7 after a warm-up. The float rate
 /// is the roofline of this run; the double rate is the ceiling of the float64 reference.
 template <class S>
 double gemm_rate(int n) {
   using M = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  M A = M::Random(n, n), B = M::Random(n, n), C(n, n);
-  C.noalias() = A * B;  // warm-up (page faults, frequency ramp)
-  double best = 1e30;
-  for (int r = 0; r < 7; ++r) {
-    auto t0 = Clock::now();
-    C.noalias() = A * B;
-    best = std::min(best, seconds_since(t0));
-  }
-  volatile S sink = C(0, 0);
-  (void)sink;
-  return 2.0 * n * n * double(n) / best / 1e9;
+  return best_gemm_rate<M>(n, [](const M& A, const M& B, M& C) { C.noalias() = A * B; });
 }
 
 /// The float32 exact reference's GEMM (kvsim::gemm_ab: OpenBLAS where linked, include/kvsim/core/blas.hpp)
 /// on n×n×n in GFLOP/s, one thread, best of 7 after a warm-up.
 inline double reference_sgemm_rate(int n) {
-  MatF A = MatF::Random(n, n), B = MatF::Random(n, n), C(n, n);
-  gemm_ab(A, B, C);  // warm-up
-  double best = 1e30;
-  for (int r = 0; r < 7; ++r) {
-    auto t0 = Clock::now();
-    gemm_ab(A, B, C);
-    best = std::min(best, seconds_since(t0));
-  }
-  volatile float sink = C(0, 0);
-  (void)sink;
-  return 2.0 * n * n * double(n) / best / 1e9;
+  return best_gemm_rate<MatF>(n, [](const MatF& A, const MatF& B, MatF& C) { gemm_ab(A, B, C); });
 }
 
 /// The exact reference pass over every step of one head (as the engine does it), in float64

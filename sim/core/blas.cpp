@@ -26,34 +26,34 @@ void init_once() {
   std::call_once(once, [] { scipy_openblas_set_num_threads(1); });
 }
 #endif
+
+/// C = A·B (b_transposed: A·Bᵀ), the shapes checked by the caller.
+void gemm(const ConstRefF& A, const ConstRefF& B, bool b_transposed, RefF C) {
+  if (C.size() == 0) return;
+#ifdef KVSIM_HAVE_OPENBLAS
+  init_once();
+  if (A.cols() == 0) {
+    C.setZero();
+    return;
+  }
+  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, blasint(C.rows()),
+                    blasint(C.cols()), blasint(A.cols()), 1.0f, A.data(), blasint(A.outerStride()), B.data(),
+                    blasint(B.outerStride()), 0.0f, C.data(), blasint(C.outerStride()));
+#else
+  if (b_transposed) C.noalias() = A * B.transpose();
+  else C.noalias() = A * B;
+#endif
+}
 }  // namespace
 
 void gemm_abt(const ConstRefF& A, const ConstRefF& B, RefF C) {
   check("gemm_abt", A.rows(), A.cols(), B.cols(), B.rows(), C);
-  if (C.size() == 0) return;
-#ifdef KVSIM_HAVE_OPENBLAS
-  init_once();
-  if (A.cols() == 0) { C.setZero(); return; }
-  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(A.rows()), blasint(B.rows()), blasint(A.cols()), 1.0f,
-                    A.data(), blasint(A.outerStride()), B.data(), blasint(B.outerStride()), 0.0f, C.data(),
-                    blasint(C.outerStride()));
-#else
-  C.noalias() = A * B.transpose();
-#endif
+  gemm(A, B, true, C);
 }
 
 void gemm_ab(const ConstRefF& A, const ConstRefF& B, RefF C) {
   check("gemm_ab", A.rows(), A.cols(), B.rows(), B.cols(), C);
-  if (C.size() == 0) return;
-#ifdef KVSIM_HAVE_OPENBLAS
-  init_once();
-  if (A.cols() == 0) { C.setZero(); return; }
-  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blasint(A.rows()), blasint(B.cols()), blasint(A.cols()), 1.0f,
-                    A.data(), blasint(A.outerStride()), B.data(), blasint(B.outerStride()), 0.0f, C.data(),
-                    blasint(C.outerStride()));
-#else
-  C.noalias() = A * B;
-#endif
+  gemm(A, B, false, C);
 }
 
 std::string gemm_backend() {
