@@ -10,26 +10,6 @@
 
 namespace kvsim {
 
-namespace {
-/// Worst relative error of the recorded attention output A against exact window attention: token t
-/// (0-based) attends to keys max(0, t − w + 1) … t (a local layer of layer_windows), in double.
-double window_attention_error(const MatF& Q, const MatD& K, const MatD& V, const MatF& A, double scale, int64_t w) {
-  double worst = 0;
-  VecD p;
-  for (Eigen::Index t = 0; t < Q.rows(); ++t) {
-    const Eigen::Index lo = std::max<Eigen::Index>(0, t - w + 1), m = t + 1 - lo;
-    const VecD q = Q.row(t).transpose().cast<double>() * scale;
-    p.noalias() = K.middleRows(lo, m) * q;
-    p = (p.array() - p.maxCoeff()).exp().matrix();
-    const VecD z = V.middleRows(lo, m).transpose() * p / p.sum();
-    const double dn = (z - A.row(t).transpose().cast<double>()).norm(), an = z.norm();
-    worst = std::max(worst, an > 0 ? dn / an : dn);
-  }
-  return worst;
-}
-}  // namespace
-
-
 std::string inspect_recording(const std::string& path, int64_t max_tokens) {
   RecordingReader rec(path);
   const auto& m = rec.meta();
@@ -115,14 +95,13 @@ AttentionCheck check_recorded_attention(const std::string& path, const std::vect
       for (int h = 0; h < m.n_heads; ++h) {
         if (m.kv_head_of(h) != kvh) continue;
         const MatF Q = rec.read(l, Tensor::q, h), A = rec.read(l, Tensor::attn, h);
-        if (m.is_local(l)) {  // a sliding-window layer: token t attends to its last w tokens
-          worst = std::max(worst, window_attention_error(Q, K, V, A, m.softmax_scale, m.layer_window(l)));
-          continue;
-        }
+        // A sliding-window layer: step t attends to its last w tokens (exact_attention's window).
+        const int64_t window = m.is_local(l) ? m.layer_window(l) : 0;
         for (size_t b = 0; b < all_steps.size();) {
           const size_t e = reference_block_end(all_steps, b);
           ReferenceBlock ref;
-          exact_attention(Q, K, V, m.softmax_scale, std::vector<int64_t>(all_steps.begin() + b, all_steps.begin() + e), ref);
+          exact_attention(Q, K, V, m.softmax_scale, std::vector<int64_t>(all_steps.begin() + b, all_steps.begin() + e), ref,
+                          window);
           for (size_t r = 0; r + b < e; ++r) {
             const int64_t t = all_steps[b + r] - 1;
             const double dn = (ref.out.row(r) - A.row(t).cast<double>()).norm(), an = ref.out.row(r).norm();
