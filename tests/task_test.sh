@@ -4,7 +4,8 @@
 # needle's tokens — does not (the negative control: a cache that loses exactly the needle fails where
 # the exact cache succeeds); every trial row carries the open-loop link; a run killed with kill -9 after
 # its first checkpointed trial is refused without --resume, and resumed it ends with the same answers
-# and metrics as an uninterrupted run; bad [task] keys fail in one line.
+# and metrics as an uninterrupted run; --prompts writes the same trials' prompts; bad [task] keys fail
+# in one line.
 # Usage: task_test.sh KVSIM_BINARY SOURCE_DIR MODELS_DIR SHARED_DATA
 set -u
 KVSIM=$1; SRC=$2; MODELS=$3; DATA=$(cd "$4" && pwd)
@@ -36,6 +37,7 @@ memory = 0.5
 TOML
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/full" --threads 2 > "$TMP/full.txt" 2> "$TMP/full.err" || bad "uninterrupted run ($(tail -1 "$TMP/full.err"))"
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/word" --threads 2 --set task.kind=word --quiet > /dev/null || bad "word run"
+"$KVSIM" task "$TMP/t.toml" --prompts "$TMP/prompts.jsonl" > /dev/null || bad "--prompts"
 "$PY" - "$TMP" <<'PY' || fails=$((fails+1))
 import csv, math, sys
 tmp = sys.argv[1]
@@ -68,6 +70,20 @@ for run in ("full", "word"):
     check(e["trials"] == "4" and e["correct"] == "4" and e["counts"] == "1", f"{run}: accuracy.csv counts the exact cache 4/4")
     lo, hi = float(e["wilson_low"]), float(e["wilson_high"])
     check(abs(lo - 0.5101) < 1e-3 and hi == 1, f"{run}: Wilson interval of 4/4 = [0.510, 1] ({lo}, {hi})")
+# --prompts writes the trials' prompts without running them: the same positions as the run's rows, and
+# the budgets pinned to tokens (memory = 0.5 of L = 256), so that another implementation answers the
+# same tokens (scripts/kvpress_task.py).
+import json
+prompts = [json.loads(l) for l in open(f"{tmp}/prompts.jsonl")]
+exact = [r for r in csv.DictReader(open(f"{tmp}/full/trials.csv")) if r["cache"] == "exact"]
+check(len(prompts) == len(exact) == 4, "--prompts: one line per trial")
+for p, r in zip(prompts, exact):
+    same = all(str(p[k]) == r[k] for k in ("length", "trial", "needle_begin", "needle_end", "question_begin")) \
+        and p["depth"] == float(r["depth"]) and p["value"] == r["answer"] and len(p["tokens"]) == 256
+    check(same, f"--prompts: trial {r['depth']}/{r['trial']} has the run's positions and answer")
+check(all(p["budgets"] == {"window(memory=0.5)": 128, "h2o(memory=0.5)": 128} and p["generate"] == 12 for p in prompts),
+      "--prompts: budgets pinned to 128 tokens")
+check(len({tuple(p["tokens"]) for p in prompts}) == 4, "--prompts: four different prompts")
 sys.exit(1 if bad else 0)
 PY
 # Kill -9 once the first trial is checkpointed; the unfinished run is refused, then resumed.

@@ -188,8 +188,16 @@ void add_task(CLI::App& app) {
   auto* resume = task->add_flag("--resume", t_opt.resume, "continue the unfinished run in --out (its finished trials are kept)");
   task->add_flag("--force", t_opt.force, "discard an unfinished run in --out and start over")->excludes(resume);
   task->add_flag("--quiet", t_opt.quiet, "no per-trial progress on stderr");
+  static std::string t_prompts;
+  task->add_option("--prompts", t_prompts, "write every trial's prompt tokens as JSON Lines to FILE and exit (nothing is run)")
+      ->excludes(resume);
   task->callback([] {
     const TaskConfig c = load_task(t_config, t_sets);
+    if (!t_prompts.empty()) {
+      write_task_prompts(c, t_prompts);
+      std::cout << "wrote " << t_prompts << "\n";
+      return;
+    }
     if (t_opt.threads <= 0) t_opt.threads = int(std::max(1u, std::thread::hardware_concurrency()));
     if (t_opt.out.empty()) t_opt.out = "results/" + c.name;
     const auto rows = run_task(c, t_opt);

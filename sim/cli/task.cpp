@@ -254,6 +254,56 @@ std::string task_report(const TaskConfig& c, const std::vector<TaskRow>& rows) {
   return o.str();
 }
 
+namespace {
+
+/// `s` as a JSON string literal (quotes, backslashes and control characters escaped).
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') o += {'\\', char(ch)};
+    else if (ch < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", ch);
+      o += b;
+    } else o += char(ch);
+  }
+  return o + "\"";
+}
+
+}  // namespace
+
+void write_task_prompts(const TaskConfig& c, const std::string& path) {
+  LlamaModel model(c.checkpoint);
+  const Tokenizer tok = load_tokenizer(c.checkpoint, c.tokenizer, model.config().vocab_size);
+  std::ifstream in(c.filler, std::ios::binary);
+  if (!in) throw Error(c.filler + ": cannot read the task's filler text (task.filler)");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<int> filler = tok.encode(text, false, false);
+  std::ostringstream o;
+  for (int L : c.lengths) {
+    const auto specs = pin_budgets(c.policies, L);
+    for (double d : c.depths)
+      for (int i = 0; i < c.trials; ++i) {
+        const TaskTrial tr = make_trial(TrialSpec{c.kind, c.templ, L, d, i, c.seed}, tok, filler);
+        o << "{\"kind\": " << json_string(c.kind) << ", \"length\": " << L << ", \"depth\": " << d << ", \"trial\": " << i
+          << ", \"needle_depth\": " << tr.depth << ", \"needle_begin\": " << tr.needle_begin << ", \"needle_end\": " << tr.needle_end
+          << ", \"question_begin\": " << tr.question_begin << ", \"key\": " << json_string(tr.key)
+          << ", \"value\": " << json_string(tr.value) << ", \"generate\": " << c.generate << ", \"budgets\": {";
+        for (size_t p = 0; p < specs.size(); ++p) {
+          // The cache's pinned size in tokens (memory, else budget); -1 when it has neither.
+          int64_t b = -1;
+          for (const char* k : {"budget", "memory"})
+            if (const auto* v = specs[p].params.find(k); v && std::holds_alternative<int64_t>(*v)) b = std::get<int64_t>(*v);
+          o << (p ? ", " : "") << json_string(specs[p].label) << ": " << b;
+        }
+        o << "}, \"tokens\": [";
+        for (size_t t = 0; t < tr.tokens.size(); ++t) o << (t ? ", " : "") << tr.tokens[t];
+        o << "]}\n";
+      }
+  }
+  write_file_atomically(path, o.str());
+}
+
 std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
   LlamaModel model(c.checkpoint);
   const auto& cfg = model.config();

@@ -8,6 +8,7 @@
 #include "kvsim/core/error.hpp"
 #include "kvsim/model/gguf.hpp"
 #include "kvsim/model/llama.hpp"
+#include "kvsim/model/retrieval.hpp"
 #include "kvsim/model/tokenizer.hpp"
 
 namespace kvsim::python {
@@ -83,6 +84,9 @@ void bind_models(py::module_& m) {
            py::arg("text"), py::arg("bos") = false)
       .def("kind", &Tokenizer::kind_name);
 
+  // `kvsim task`'s scorer, so that another implementation's answers are scored by the same rule.
+  m.def("_answer_matches", &answer_matches, py::arg("generated"), py::arg("answer"));
+  m.def("_wilson_interval", &wilson_interval, py::arg("k"), py::arg("n"));
   m.def(
       "_gguf_dequantize",
       [](uint32_t type, py::bytes data, int64_t n) {

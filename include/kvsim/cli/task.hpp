@@ -67,6 +67,13 @@ struct TaskRunOptions {
 /// is checkpointed under opt.out/trials/ until the run completes) and returns the rows.
 std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt);
 
+/// Writes every trial's prompt as JSON Lines to `path` (atomically) without running it, so that another
+/// implementation can answer the same tokens (scripts/kvpress_task.py): per trial kind, length, depth,
+/// trial, needle_depth, needle_begin, needle_end, question_begin, key, value, generate, budgets (each
+/// [[policy]] label's cache size in tokens, pinned as run_task pins it; -1 for none) and tokens.
+/// Throws kvsim::Error naming task.filler when the filler cannot be read.
+void write_task_prompts(const TaskConfig& c, const std::string& path);
+
 /// accuracy.csv's rows as a table: per (L, cache) trials, correct, accuracy and its 95% Wilson interval.
 std::string task_report(const TaskConfig& c, const std::vector<TaskRow>& rows);
 

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""A `kvsim task` config's trials answered through kvpress's own pipeline, beside kvsim's answers.
+
+Usage: .venv/bin/python scripts/kvpress_task.py TASK.toml [--set key=value]... [--kvsim DIR]
+           [--presses StreamingLLMPress,SnapKVPress,ExpectedAttentionPress] [--out DIR] [--threads N]
+
+kvsim's closed loop compresses the context (the prompt before the question) once, as kvpress's
+KVPressTextGenerationPipeline does, and decodes the question and the answer through the compressed
+cache. This script checks that setting against kvpress itself, on the same tokens:
+
+1. `kvsim task TASK.toml --prompts` writes every trial's prompt (tokens, needle, question start) and
+   each [[policy]] entry's cache size in tokens, pinned as `kvsim task` pins it.
+2. transformers loads the same GGUF (float32, CPU). For every trial, kvpress's pipeline
+   (`KVPressTextGenerationPipeline._forward`, kvpress 0.5.5) prefills the context with no press and
+   with each press, then answers the question greedily (`generate` tokens). The press's
+   compression_ratio r is set so that it keeps int(C·(1 − r)) = B tokens of the C context tokens,
+   where B is the size of the kvsim entry it stands beside (PRESS_POLICY below). kvpress appends the
+   question and the answer to the compressed cache; kvsim's snapkv and expected_attention do the
+   same, while its `sink` streams at B tokens.
+3. Each answer is scored by `kvsim task`'s own rule (_kvsim._answer_matches). OUT/trials.csv holds one
+   row per (trial, cache): the press, its compression_ratio, the budget B it aims at and `kept`, the
+   compressed context's size read back from kvpress's cache (mean over layers), the answer and its
+   score. OUT/accuracy.csv: the accuracy per (L, cache) with its 95% Wilson interval.
+4. With --kvsim DIR (a finished `kvsim task` run of the same config), OUT/agreement.csv pairs every
+   kvpress answer with kvsim's for the same trial and budget: both right, both wrong, only kvsim right,
+   only kvpress right, and the share of identical answer texts.
+
+Exit 0; 2 on bad input (missing config, model or kvsim folder); 3 when torch/transformers/kvpress
+are missing. docs/kvpress.md shows a run.
+"""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+
+# kvpress press → the kvsim policy whose budget it takes (kvsim's label "policy(memory=…)").
+PRESS_POLICY = {"StreamingLLMPress": "sink", "SnapKVPress": "snapkv", "ExpectedAttentionPress": "expected_attention",
+                "TOVAPress": "tova", "KnormPress": "knorm", "PyramidKVPress": "pyramidkv"}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def fail(msg, code=2):
+    print(f"kvpress_task: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def read_prompts(a, path):
+    """Runs `kvsim task --prompts`; returns the trials (dicts) and the checkpoint path."""
+    cmd = [a.kvsim_bin, "task", a.config, "--prompts", path] + [x for s in a.set for x in ("--set", s)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        fail(r.stderr.strip() or f"{' '.join(cmd)} failed")
+    with open(path, encoding="utf-8") as f:
+        trials = [json.loads(line) for line in f]
+    import tomllib
+
+    with open(a.config, "rb") as f:
+        ckpt = tomllib.load(f).get("model", {}).get("checkpoint", "")
+    return trials, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(a.config)), ckpt))
+
+
+def entries(trial, presses):
+    """[(cache label, press name, kvsim label, budget)] for one trial: exact, then each press at the
+    budget of every kvsim entry of its policy."""
+    out = [("exact", "", "exact", -1)]
+    for p in presses:
+        pol = PRESS_POLICY[p]
+        for label, b in trial["budgets"].items():
+            if label.split("(")[0] == pol and b > 0:
+                out.append((f"{p}{label[len(pol):]}", p, label, b))
+    return out
+
+
+def answer(pipe, torch, transformers, ctx, question, press, generate):
+    """kvpress's answer and the compressed context's mean size over layers (read from the cache, which
+    kvpress truncates back to the compressed context after answering)."""
+    cache = transformers.DynamicCache()
+    with torch.no_grad():
+        text = pipe._forward({"context_ids": ctx, "questions_ids": [question]}, max_new_tokens=generate, press=press,
+                             cache=cache)[0]
+    sizes = [cache.get_seq_length(layer) for layer in range(len(cache))]
+    return text, sum(sizes) / len(sizes)
+
+
+def agreement(rows, kvsim_dir):
+    """Per (L, kvsim label): the kvpress and kvsim answers of the same trials, paired."""
+    path = os.path.join(kvsim_dir, "trials.csv")
+    if not os.path.isfile(path):
+        fail(f"{path}: no such file (--kvsim names a finished `kvsim task` run)")
+    with open(path, encoding="utf-8") as f:
+        theirs = {(int(r["length"]), r["depth"], int(r["trial"]), r["cache"]): r for r in csv.DictReader(f)}
+    groups = {}
+    for r in rows:
+        k = theirs.get((r["length"], r["depth"], r["trial"], r["kvsim_cache"]))
+        if k is None:
+            continue
+        g = groups.setdefault((r["length"], r["cache"], r["kvsim_cache"]), [0, 0, 0, 0, 0])
+        a, b = int(k["correct"]), r["correct"]
+        g[0] += a and b
+        g[1] += (not a) and (not b)
+        g[2] += a and not b
+        g[3] += b and not a
+        g[4] += k["generated"].strip() == r["generated"].replace("\n", "\\n").strip()
+    return groups
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--set", action="append", default=[], help="a `kvsim task` override (repeatable)")
+    ap.add_argument("--presses", default="StreamingLLMPress,SnapKVPress,ExpectedAttentionPress")
+    ap.add_argument("--kvsim", help="a finished `kvsim task` run of the same config, to pair answers with")
+    ap.add_argument("--out", default=None, help="output folder (default results/kvpress_<task name>)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    ap.add_argument("--kvsim-bin", default=os.path.join(HERE, "..", "build", "kvsim"))
+    a = ap.parse_args()
+    if not os.path.isfile(a.config):
+        fail(f"{a.config}: no such task config")
+    presses = [p for p in a.presses.split(",") if p]
+    for p in presses:
+        if p not in PRESS_POLICY:
+            fail(f"--presses: unknown press '{p}' (known: {', '.join(PRESS_POLICY)})")
+    try:
+        import torch
+        import transformers
+        import kvpress
+    except ImportError as e:
+        fail(f"{e} (bash scripts/setup.sh installs torch and kvpress)", 3)
+    from kvsim import _kvsim
+    from kvsim import kvpress as bridge
+
+    out = a.out or os.path.join("results", "kvpress_" + os.path.splitext(os.path.basename(a.config))[0])
+    os.makedirs(out, exist_ok=True)
+    trials, gguf = read_prompts(a, os.path.join(out, "prompts.jsonl"))
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    model, tok = bridge.load_model(gguf)
+    pipe = kvpress.KVPressTextGenerationPipeline(model=model, tokenizer=tok)
+    rows = []
+    for i, tr in enumerate(trials):
+        t0 = time.time()
+        ids = torch.tensor(tr["tokens"], dtype=torch.long)
+        ctx, q = ids[: tr["question_begin"]].unsqueeze(0), ids[tr["question_begin"]:].unsqueeze(0)
+        C = tr["question_begin"]
+        for cache, press_name, label, B in entries(tr, presses):
+            press, r = None, 0.0
+            if press_name:
+                r = 1.0 - (B + 0.5) / C  # int(C·(1 − r)) = B
+                press = getattr(kvpress, press_name)(compression_ratio=r)
+            text, kept = answer(pipe, torch, transformers, ctx, q, press, tr["generate"])
+            rows.append({"kind": tr["kind"], "length": tr["length"], "depth": f"{tr['depth']:g}", "trial": tr["trial"],
+                         "cache": cache, "press": press_name or "none", "kvsim_cache": label,
+                         "compression_ratio": f"{r:.6f}", "budget": B if press_name else C, "kept": kept, "answer": tr["value"],
+                         "generated": text, "correct": int(_kvsim._answer_matches(text, tr["value"]))})
+        right = sum(r["correct"] for r in rows[-len(entries(tr, presses)):])
+        print(f"kvpress_task: trial {i + 1}/{len(trials)} (L={tr['length']}, depth {tr['depth']:g}, #{tr['trial']}): "
+              f"{right}/{len(entries(tr, presses))} caches right, {time.time() - t0:.1f} s", file=sys.stderr)
+    fields = list(rows[0])
+    with open(os.path.join(out, "trials.csv"), "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "generated": r["generated"].replace("\n", "\\n")})
+    acc = {}
+    for r in rows:
+        acc.setdefault((r["length"], r["cache"]), []).append(r["correct"])
+    with open(os.path.join(out, "accuracy.csv"), "w", encoding="utf-8") as f:
+        f.write("length,cache,trials,correct,accuracy,wilson_low,wilson_high\n")
+        print("| L | cache | accuracy [95% Wilson] |\n|---|---|---|")
+        for (L, cache), v in acc.items():
+            lo, hi = _kvsim._wilson_interval(sum(v), len(v))
+            f.write(f"{L},\"{cache}\",{len(v)},{sum(v)},{sum(v) / len(v):.4f},{lo:.4f},{hi:.4f}\n")
+            print(f"| {L} | {cache} | {sum(v)}/{len(v)} = {sum(v) / len(v):.2f} [{lo:.2f}, {hi:.2f}] |")
+    if a.kvsim:
+        groups = agreement(rows, a.kvsim)
+        with open(os.path.join(out, "agreement.csv"), "w", encoding="utf-8") as f:
+            f.write("length,cache,kvsim_cache,trials,both_right,both_wrong,only_kvsim,only_kvpress,same_text\n")
+            print("\n| L | kvpress | kvsim | trials | both right | both wrong | only kvsim | only kvpress | same text |")
+            print("|---|---|---|---|---|---|---|---|---|")
+            for (L, cache, label), g in groups.items():
+                n = g[0] + g[1] + g[2] + g[3]
+                f.write(f"{L},\"{cache}\",\"{label}\",{n},{g[0]},{g[1]},{g[2]},{g[3]},{g[4]}\n")
+                print(f"| {L} | {cache} | {label} | {n} | {g[0]} | {g[1]} | {g[2]} | {g[3]} | {g[4]} |")
+    print(f"wrote {out}/trials.csv and accuracy.csv" + (" and agreement.csv" if a.kvsim else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""A retrieval task answered by kvpress's own pipeline beside `kvsim task` (scripts/kvpress_task.py).
+
+  kvpress_task_test.py KVSIM SOURCE_DIR MODELS_DIR DATA_DIR
+
+Two 256-token passkey trials (depths 0.3 and 0.7) with sink, snapkv and
+expected_attention at memory 0.5 (128 tokens), answered by `kvsim task` and by kvpress 0.5.5's
+KVPressTextGenerationPipeline on transformers (the same GGUF, float32, CPU). Checked:
+  1. every press compressed the context (233 tokens) to exactly the kvsim budget (128), read back
+     from kvpress's own cache;
+  2. without a press, kvpress's pipeline answers every trial, with the same text as kvsim's exact cache
+     (kvsim's closed loop decodes the same tokens as transformers);
+  3. negative control: StreamingLLMPress keeps the 4 sinks and the last 124 context tokens, which at
+     depth 0.3 excludes the needle, so it answers none of those trials while the exact cache answers
+     all (the press really acted on the cache);
+  4. agreement.csv pairs every kvpress answer with kvsim's for the same trial and budget.
+Exit 0 passed, 1 failed, 77 SKIPPED (torch/transformers/kvpress or the model file absent).
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def main():
+    kvsim_bin, src, models, data = sys.argv[1:5]
+    gguf = os.path.abspath(os.path.join(models, GGUF))
+    if not os.path.isfile(gguf):
+        print(f"SKIPPED: {gguf} is absent (bash scripts/setup.sh fetches it)")
+        return SKIP
+    try:
+        import kvpress  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        print(f"SKIPPED: {e} (bash scripts/setup.sh installs torch and kvpress)")
+        return SKIP
+    filler = os.path.abspath(os.path.join(data, "tinystories-sample", "tinystories.txt"))
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = os.path.join(tmp, "t.toml")
+        with open(cfg, "w", encoding="utf-8") as f:
+            f.write(f'name = "kvpress_task_test"\nseed = 3\n[model]\ncheckpoint = "{gguf}"\n[task]\nkind = "passkey"\n'
+                    f'filler = "{filler}"\nlengths = [256]\ndepths = [0.3, 0.7]\ntrials = 1\n'
+                    '[[policy]]\nname = "sink"\nsink = 4\nmemory = 0.5\n'
+                    '[[policy]]\nname = "snapkv"\nmemory = 0.5\n'
+                    '[[policy]]\nname = "expected_attention"\nmemory = 0.5\n')
+        ours = os.path.join(tmp, "kvsim")
+        subprocess.run([kvsim_bin, "task", cfg, "--out", ours, "--threads", "2", "--quiet"], check=True,
+                       stdout=subprocess.DEVNULL)
+        theirs = os.path.join(tmp, "kvpress")
+        r = subprocess.run([sys.executable, os.path.join(src, "scripts", "kvpress_task.py"), cfg, "--kvsim", ours,
+                            "--out", theirs, "--threads", "2", "--kvsim-bin", kvsim_bin], capture_output=True, text=True)
+        print(r.stdout)
+        check(r.returncode == 0, "kvpress_task.py ran" + (f" (rc {r.returncode}: {r.stderr.strip()[-300:]})" if r.returncode else ""))
+        if r.returncode:
+            return 1
+        rows = list(csv.DictReader(open(os.path.join(theirs, "trials.csv"), encoding="utf-8")))
+        kv = {(row["depth"], row["trial"], row["cache"]): row
+              for row in csv.DictReader(open(os.path.join(ours, "trials.csv"), encoding="utf-8"))}
+        prompts = [json.loads(line) for line in open(os.path.join(theirs, "prompts.jsonl"), encoding="utf-8")]
+        check(len(rows) == 2 * 4, f"2 trials x (no press + 3 presses) rows ({len(rows)})")
+        pressed = [row for row in rows if row["press"] != "none"]
+        check(all(float(row["kept"]) == 128 == int(row["budget"]) for row in pressed),
+              "every press left exactly 128 context tokens in kvpress's cache: " +
+              ", ".join(sorted({row["kept"] for row in pressed})))
+        check(all(float(row["kept"]) == p["question_begin"] for row in rows if row["press"] == "none"
+                  for p in prompts if p["depth"] == float(row["depth"]) and p["trial"] == int(row["trial"])),
+              "without a press the whole context stays")
+        exact = [row for row in rows if row["press"] == "none"]
+        check(all(row["correct"] == "1" for row in exact), "kvpress's pipeline without a press answers every trial")
+        same = [row["generated"].strip() == kv[(row["depth"], row["trial"], "exact")]["generated"].strip() for row in exact]
+        check(all(same), f"kvsim's exact cache generates kvpress's text in {sum(same)}/{len(same)} trials")
+        streaming = [row for row in rows if row["press"] == "StreamingLLMPress" and row["depth"] == "0.3"]
+        check(len(streaming) == 1 and all(row["correct"] == "0" for row in streaming),
+              "negative control: StreamingLLMPress, whose 128 tokens exclude a needle at depth 0.3, answers nothing")
+        agree = list(csv.DictReader(open(os.path.join(theirs, "agreement.csv"), encoding="utf-8")))
+        check(len(agree) == 4 and all(int(a["trials"]) == 2 for a in agree),
+              "agreement.csv pairs 2 trials for each of exact and the 3 presses")
+        ex = [a for a in agree if a["cache"] == "exact"]
+        check(len(ex) == 1 and ex[0]["both_right"] == "2", "exact: both implementations right on 2/2")
+    print("kvpress_task_test: " + ("all passed" if not failures else f"{len(failures)} failed"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
