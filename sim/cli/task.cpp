@@ -270,15 +270,20 @@ std::string json_string(const std::string& s) {
   return o + "\"";
 }
 
+/// The filler text's tokens (task.filler, encoded without BOS): what every trial's filler is cut from.
+std::vector<int> filler_tokens(const TaskConfig& c, const Tokenizer& tok) {
+  std::ifstream in(c.filler, std::ios::binary);
+  if (!in) throw Error(c.filler + ": cannot read the task's filler text (task.filler)");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return tok.encode(text, false, false);
+}
+
 }  // namespace
 
 void write_task_prompts(const TaskConfig& c, const std::string& path) {
   LlamaModel model(c.checkpoint);
   const Tokenizer tok = load_tokenizer(c.checkpoint, c.tokenizer, model.config().vocab_size);
-  std::ifstream in(c.filler, std::ios::binary);
-  if (!in) throw Error(c.filler + ": cannot read the task's filler text (task.filler)");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::vector<int> filler = tok.encode(text, false, false);
+  const std::vector<int> filler = filler_tokens(c, tok);
   std::ostringstream o;
   for (int L : c.lengths) {
     const auto specs = pin_budgets(c.policies, L);
@@ -314,10 +319,7 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
   // A policy that cannot run here (a non-causal oracle, a bad parameter) fails now, before any trial.
   for (const auto& s : pin_budgets(c.policies, c.lengths[0]))
     PolicyKVAttention(cfg, s, c.lengths[0] + c.generate, c.seed, c.eval.gqa, c.eval.group_agg, c.lengths[0] / 2);
-  std::ifstream in(c.filler, std::ios::binary);
-  if (!in) throw Error(c.filler + ": cannot read the task's filler text (task.filler)");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::vector<int> filler = tok.encode(text, false, false);
+  const std::vector<int> filler = filler_tokens(c, tok);
   const fs::path out(opt.out), ckpt = out / "trials";
   std::error_code ec;
   if (opt.force) fs::remove_all(ckpt, ec);
