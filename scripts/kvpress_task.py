@@ -145,7 +145,8 @@ def main():
         ids = torch.tensor(tr["tokens"], dtype=torch.long)
         ctx, q = ids[: tr["question_begin"]].unsqueeze(0), ids[tr["question_begin"]:].unsqueeze(0)
         C = tr["question_begin"]
-        for cache, press_name, label, B in entries(tr, presses):
+        caches = entries(tr, presses)
+        for cache, press_name, label, B in caches:
             press, r = None, 0.0
             if press_name:
                 r = 1.0 - (B + 0.5) / C  # int(C·(1 − r)) = B
@@ -155,9 +156,9 @@ def main():
                          "cache": cache, "press": press_name or "none", "kvsim_cache": label,
                          "compression_ratio": f"{r:.6f}", "budget": B if press_name else C, "kept": kept, "answer": tr["value"],
                          "generated": text, "correct": int(_kvsim._answer_matches(text, tr["value"]))})
-        right = sum(r["correct"] for r in rows[-len(entries(tr, presses)):])
+        right = sum(r["correct"] for r in rows[-len(caches):])
         print(f"kvpress_task: trial {i + 1}/{len(trials)} (L={tr['length']}, depth {tr['depth']:g}, #{tr['trial']}): "
-              f"{right}/{len(entries(tr, presses))} caches right, {time.time() - t0:.1f} s", file=sys.stderr)
+              f"{right}/{len(caches)} caches right, {time.time() - t0:.1f} s", file=sys.stderr)
     fields = list(rows[0])
     with open(os.path.join(out, "trials.csv"), "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fields)
