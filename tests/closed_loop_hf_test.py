@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""`kvsim closed-loop` on SmolLM2-135M-Instruct against transformers running the same cache as an
-attention mask (the closed loop on a real LLM).
+"""`kvsim closed-loop` on a real LLM against transformers running the same cache as an attention mask.
 
-  closed_loop_hf_test.py KVSIM MODELS_DIR DATA_DIR
+  closed_loop_hf_test.py KVSIM MODELS_DIR DATA_DIR [smollm2|gemma3]
+
+smollm2 (the default): SmolLM2-135M-Instruct, 256 tokens, a 128-token prompt. gemma3: Gemma 3 270M,
+640 tokens, a 128-token prompt — decoding runs past its local layers' 512-token window, so kvsim's
+local layers (exact over their last 512 tokens, a ring in PolicyKVAttention; policies on the global
+layers 5, 11, 17 only) are checked too: transformers gets a mask per layer type, the policy's mask on
+its full_attention layers and the plain sliding-window mask (keys j with i − 512 < j ≤ i) on its
+sliding_attention layers.
 
 kvsim's closed loop decodes every policy and the exact cache as one batch (LlamaModel::decode_step)
 after a batched prefill of the prompt. For the window and sink policies the tokens a cache holds at
@@ -11,7 +17,7 @@ pass of transformers (loading the same GGUF, float32, CPU) with a 4D attention m
 i < P attend causally (a prefill is exact), decoded positions i ≥ P attend to
   window(budget = B):          keys j with i − B < j ≤ i
   sink(budget = B, sink = 4):  keys j < 4 or i − (B − 4) < j ≤ i.
-Checked, on 256 TinyStories tokens with a 128-token prompt:
+Checked, on N TinyStories tokens with a P-token prompt:
   1. the exact cache's cross-entropy over the decoded positions equals transformers' causal one;
   2. window and sink (B = 48) equal transformers' masked ones, to ≤ 5e-5 nats/token (kvsim writes 6 significant digits);
      negative controls: each mask moves transformers' cross-entropy by > 0.05 nats/token from the
@@ -28,8 +34,11 @@ import sys
 import tempfile
 
 SKIP = 77
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-N, P, B, SINK, TOL = 256, 128, 48, 4, 5e-5
+# model → (GGUF file, N tokens, P prompt tokens, tolerance in nats/token)
+MODELS = {"smollm2": ("SmolLM2-135M-Instruct.Q4_1.gguf", 256, 128, 5e-5),
+          "gemma3": ("gemma-3-270m-q4_k_m.gguf", 640, 128, 5e-5)}
+GGUF, N, P, TOL = MODELS["smollm2"]
+B, SINK = 48, 4
 failures = []
 
 
@@ -51,18 +60,23 @@ def run_closed_loop(kvsim_bin, tmp, name, gguf_path, text_path, policies):
         return {r["label"]: r for r in csv.DictReader(f)}
 
 
-def masked_ce(hf, ids, allow, torch, np):
-    """Teacher-forced mean cross-entropy over positions P..N−2 with a [N, N] boolean attention mask."""
+def masked_ce(hf, ids, allow, torch, np, local=None):
+    """Teacher-forced mean cross-entropy over positions P..N−2 with a [N, N] boolean attention mask
+    (with `local`, that mask on the full-attention layers and `local` on the sliding-window ones)."""
+    mask = allow[None, None] if local is None else {"full_attention": allow[None, None],
+                                                     "sliding_attention": local[None, None]}
     with torch.no_grad():
-        L = hf(torch.tensor([ids]), attention_mask=allow[None, None]).logits[0].double().numpy()
+        L = hf(torch.tensor([ids]), attention_mask=mask).logits[0].double().numpy()
     return float(np.mean([np.logaddexp.reduce(L[t]) - L[t, ids[t + 1]] for t in range(P, N - 1)]))
 
 
 def main():
-    if len(sys.argv) != 4:
+    global GGUF, N, P, TOL
+    if len(sys.argv) not in (4, 5) or (len(sys.argv) == 5 and sys.argv[4] not in MODELS):
         print(__doc__)
         return 2
     kvsim_bin, models, data_dir = sys.argv[1:4]
+    GGUF, N, P, TOL = MODELS[sys.argv[4] if len(sys.argv) == 5 else "smollm2"]
     path = os.path.join(models, GGUF)
     if not os.path.exists(path):
         print(f"SKIPPED: {path} absent (bash scripts/setup.sh fetches it)")
@@ -98,10 +112,19 @@ def main():
     j = torch.arange(N)[None, :]
     causal = j <= i
     prompt = i < P
-    ce_exact = masked_ce(hf, ids, causal, torch, np)
-    ce_window = masked_ce(hf, ids, causal & (prompt | (j > i - B)), torch, np)
-    ce_sink = masked_ce(hf, ids, causal & (prompt | (j < SINK) | (j > i - (B - SINK))), torch, np)
-    ce_wide = masked_ce(hf, ids, causal & (prompt | (j > i - (B + 1))), torch, np)
+    w = getattr(hf.config, "sliding_window", None) if "sliding_attention" in (getattr(hf.config, "layer_types", None) or []) else None
+    local = None if w is None else causal & (j > i - w)
+    if local is not None:
+        print(f"transformers' sliding_attention layers get the {w}-token window mask, its full_attention layers the policy's")
+    ce_exact = masked_ce(hf, ids, causal, torch, np, local)
+    ce_window = masked_ce(hf, ids, causal & (prompt | (j > i - B)), torch, np, local)
+    ce_sink = masked_ce(hf, ids, causal & (prompt | (j < SINK) | (j > i - (B - SINK))), torch, np, local)
+    ce_wide = masked_ce(hf, ids, causal & (prompt | (j > i - (B + 1))), torch, np, local)
+    if local is not None:  # negative control: the local layers' window matters past 512 tokens
+        ce_all_global = masked_ce(hf, ids, causal, torch, np, causal)
+        check(abs(ce_all_global - ce_exact) > TOL,
+              f"negative control: every layer global ({ce_all_global:.5f}) is farther than {TOL:g} from the "
+              f"windowed model ({ce_exact:.5f})")
 
     win, snk = rows[f"window(budget={B})"], rows[f"sink(budget={B},sink={SINK})"]
     kv_exact, kv_window, kv_sink = float(win["ce_exact"]), float(win["ce_policy"]), float(snk["ce_policy"])

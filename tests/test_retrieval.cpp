@@ -2,6 +2,7 @@
 // depths, seeds), the exact-match scorer, the Wilson interval, and the needle metrics of the replay
 // engine (include/kvsim/replay/metrics.hpp) with a negative control. Self-contained: the tokenizer is
 // a byte-level llama2.c vocabulary written here (token = byte + 3).
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -75,8 +76,12 @@ TEST_CASE("retrieval: a trial is exactly L tokens with the needle at its depth, 
       CHECK(tr.value.find_first_not_of("0123456789") == std::string::npos);
       CHECK(text_of(tok, tr.tokens, tr.needle_begin, tr.needle_end) == "\nThe pass key is " + tr.value + ". " + tr.value + " is the key.\n");
       CHECK(text_of(tok, tr.tokens, tr.question_begin, L) == "\nWhat is the key?\n");
-      CHECK(text_of(tok, tr.tokens, 0, 14) == "Find the key.\n");
-      const int prefix = 14, F = L - prefix - (tr.needle_end - tr.needle_begin) - (L - tr.question_begin);
+      // This llama2.c-style vocabulary adds BOS to a document (Tokenizer::add_bos), so the prompt opens with it.
+      REQUIRE(tok.add_bos());
+      CHECK(tr.tokens[0] == tok.bos_id());
+      CHECK(std::count(tr.tokens.begin(), tr.tokens.end(), tok.bos_id()) == 1);
+      CHECK(text_of(tok, tr.tokens, 1, 15) == "Find the key.\n");
+      const int prefix = 1 + 14, F = L - prefix - (tr.needle_end - tr.needle_begin) - (L - tr.question_begin);
       const int at = tr.needle_begin - prefix;  // filler tokens before the needle
       CHECK(tr.depth == Approx(double(at) / F));
       CHECK(at <= std::lround(depth * F));

@@ -1,5 +1,6 @@
 #include "task_trial.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kvsim/core/error.hpp"
@@ -27,7 +28,7 @@ TrialTensors exact_tensors(const LlamaModel& model, const std::vector<int>& toke
 
 PromptTensors context_tensors(const TrialTensors& t, const LlamaConfig& cfg, int64_t P) {
   const int hd = cfg.head_dim();
-  const double scale = 1.0 / std::sqrt(double(hd));
+  const double scale = cfg.attn_scale();
   PromptTensors pt;
   pt.P = P;
   for (int l = 0; l < cfg.n_layers; ++l) {
@@ -51,8 +52,10 @@ MatF TrialSource::read(int layer, Tensor which, int head) const {
 }
 
 EvictSpanAttention::EvictSpanAttention(const LlamaConfig& cfg, const PromptTensors& prompt, int64_t begin, int64_t end)
-    : cfg_(cfg) {
+    : cfg_(cfg), prompt_len_(prompt.P) {
   const int64_t P = prompt.P, kept = P - (std::min(end, P) - std::min(begin, P));
+  for (int64_t j = 0; j < P; ++j)
+    if (j < begin || j >= end) kept_.push_back(j);
   for (size_t i = 0; i < prompt.k.size(); ++i) {
     MatD K(kept, cfg.head_dim()), V(kept, cfg.head_dim());
     int64_t r = 0;
@@ -66,9 +69,15 @@ EvictSpanAttention::EvictSpanAttention(const LlamaConfig& cfg, const PromptTenso
   }
 }
 
-void EvictSpanAttention::attend(int layer, int, const float* q, const float* k, const float* v, float* out) {
-  const int hd = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads;
-  const double scale = 1.0 / std::sqrt(double(hd));
+void EvictSpanAttention::attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) {
+  const int hd = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads, w = cfg_.layer_window(layer);
+  const double scale = cfg_.attn_scale();
+  // A local layer sees the kept tokens at positions ≥ pos − w + 1: rows from r0 on (kept prompt
+  // positions in order, then one row per decoded position from prompt_len_).
+  int64_t r0 = 0;
+  if (const int64_t lo = int64_t(pos) - w + 1; w > 0 && lo > 0)
+    r0 = lo <= prompt_len_ ? int64_t(std::lower_bound(kept_.begin(), kept_.end(), lo) - kept_.begin())
+                           : int64_t(kept_.size()) + (lo - prompt_len_);
   for (int kvh = 0; kvh < cfg_.n_kv_heads; ++kvh) {
     MatD& K = k_[size_t(layer) * cfg_.n_kv_heads + kvh];
     MatD& V = v_[size_t(layer) * cfg_.n_kv_heads + kvh];
@@ -76,21 +85,25 @@ void EvictSpanAttention::attend(int layer, int, const float* q, const float* k, 
     V.conservativeResize(V.rows() + 1, Eigen::NoChange);
     K.row(K.rows() - 1) = Eigen::Map<const VecF>(k + kvh * hd, hd).cast<double>().transpose();
     V.row(V.rows() - 1) = Eigen::Map<const VecF>(v + kvh * hd, hd).cast<double>().transpose();
+    const MatD Kw = r0 ? MatD(K.bottomRows(K.rows() - r0)) : MatD(), Vw = r0 ? MatD(V.bottomRows(V.rows() - r0)) : MatD();
     for (int g = 0; g < G; ++g) {
       const int h = kvh * G + g;
       const VecD qh = Eigen::Map<const VecF>(q + h * hd, hd).cast<double>() * scale;
       VecD z;
       double ls;
-      attend_cached(K, V, K.rows(), qh, z, ls);
+      if (r0 == 0) attend_cached(K, V, K.rows(), qh, z, ls);
+      else attend_cached(Kw, Vw, Kw.rows(), qh, z, ls);
       Eigen::Map<VecF>(out + h * hd, hd) = z.cast<float>();
     }
   }
 }
 
-double EvictSpanAttention::mean_cache_tokens() const {
+double EvictSpanAttention::mean_cache_tokens() const {  // over the global layers, as PolicyKVAttention
   double s = 0;
-  for (const auto& K : k_) s += double(K.rows());
-  return k_.empty() ? 0 : s / double(k_.size());
+  int64_t n = 0;
+  for (size_t i = 0; i < k_.size(); ++i)
+    if (cfg_.layer_window(int(i / size_t(cfg_.n_kv_heads))) == 0) s += double(k_[i].rows()), ++n;
+  return n ? s / double(n) : 0;
 }
 
 }  // namespace kvsim::task_detail

@@ -35,7 +35,8 @@ class TrialSource final : public StreamSource {
 };
 
 /// The negative control: the exact cache without the tokens [begin, end) of the prompt it received
-/// (exact attention over every other token, and over every decoded token).
+/// (exact attention over every other token, and over every decoded token; a local layer of a
+/// sliding-window model over those of its last sliding_window positions).
 class EvictSpanAttention final : public KVAttention {
  public:
   EvictSpanAttention(const LlamaConfig& cfg, const PromptTensors& prompt, int64_t begin, int64_t end);
@@ -44,6 +45,8 @@ class EvictSpanAttention final : public KVAttention {
 
  private:
   LlamaConfig cfg_;
+  int64_t prompt_len_;
+  std::vector<int64_t> kept_;  ///< the prompt positions kept, ascending
   std::vector<MatD> k_, v_;  ///< [layer · n_kv_heads + kvh] → [tokens, hd], appended as decoding goes
 };
 

@@ -126,8 +126,6 @@ const std::vector<float>& LlamaModel::forward(int token, int pos,
   if (token < 0 || token >= cfg_.vocab_size) throw Error(path_ + ": token id " + std::to_string(token) + " out of range");
   if (pos < 0 || pos >= S)
     throw Error(path_ + ": position " + std::to_string(pos) + " is beyond the model's seq_len " + std::to_string(S));
-  if (override_ && cfg_.sliding_window > 0)
-    throw Error(path_ + ": a cache policy inside a model with sliding-window layers (" + cfg_.architecture + ") is not supported yet");
   for (int i = 0; i < D; ++i) x_[i] = emb_[int64_t(token) * D + i] * float(cfg_.embed_scale);
   const double scale = cfg_.attn_scale();
   for (int l = 0; l < cfg_.n_layers; ++l) {
@@ -269,38 +267,46 @@ void linear_features(MatF& Y, const MatF& X, const float* W, int64_t rows, int64
 
 void LlamaModel::decode_step(const std::vector<int>& tokens, int pos, const std::vector<KVAttention*>& attn, int threads,
                              MatF& logits) const {
-  const int D = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim(), hd = cfg_.head_dim();
+  const int D = cfg_.dim, F = cfg_.hidden_dim, KV = cfg_.kv_dim(), hd = cfg_.head_dim(), QD = cfg_.q_dim();
   const int64_t B = int64_t(tokens.size());
   if (attn.size() != tokens.size()) throw Error("decode_step: " + std::to_string(B) + " tokens but " + std::to_string(attn.size()) + " attentions");
   if (pos < 0 || pos >= cfg_.seq_len)
     throw Error(path_ + ": position " + std::to_string(pos) + " is beyond the model's seq_len " + std::to_string(cfg_.seq_len));
-  if (cfg_.qk_norm || cfg_.sliding_window > 0)
-    throw Error(path_ + ": decoding through cache policies is not supported yet for the " + cfg_.architecture + " architecture");
   threads = std::max(1, threads);
-  MatF X(B, D), XB(B, D), Q, K, V, A(B, D), O, H1, H3;
+  MatF X(B, D), XB(B, D), Q, K, V, A(B, QD), O, H1, H3;
   for (int64_t b = 0; b < B; ++b) {
     const int tok = tokens[size_t(b)];
     if (tok < 0 || tok >= cfg_.vocab_size) throw Error(path_ + ": token id " + std::to_string(tok) + " out of range");
     if (!attn[size_t(b)]) throw Error("decode_step: sequence " + std::to_string(b) + " has no attention");
-    std::copy(emb_ + int64_t(tok) * D, emb_ + int64_t(tok + 1) * D, X.row(b).data());
+    X.row(b) = Eigen::Map<const Eigen::RowVectorXf>(emb_ + int64_t(tok) * D, D) * float(cfg_.embed_scale);
   }
-  std::vector<float> cs(size_t(hd / 2)), sn(size_t(hd / 2));  // prefill()'s rotary formula at `pos`
-  for (int k = 0; k < hd / 2; ++k) {
-    const double val = double(pos) * (1.0 / std::pow(cfg_.rope_theta, double(2 * k) / hd));
-    cs[size_t(k)] = static_cast<float>(std::cos(val));
-    sn[size_t(k)] = static_cast<float>(std::sin(val));
-  }
-  auto norm_rows = [&](const float* w) {
-    for (int64_t b = 0; b < B; ++b) rmsnorm(XB.row(b).data(), X.row(b).data(), w, D, cfg_.rms_eps);
+  // prefill()'s rotary formula at `pos`, once per RoPE base (Gemma 3: local layers use rope_theta_local).
+  auto angles = [&](double theta) {
+    std::vector<float> cs(size_t(hd / 2)), sn(size_t(hd / 2));
+    for (int k = 0; k < hd / 2; ++k) {
+      const double val = double(pos) * (1.0 / std::pow(theta, double(2 * k) / hd));
+      cs[size_t(k)] = static_cast<float>(std::cos(val));
+      sn[size_t(k)] = static_cast<float>(std::sin(val));
+    }
+    return std::make_pair(cs, sn);
+  };
+  const auto global_angles = angles(cfg_.rope_theta), local_angles = angles(cfg_.rope_theta_local);
+  auto norm_rows = [&](MatF& out, const MatF& in, const float* w) {
+    for (int64_t b = 0; b < B; ++b) rmsnorm(out.row(b).data(), in.row(b).data(), w, int(in.cols()), cfg_.rms_eps);
   };
   std::atomic<int64_t> next{0};
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    norm_rows(rms_att_ + int64_t(l) * D);
-    linear_features(Q, XB, wq_ + int64_t(l) * D * D, D, D, threads);
+    norm_rows(XB, X, rms_att_ + int64_t(l) * D);
+    linear_features(Q, XB, wq_ + int64_t(l) * QD * D, QD, D, threads);
     linear_features(K, XB, wk_ + int64_t(l) * D * KV, KV, D, threads);
     linear_features(V, XB, wv_ + int64_t(l) * D * KV, KV, D, threads);
+    const auto& [cs, sn] = cfg_.layer_window(l) > 0 && cfg_.rope_theta_local != cfg_.rope_theta ? local_angles : global_angles;
     for (int64_t b = 0; b < B; ++b) {
-      rope_rows(Q.row(b).data(), D, hd, cs.data(), sn.data(), cfg_.rope_halves);
+      if (q_norm_) {
+        rmsnorm_heads(Q.row(b).data(), QD, hd, q_norm_ + int64_t(l) * hd, cfg_.rms_eps);
+        rmsnorm_heads(K.row(b).data(), KV, hd, k_norm_ + int64_t(l) * hd, cfg_.rms_eps);
+      }
+      rope_rows(Q.row(b).data(), QD, hd, cs.data(), sn.data(), cfg_.rope_halves);
       rope_rows(K.row(b).data(), KV, hd, cs.data(), sn.data(), cfg_.rope_halves);
     }
     next = 0;  // each sequence's attention on one thread, sequences handed out in turn
@@ -308,17 +314,20 @@ void LlamaModel::decode_step(const std::vector<int>& tokens, int pos, const std:
       for (int64_t b; (b = next.fetch_add(1)) < B;)
         attn[size_t(b)]->attend(l, pos, Q.row(b).data(), K.row(b).data(), V.row(b).data(), A.row(b).data());
     });
-    linear_features(O, A, wo_ + int64_t(l) * D * D, D, D, threads);
+    linear_features(O, A, wo_ + int64_t(l) * D * QD, D, QD, threads);
+    if (post_att_) norm_rows(O, O, post_att_ + int64_t(l) * D);
     X += O;
-    norm_rows(rms_ffn_ + int64_t(l) * D);
+    norm_rows(XB, X, rms_ffn_ + int64_t(l) * D);
     linear_features(H1, XB, w1_ + int64_t(l) * D * F, F, D, threads);
     linear_features(H3, XB, w3_ + int64_t(l) * D * F, F, D, threads);
-    auto g = H1.array();
-    g = g / (1.0f + (-g).exp()) * H3.array();
+    auto g = H1.array();  // SwiGLU (Eigen's vectorized exp) or GeGLU, as prefill()
+    if (cfg_.gelu_tanh) g = g.unaryExpr([](float x) { return gelu_tanh(x); }) * H3.array();
+    else g = g / (1.0f + (-g).exp()) * H3.array();
     linear_features(O, H1, w2_ + int64_t(l) * D * F, D, F, threads);
+    if (post_ffn_) norm_rows(O, O, post_ffn_ + int64_t(l) * D);
     X += O;
   }
-  norm_rows(rms_final_);
+  norm_rows(XB, X, rms_final_);
   linear_features(logits, XB, wcls_, cfg_.vocab_size, D, threads);
 }
 

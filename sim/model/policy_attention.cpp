@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/rng.hpp"
@@ -28,8 +29,14 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
     prompt_.v = prompt_.k;
     prompt_.q.assign(size_t(cfg.n_layers) * cfg.n_heads, MatD::Zero(prefill, cfg.head_dim()));
   }
+  window_.resize(size_t(cfg.n_layers) * cfg.n_kv_heads);
   for (int l = 0; l < cfg.n_layers; ++l)
     for (int h = 0; h < caches; ++h) {
+      if (const int w = cfg.layer_window(l); w > 0) {  // a local layer: exact over its window, no policy
+        pol_.push_back(nullptr);
+        if (h < cfg.n_kv_heads) window_[size_t(l) * cfg.n_kv_heads + h] = Window{MatD::Zero(w, cfg.head_dim()), MatD::Zero(w, cfg.head_dim())};
+        continue;
+      }
       info.layer = l;
       info.kv_head = per_query_ ? h / G : h;
       const uint64_t head_id = per_query_ ? uint64_t(h) : uint64_t(h) + (1ULL << 32);
@@ -43,21 +50,22 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
 }
 
 void PolicyKVAttention::attend_prompt(int layer, int pos, const float* q, const float* k, const float* v, float* out) {
-  const int hs = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads;
-  const double scale = 1.0 / std::sqrt(double(hs));
+  const int hs = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads, w = cfg_.layer_window(layer);
+  const int lo = w > 0 ? std::max(0, pos - w + 1) : 0;  // a local layer's first visible key
+  const double scale = cfg_.attn_scale();
   for (int kvh = 0; kvh < cfg_.n_kv_heads; ++kvh) {
     MatF& K = prompt_.k[size_t(layer) * cfg_.n_kv_heads + kvh];
     MatF& V = prompt_.v[size_t(layer) * cfg_.n_kv_heads + kvh];
     K.row(pos) = Eigen::Map<const VecF>(k + kvh * hs, hs).transpose();
     V.row(pos) = Eigen::Map<const VecF>(v + kvh * hs, hs).transpose();
-    const MatD Kd = K.topRows(pos + 1).cast<double>(), Vd = V.topRows(pos + 1).cast<double>();
+    const MatD Kd = K.middleRows(lo, pos + 1 - lo).cast<double>(), Vd = V.middleRows(lo, pos + 1 - lo).cast<double>();
     for (int g = 0; g < G; ++g) {  // exact causal attention of each query head of the group
       const int h = kvh * G + g;
       MatD& Q = prompt_.q[size_t(layer) * cfg_.n_heads + h];
       Q.row(pos) = Eigen::Map<const VecF>(q + h * hs, hs).cast<double>().transpose() * scale;
       VecD z;
       double ls;
-      attend_cached(Kd, Vd, pos + 1, Q.row(pos).transpose(), z, ls);
+      attend_cached(Kd, Vd, pos + 1 - lo, Q.row(pos).transpose(), z, ls);
       Eigen::Map<VecF>(out + h * hs, hs) = z.cast<float>();
     }
   }
@@ -66,6 +74,16 @@ void PolicyKVAttention::attend_prompt(int layer, int pos, const float* q, const 
 
 void PolicyKVAttention::prefill_layer(int layer, const PromptTensors& prompt) {
   const int G = cfg_.n_heads / cfg_.n_kv_heads, caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;
+  if (const int64_t w = cfg_.layer_window(layer); w > 0) {  // the window's ring: the prompt's last w tokens
+    for (int kvh = 0; kvh < cfg_.n_kv_heads; ++kvh) {
+      const size_t kv = size_t(layer) * cfg_.n_kv_heads + kvh;
+      for (int64_t j = std::max<int64_t>(0, prefill_ - w); j < prefill_; ++j) {
+        window_[kv].k.row(j % w) = prompt.k[kv].row(j).cast<double>();
+        window_[kv].v.row(j % w) = prompt.v[kv].row(j).cast<double>();
+      }
+    }
+    return;
+  }
   for (int c = 0; c < caches; ++c) {
     const int kvh = per_query_ ? c / G : c, first = per_query_ ? c : c * G, count = per_query_ ? 1 : G;
     std::vector<const MatD*> qs;
@@ -79,7 +97,7 @@ PromptTensors prompt_tensors(const LlamaModel& model, const std::vector<int>& pr
   const auto& cfg = model.config();
   if (prompt.empty()) throw Error("prompt_tensors: empty prompt");
   const int hd = cfg.head_dim();
-  const double scale = 1.0 / std::sqrt(double(hd));
+  const double scale = cfg.attn_scale();
   PromptTensors pt;
   pt.P = int64_t(prompt.size());
   pt.k.resize(size_t(cfg.n_layers) * cfg.n_kv_heads);
@@ -114,7 +132,23 @@ void PolicyKVAttention::attend(int layer, int pos, const float* q, const float* 
     return attend_prompt(layer, pos, q, k, v, out);
   }
   const int hs = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads;
-  const double scale = 1.0 / std::sqrt(double(hs));
+  const double scale = cfg_.attn_scale();
+  if (const int w = cfg_.layer_window(layer); w > 0) {  // a local layer: exact attention over its last w tokens
+    for (int kvh = 0; kvh < cfg_.n_kv_heads; ++kvh) {
+      Window& win = window_[size_t(layer) * cfg_.n_kv_heads + kvh];
+      win.k.row(pos % w) = Eigen::Map<const VecF>(k + kvh * hs, hs).cast<double>().transpose();
+      win.v.row(pos % w) = Eigen::Map<const VecF>(v + kvh * hs, hs).cast<double>().transpose();
+      for (int g = 0; g < G; ++g) {
+        const int h = kvh * G + g;
+        const VecD qh = Eigen::Map<const VecF>(q + h * hs, hs).cast<double>() * scale;
+        VecD z;
+        double ls;
+        attend_cached(win.k, win.v, std::min(pos + 1, w), qh, z, ls);  // the ring's order does not matter
+        Eigen::Map<VecF>(out + h * hs, hs) = z.cast<float>();
+      }
+    }
+    return;
+  }
   const int caches = per_query_ ? cfg_.n_heads : cfg_.n_kv_heads;
   for (int c = 0; c < caches; ++c) {
     Policy& p = *pol_[size_t(layer) * caches + c];
@@ -132,8 +166,10 @@ void PolicyKVAttention::attend(int layer, int pos, const float* q, const float* 
 
 double PolicyKVAttention::mean_cache_tokens() const {
   double s = 0;
-  for (const auto& p : pol_) s += double(p->cache_tokens());
-  return s / double(pol_.size());
+  int64_t n = 0;
+  for (const auto& p : pol_)
+    if (p) s += double(p->cache_tokens()), ++n;
+  return n ? s / double(n) : std::numeric_limits<double>::quiet_NaN();
 }
 
 void GuardedAttention::attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) {

@@ -91,7 +91,8 @@ TaskTrial make_trial(const TrialSpec& spec, const Tokenizer& tok, const std::vec
     tr.key = kKeys[boost::random::uniform_int_distribution<size_t>(0, kKeys.size() - 1)(rng)];
     tr.value = kValues[boost::random::uniform_int_distribution<size_t>(0, kValues.size() - 1)(rng)];
   }
-  const auto pre = encode_template(tok, fill(spec.templ.prefix, tr.key, tr.value), "task.prefix");
+  auto pre = encode_template(tok, fill(spec.templ.prefix, tr.key, tr.value), "task.prefix");
+  if (tok.add_bos()) pre.insert(pre.begin(), tok.bos_id());  // as the model's tokenizer opens a document (Gemma 3; not SmolLM2)
   const auto needle = encode_template(tok, fill(spec.templ.needle, tr.key, tr.value), "task.needle");
   const auto question = encode_template(tok, fill(spec.templ.question, tr.key, tr.value), "task.question");
   const int64_t F = int64_t(spec.length) - int64_t(pre.size() + needle.size() + question.size());

@@ -70,7 +70,10 @@ class LlamaModel {
   /// ([B, dim] · Wᵀ), so the weights are read once per position for all B sequences instead of once
   /// each — the closed loop's cost. `threads` threads split each GEMM's output features and the B
   /// attention calls (attn[b] is only ever called from one thread at a time). logits → [B, vocab].
-  /// Same float32 arithmetic as prefill()'s linear layers; throws kvsim::Error on a bad token or pos.
+  /// Same float32 arithmetic as prefill()'s linear layers, for every architecture prefill() runs
+  /// (Gemma 3's norms, GeGLU and two RoPE bases included: attn[b] receives a local layer's q/k rotated
+  /// with rope_theta_local and must itself restrict that layer to its window, as PolicyKVAttention
+  /// does); throws kvsim::Error on a bad token or pos.
   void decode_step(const std::vector<int>& tokens, int pos, const std::vector<KVAttention*>& attn, int threads,
                    MatF& logits) const;
   /// Install (or with nullptr remove) an attention override; not owned. Positions restart at 0

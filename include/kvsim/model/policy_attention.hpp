@@ -32,6 +32,11 @@ PromptTensors prompt_tensors(const LlamaModel& model, const std::vector<int>& pr
 /// over the prompt so far (a real prefill computes full attention), and at position P−1 every cache
 /// receives the prompt's keys, values and scaled queries at once (kvsim::prefill); decoding from
 /// position P goes through the policies.
+/// Sliding-window models (Gemma 3): policies manage the global layers' caches only; a local layer
+/// (LlamaConfig::layer_window(l) = w > 0) keeps its exact last w tokens, as the model was trained —
+/// cache compression matters on the global layers (the recording's data.local_layers = "exact").
+/// Scores use the model's softmax scale (LlamaConfig::attn_scale: 1/√head_dim, or Gemma's
+/// query_pre_attn_scalar^(−1/2)).
 class PolicyKVAttention final : public KVAttention {
  public:
   PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
@@ -41,7 +46,8 @@ class PolicyKVAttention final : public KVAttention {
   /// kvsim::prefill with the prompt's keys, values and scaled queries; decoding then starts at
   /// position P. Requires prompt.P = the constructor's `prefill`; throws kvsim::Error otherwise.
   void load_prompt(const PromptTensors& prompt);
-  /// Mean cached tokens per (layer, cache) now.
+  /// Mean cached tokens per (global layer, cache) now: the policies' caches (a local layer's window
+  /// holds min(pos + 1, sliding_window) tokens and is not counted).
   double mean_cache_tokens() const override;
 
  private:
@@ -55,7 +61,13 @@ class PolicyKVAttention final : public KVAttention {
   int64_t prefill_ = 0;
   bool loaded_ = false;  // load_prompt ran: positions < prefill_ are done
   PromptTensors prompt_;  // the prompt buffered position by position (attend_prompt); last_logits unused
-  std::vector<std::unique_ptr<Policy>> pol_;  // [layer][kv head or query head]
+  std::vector<std::unique_ptr<Policy>> pol_;  // [layer][kv head or query head]; null on local layers
+  /// A local layer's exact sliding-window cache per KV head: the last w keys and values in a ring
+  /// (row = position mod w); empty on global layers.
+  struct Window {
+    MatD k, v;
+  };
+  std::vector<Window> window_;  // [layer · n_kv_heads + kvh]
   std::vector<Answer> answers_;
 };
 

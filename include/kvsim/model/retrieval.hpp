@@ -4,7 +4,8 @@
 //            §4.2's pass-key retrieval; the evaluation of StreamingLLM, H2O's successors and kvpress);
 //   word     a key–value sentence ("The secret word for Lisbon is "anchor".") hidden in prose and
 //            asked back (the single-needle task of RULER, Hsieh et al. 2024, §3.1, with words as values).
-// A trial's prompt is exactly L tokens: prefix · filler[0, at) · needle · filler[at, F) · question, the
+// A trial's prompt is exactly L tokens: [BOS] · prefix · filler[0, at) · needle · filler[at, F) · question
+// (BOS where the tokenizer adds one to a document, Tokenizer::add_bos: Gemma 3, not SmolLM2), the
 // filler a contiguous slice of a real text's tokens at a seeded offset, the needle placed at depth d
 // (the share of the filler before it, snapped back to the end of a sentence). The templates are text
 // with `{key}` and `{value}` placeholders; chat markers such as `<|im_start|>` that name a control
