@@ -53,6 +53,16 @@ void rmsnorm_heads(float* vec, int n, int hd, const float* w, double eps) {
   for (int h0 = 0; h0 < n; h0 += hd) rmsnorm(vec + h0, vec + h0, w, hd, eps);
 }
 
+/// The rotary angles of position `pos` for RoPE base `theta`, rope()'s formula in double cast to float:
+/// cs[k] = cos(pos · θ^(−2k/head_dim)), sn[k] the sine, k < head_dim/2 (prefill and decode_step).
+void rope_angles(int64_t pos, double theta, int head_dim, float* cs, float* sn) {
+  for (int k = 0; k < head_dim / 2; ++k) {
+    const double val = double(pos) * (1.0 / std::pow(theta, double(2 * k) / head_dim));
+    cs[k] = static_cast<float>(std::cos(val));
+    sn[k] = static_cast<float>(std::sin(val));
+  }
+}
+
 /// rope() with the angles of one position precomputed: cs[k], sn[k] for pair k.
 void rope_rows(float* vec, int n, int head_dim, const float* cs, const float* sn, bool halves) {
   for (int h0 = 0; h0 < n; h0 += head_dim)
@@ -280,15 +290,11 @@ void LlamaModel::decode_step(const std::vector<int>& tokens, int pos, const std:
     if (!attn[size_t(b)]) throw Error("decode_step: sequence " + std::to_string(b) + " has no attention");
     X.row(b) = Eigen::Map<const Eigen::RowVectorXf>(emb_ + int64_t(tok) * D, D) * float(cfg_.embed_scale);
   }
-  // prefill()'s rotary formula at `pos`, once per RoPE base (Gemma 3: local layers use rope_theta_local).
+  // The rotary angles at `pos`, once per RoPE base (Gemma 3: local layers use rope_theta_local).
   auto angles = [&](double theta) {
-    std::vector<float> cs(size_t(hd / 2)), sn(size_t(hd / 2));
-    for (int k = 0; k < hd / 2; ++k) {
-      const double val = double(pos) * (1.0 / std::pow(theta, double(2 * k) / hd));
-      cs[size_t(k)] = static_cast<float>(std::cos(val));
-      sn[size_t(k)] = static_cast<float>(std::sin(val));
-    }
-    return std::make_pair(cs, sn);
+    std::pair<std::vector<float>, std::vector<float>> a{std::vector<float>(size_t(hd / 2)), std::vector<float>(size_t(hd / 2))};
+    rope_angles(pos, theta, hd, a.first.data(), a.second.data());
+    return a;
   };
   const auto global_angles = angles(cfg_.rope_theta), local_angles = angles(cfg_.rope_theta_local);
   auto norm_rows = [&](MatF& out, const MatF& in, const float* w) {
@@ -300,7 +306,7 @@ void LlamaModel::decode_step(const std::vector<int>& tokens, int pos, const std:
     linear_features(Q, XB, wq_ + int64_t(l) * QD * D, QD, D, threads);
     linear_features(K, XB, wk_ + int64_t(l) * D * KV, KV, D, threads);
     linear_features(V, XB, wv_ + int64_t(l) * D * KV, KV, D, threads);
-    const auto& [cs, sn] = cfg_.layer_window(l) > 0 && cfg_.rope_theta_local != cfg_.rope_theta ? local_angles : global_angles;
+    const auto& [cs, sn] = cfg_.layer_rope_theta(l) != cfg_.rope_theta ? local_angles : global_angles;
     for (int64_t b = 0; b < B; ++b) {
       if (q_norm_) {
         rmsnorm_heads(Q.row(b).data(), QD, hd, q_norm_ + int64_t(l) * hd, cfg_.rms_eps);
@@ -351,12 +357,7 @@ void LlamaModel::prefill(const std::vector<int>& tokens, int threads,
   std::vector<MatF> cos_t(thetas.size(), MatF(n, hd / 2)), sin_t(thetas.size(), MatF(n, hd / 2));
   for (size_t b = 0; b < thetas.size(); ++b)
     parallel_rows(n, threads, [&](int64_t a0, int64_t a1) {
-      for (int64_t t = a0; t < a1; ++t)
-        for (int k = 0; k < hd / 2; ++k) {
-          const double val = double(t) * (1.0 / std::pow(thetas[b], double(2 * k) / hd));
-          cos_t[b](t, k) = static_cast<float>(std::cos(val));
-          sin_t[b](t, k) = static_cast<float>(std::sin(val));
-        }
+      for (int64_t t = a0; t < a1; ++t) rope_angles(t, thetas[b], hd, cos_t[b].row(t).data(), sin_t[b].row(t).data());
     });
   auto norm_rows = [&](MatF& out, const MatF& in, const float* w) {
     parallel_rows(n, threads, [&](int64_t a, int64_t b) {
