@@ -21,6 +21,7 @@ from collections import defaultdict
 
 import kvsim_deps  # noqa: F401,E402  (exits with one line if numpy/h5py/matplotlib are missing)
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 import numpy as np
 
 from kvsim_results import bootstrap_ci, color, parse_params, save
@@ -112,6 +113,9 @@ def draw_budget_panel(ax, rows):
                     capsize=2, label=variant)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_yscale("symlog", linthresh=1e-3)
+    top = max((max(v) for pts in curves.values() for v in pts.values() if v), default=0.0)
+    if top > 0:  # headroom above the highest window (symlog's autoscale can put it on the frame)
+        ax.set_ylim(top=max(ax.get_ylim()[1], 2.0 * top))
     ax.set_xlabel("cache size (fraction of the window)")
     ax.set_ylabel("cross-entropy increase (nats/token)")
     ax.grid(alpha=0.3, which="both")
@@ -131,6 +135,7 @@ def draw_scatter(ax, ax_off, rows):
     on = xs <= OFF_SCALE
     ax.scatter(xs[on], ys[on], c=cs[on], s=14, alpha=0.8)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap over a decade or less
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_xlabel("open-loop rel_err (mean over layers, heads, steps)")
     ax.set_ylabel("closed-loop cross-entropy increase (nats/token)")
@@ -140,13 +145,16 @@ def draw_scatter(ax, ax_off, rows):
     ax.set_title(f"Does attention error predict quality? Spearman ρ = {rho:.2f} over all {len(xs)} points;\n"
                  f"over the {entries} policy entries' means ρ = {r_m:.2f} [{r_lo:.2f}, {r_hi:.2f}] (windows resampled)",
                  fontsize=8)
+    lo, hi = ax.get_ylim()
     if ax_off is not None:
         ax_off.scatter(xs[~on], ys[~on], c=cs[~on], s=14, alpha=0.8)
         ax_off.set_xscale("log")
         ax_off.set_yscale("symlog", linthresh=1e-3)
-        lo, hi = min(ax.get_ylim()[0], ax_off.get_ylim()[0]), max(ax.get_ylim()[1], ax_off.get_ylim()[1])
-        hi *= 2.0  # headroom above the largest point (symlog: positive top)
-        ax.set_ylim(lo, hi)  # one y scale for both panels, so off-scale points are comparable
+        lo, hi = min(lo, ax_off.get_ylim()[0]), max(hi, ax_off.get_ylim()[1])
+    # headroom above the largest point: symlog's autoscale can put it on the frame's edge
+    hi = max(hi, 2.0 * float(ys.max())) if len(ys) and ys.max() > 0 else hi
+    ax.set_ylim(lo, hi)  # one y scale for both panels, so off-scale points are comparable
+    if ax_off is not None:
         ax_off.set_ylim(lo, hi)
         ax_off.tick_params(labelleft=False)
         ax_off.set_title(f"off scale\n(rel_err > {OFF_SCALE:g})", fontsize=8)
