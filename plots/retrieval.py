@@ -3,6 +3,9 @@
 
 Usage: .venv/bin/python plots/retrieval.py RESULTS_DIR [RESULTS_DIR ...] [--out-dir DIR]
 
+Folders of the same task and seed run with different policies merge: their shared rows (the exact cache,
+the evict_needle control) must agree trial by trial and are counted once.
+
 Reads each folder's trials.csv (one row per trial and cache; docs/tasks.md) and writes into the first
 folder (or --out-dir):
   retrieval_heatmaps.png   accuracy per (needle depth, prompt length) for every cache, the
@@ -48,6 +51,25 @@ def wilson(k, n, z=1.959963984540054):
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def merge_runs(t, dirs):
+    """One row per (task, length, depth, trial, cache, model): folders of the same task and seed (e.g.
+    smollm2_passkey.toml and smollm2_retrieval_evictors.toml) both hold the exact cache and the
+    evict_needle control, which must answer alike trial by trial; each is then counted once. Exits with
+    one line naming the first trial whose answers differ (not the same prompts: another seed or config)."""
+    keys = [c for c in ("kind", "length", "depth", "trial", "cache", "model") if c in t.columns]
+    same = [c for c in ("correct", "generated", "answer") if c in t.columns]
+    dup = t.duplicated(keys, keep=False)
+    if not dup.any():
+        return t
+    differ = t[dup].groupby(keys)[same].nunique(dropna=False)
+    differ = differ[(differ > 1).any(axis=1)]
+    if len(differ):
+        where = ", ".join(f"{k}={v}" for k, v in zip(keys, differ.index[0]))
+        sys.exit(f"error: {' and '.join(dirs)}: the same trial answers differently ({where}): "
+                 "were these runs made with the same task, seed and model?")
+    return t.drop_duplicates(keys, keep="first").reset_index(drop=True)
+
+
 def load(dirs):
     """Every folder's trials.csv as one DataFrame with the memory fraction parsed from the label."""
     frames = []
@@ -56,7 +78,7 @@ def load(dirs):
         if not os.path.exists(path):
             sys.exit(f"error: {path} not found (run `kvsim task CONFIG --out {d}` first)")
         frames.append(pd.read_csv(path, keep_default_na=False, na_values=["nan"]))
-    t = pd.concat(frames, ignore_index=True)
+    t = merge_runs(pd.concat(frames, ignore_index=True), dirs)
     inner = t["cache"].str.extract(r"\((.*)\)$")[0].fillna("")
     t["memory"] = [float(parse_params(s).get("memory", "nan")) for s in inner]
     exact = t[t.cache == "exact"].groupby(["kind", "length"]).correct.mean().rename("exact_acc")

@@ -167,5 +167,37 @@ assert s.slope > 0 and s.auc > 0.8 and 0.2 < s.mcfadden_r2 < 1 and s.llr_pvalue 
 assert link.loc["log10(rel_err)"].slope < 0  # smaller error, more answers
 assert table.trials.sum() == 600 and (table.accuracy.diff().dropna() > 0).all(), table
 PY
+# Two runs of the same task with different policies merge: split the synthetic trials into two folders,
+# each with every exact and evict_needle row and half the h2o rows; the merged threshold table counts
+# each of the 600 policy trials once. Negative control: one exact answer flipped in the second folder
+# is refused with a line naming the trial.
+"$PY" - "$TMP/r" "$TMP/r1" "$TMP/r2" "$TMP/r3" <<'PY' && passes=$((passes+1)) || { echo "FAIL: split trials.csv"; fails=$((fails+1)); }
+import os, sys
+import pandas as pd
+t = pd.read_csv(sys.argv[1] + "/trials.csv")
+pol = t[t.policy == "h2o"]
+ctl = t[t.policy != "h2o"]
+for out, part in ((sys.argv[2], pol.iloc[::2]), (sys.argv[3], pol.iloc[1::2])):
+    os.makedirs(out)
+    pd.concat([ctl, part]).to_csv(out + "/trials.csv", index=False, na_rep="nan")
+bad = pd.concat([ctl, pol.iloc[1::2]])
+bad.loc[bad.index[bad.cache == "exact"][0], "correct"] = 0
+os.makedirs(sys.argv[4])
+bad.to_csv(sys.argv[4] + "/trials.csv", index=False, na_rep="nan")
+PY
+"$PY" "$SRC/plots/retrieval.py" "$TMP/r1" "$TMP/r2" --out-dir "$TMP/r12" > /dev/null && "$PY" - "$SRC/plots" "$TMP/r1" "$TMP/r2" "$TMP/r12" <<'PY' \
+  && passes=$((passes+1)) || { echo "FAIL: merged runs"; fails=$((fails+1)); }
+import sys
+import pandas as pd
+sys.path.insert(0, sys.argv[1])
+import retrieval
+t = retrieval.load(sys.argv[2:4])  # each folder holds all 600 exact rows: counted once
+assert (t.cache == "exact").sum() == 600 and (t.cache == "evict_needle").sum() == 600 and (t.policy == "h2o").sum() == 600
+assert pd.read_csv(sys.argv[4] + "/link_table.csv").trials.sum() == 600
+PY
+"$PY" "$SRC/plots/retrieval.py" "$TMP/r1" "$TMP/r3" --out-dir "$TMP/r13" > /dev/null 2> "$TMP/err" \
+  && { echo "FAIL: disagreeing runs merged"; fails=$((fails+1)); }
+[ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "answers differently (kind=passkey" "$TMP/err" && passes=$((passes+1)) \
+  || { echo "FAIL: disagreement message: $(cat "$TMP/err")"; fails=$((fails+1)); }
 echo "plots: $passes passed, $fails failed"
 [ $fails -eq 0 ]
