@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 
 #include "helpers.hpp"
 #include "kvsim/core/error.hpp"
@@ -388,6 +389,38 @@ TEST_CASE("schema: layer_windows names local layers and the replay takes the glo
   CHECK(win_global_late > 1e-4);
   CHECK_THROWS_WITH(parse_experiment(rcfg + "", "inline", {"data.local_layers=\"all\""}),
                     Contains("data.local_layers must be \"exact\""));
+}
+
+TEST_CASE("schema: on a hybrid recording PyramidKV's pyramid runs over the global layers it compresses", "[schema][prefill]") {
+  // Four layers, the second and fourth global (Gemma 3's pattern in small). With the local layers left
+  // exact, the paper's layer budgets fall from layer 1 to layer 3 and average exactly the memory M
+  // there, so PyramidKV holds the same tokens as every other policy in the replayed layers.
+  test::TempDir tmp;
+  const std::string p = tmp.file("hybrid.h5");
+  write_raw(p, 4, 2, 1, 40, 4, [](h5::File& f) { f.set_attr("/", "layer_windows", std::vector<int64_t>{16, 0, 16, 0}); });
+  const RecordingReader r(p);
+  const int64_t M = 16;
+  auto last_tokens = [&](const std::string& extra) {
+    const std::string cfg = "[data]\npath = \"" + p + "\"\nprefill = 32\n" + extra + "[[policy]]\nname = \"pyramidkv\"\n"
+                            "memory = " + std::to_string(M) + "\n";
+    const RunResult res = run_experiment(parse_experiment(cfg, "inline"), r, 1);
+    std::map<int, double> out;
+    for (const auto& row : res.policies.at(0).rows)
+      if (row.step == 40) out[row.layer] = metric_of(row, "cache_tokens");
+    return out;
+  };
+  const auto global = last_tokens("");
+  REQUIRE(global.size() == 2);
+  CHECK(global.at(1) > double(M));
+  CHECK(global.at(3) < double(M));
+  CHECK(global.at(1) + global.at(3) == Approx(2.0 * double(M)));
+  // Control: replaying the local layers too puts the pyramid over all four layers; layers 1 and 3 then
+  // hold their budgets of a four-layer pyramid, whose sum is not 2M.
+  const auto all = last_tokens("local_layers = \"replay\"\n");
+  REQUIRE(all.size() == 4);
+  CHECK(all.at(0) + all.at(1) + all.at(2) + all.at(3) == Approx(4.0 * double(M)));
+  CHECK(all.at(1) + all.at(3) != Approx(2.0 * double(M)));
+  CHECK(all.at(1) < global.at(1));
 }
 
 TEST_CASE("schema: recordings are written uncompressed by default, deflated on request, and read alike", "[schema]") {

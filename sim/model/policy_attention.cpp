@@ -23,6 +23,8 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
   info.group_agg = group_agg;
   info.prefill = prefill;
   info.n_layers = cfg.n_layers;
+  info.n_managed_layers = 0;  // policies manage the global layers only (local ones keep their exact window)
+  for (int l = 0; l < cfg.n_layers; ++l) info.n_managed_layers += cfg.layer_window(l) == 0;
   if (prefill > 0) {
     prompt_.P = prefill;
     prompt_.k.assign(size_t(cfg.n_layers) * cfg.n_kv_heads, MatF::Zero(prefill, cfg.head_dim()));
@@ -38,6 +40,8 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
         continue;
       }
       info.layer = l;
+      info.managed_layer = 0;
+      for (int j = 0; j < l; ++j) info.managed_layer += cfg.layer_window(j) == 0;
       info.kv_head = per_query_ ? h / G : h;
       const uint64_t head_id = per_query_ ? uint64_t(h) : uint64_t(h) + (1ULL << 32);
       info.seed = derive_seed({seed, uint64_t(l), head_id, 0, 0});

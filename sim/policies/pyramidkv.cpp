@@ -61,15 +61,20 @@ std::unique_ptr<Policy> make_pyramidkv(ParamReader& p, const StreamInfo& s) {
   const int64_t window = snapkv_window(p, budget);  // the mean budget's window, shared by every layer
   if (budget < 2 || window < 1 || window > budget)
     return make_snapkv_like("pyramidkv", p, s, budget, 1.0, window);  // reports the bad parameter
-  if (s.layer < 0 || s.layer >= std::max(s.n_layers, 1))
-    throw Error("layer " + std::to_string(s.layer) + " outside the model's " + std::to_string(s.n_layers) + " layers");
   const std::string rule = p.get_string("budgets", "paper");
+  // The paper's pyramid runs over the layers whose caches are compressed (a hybrid model's global
+  // layers; StreamInfo::managed_rank); "kvpress" numbers every layer of the model, as PyramidKVPress does
+  // with module.layer_idx over num_hidden_layers.
+  const int rank = rule == "kvpress" ? s.layer : s.managed_rank();
+  const int count = rule == "kvpress" ? s.n_layers : s.managed_count();
+  if (rank < 0 || rank >= std::max(count, 1))
+    throw Error("layer " + std::to_string(rank) + " outside the model's " + std::to_string(count) + " compressed layers");
   if (rule != "paper" && rule != "kvpress")
     throw Error("parameter 'budgets' must be \"paper\" or \"kvpress\"" + p.where("budgets"));
   if (rule == "kvpress" && s.prefill <= 0)
     throw Error("budgets = \"kvpress\" sizes the layers from the prompt: set [data] prefill = P" + p.where("budgets"));
-  const int64_t b = rule == "paper" ? pyramidkv_layer_budgets(budget, window, beta, s.n_layers)[size_t(s.layer)]
-                                    : pyramidkv_kvpress_budgets(budget, window, beta, s.n_layers, s.prefill)[size_t(s.layer)];
+  const int64_t b = rule == "paper" ? pyramidkv_layer_budgets(budget, window, beta, count)[size_t(rank)]
+                                    : pyramidkv_kvpress_budgets(budget, window, beta, count, s.prefill)[size_t(rank)];
   if (b < window)
     throw Error("layer " + std::to_string(s.layer) + "'s budget " + std::to_string(b) + " is below the window " +
                 std::to_string(window) + p.where("budget"));
@@ -93,7 +98,7 @@ KVSIM_POLICY(pyramidkv) {
   static const PolicyInfo info{
       "pyramidkv",
       "snapkv with layer budgets B_l falling arithmetically with depth from 2(B − w) − (B − w)/β + w to (B − w)/β + w, "
-      "averaging exactly B over the model's layers. Needs [data] prefill",
+      "averaging exactly B over the layers it compresses (a hybrid model's global layers). Needs [data] prefill",
       "PyramidKV (Cai et al., 2024) §3.2-3.3",
       params(),
       make_pyramidkv,

@@ -40,7 +40,15 @@ struct StreamInfo {
   int64_t prefill = 0;
   int kv_head = 0;   ///< this cache's KV head (0-based; in query_head mode the KV head of its query head)
   int layer = 0;     ///< this cache's layer (0-based) ...
-  int n_layers = 1;  ///< ... of the model's n_layers (PyramidKV's layer budgets)
+  int n_layers = 1;  ///< ... of the model's n_layers
+  /// The layers whose caches the policies manage: on a hybrid model whose local sliding-window layers
+  /// stay exact (Gemma 3, `[data] local_layers = "exact"`, and the closed loop), the global layers only.
+  /// This cache's rank among them and their count; -1 / 0 = `layer` / `n_layers` (every layer managed).
+  /// PyramidKV's layer budgets fall with depth over these layers, so they average B where caches exist.
+  int managed_layer = -1;
+  int n_managed_layers = 0;
+  int managed_rank() const { return managed_layer >= 0 ? managed_layer : layer; }
+  int managed_count() const { return n_managed_layers > 0 ? n_managed_layers : n_layers; }
   /// The recording's q·k multiplier: prefill's queries arrive multiplied by it (0: not given).
   double softmax_scale = 0;
   /// RoPE as recorded (docs/recordings.md, optional attributes): base θ, pair k turning by
