@@ -7,7 +7,7 @@
 #   --quick   a subset in minutes: the single-window small-model experiments and SmolLM2 on one
 #             2048-token window of code (what CI's slow `reproduce` test runs)
 #   --only    just the small models (stories260K, aidreams260K, shakespeare-q80, synthetic), just SmolLM2
-#             or just Gemma 3 270M (its equal-memory sweep; not part of --quick)
+#             or just Gemma 3 270M (its equal-memory sweeps, length sweep and closed loop; not part of --quick)
 #   --fresh   forget earlier steps; without it the script resumes: a step whose stamp in
 #             results/.reproduce holds the same command line (and the same kvsim binary, configs and
 #             scripts, by sha1) is skipped
@@ -175,8 +175,8 @@ smollm2() {
   done
 }
 
-# Gemma 3 270M (GGUF, one KV head of head_dim 256, local/global layers): 8 prose windows of 2048 tokens,
-# replayed on its global layers. Full runs only.
+# Gemma 3 270M (GGUF, one KV head of head_dim 256, local/global layers): 8 prose windows of 2048 tokens
+# and two 8192-token windows, replayed on its global layers, and its closed loop. Full runs only.
 gemma3() {
   local G=${KVSIM_MODELS:-models}/gemma-3-270m-q4_k_m.gguf
   [ -f "$G" ] || { echo "reproduce.sh: $G is missing (bash scripts/setup.sh fetches it)" >&2; exit 1; }
@@ -186,6 +186,21 @@ gemma3() {
   step rec_gemma3_tinystories null "${rec[@]}" --text "$D/tinystories-sample/tinystories.txt" --tokens 2048 \
     --windows 4 --out results/recordings/gemma3_tinystories_2048.h5
   step gemma3_budget_sweep results/gemma3_budget_sweep.txt $K run experiments/gemma3_budget_sweep.toml --threads "$T"
+  # the same sweep with one cache per query head (4 caches sharing the KV head's memory budget each)
+  step gemma3_budget_sweep_query_head results/gemma3_budget_sweep_query_head.txt $K run experiments/gemma3_budget_sweep.toml \
+    --threads "$T" --out results/gemma3_budget_sweep_query_head --set 'eval.gqa="query_head"'
+  # two 8192-token windows (the tails of TinyStories and code, as SmolLM2's) read at n = 1024 ... 8192
+  step code_text null "$PY" datasets/make_code_text.py results/texts/python_stdlib.txt
+  step rec_gemma3_tinystories_8192 null "${rec[@]}" --text "$D/tinystories-sample/tinystories.txt" --text-tail 0.25 \
+    --tokens 8192 --windows 1 --out results/recordings/gemma3_tinystories_8192.h5
+  step rec_gemma3_code_8192 null "${rec[@]}" --text results/texts/python_stdlib.txt --text-tail 0.25 --tokens 8192 \
+    --windows 1 --out results/recordings/gemma3_code_8192.h5
+  local n
+  for n in 1024 2048 4096 8192; do
+    step "gemma3_length_$n" "results/gemma3_length_$n.txt" $K run experiments/gemma3_length_sweep.toml --threads "$T" \
+      --out "results/gemma3_length_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
+  done
+  step gemma3_closed_loop results/gemma3_closed_loop.txt $K closed-loop experiments/gemma3_closed_loop.toml --threads "$T"
 }
 
 case "$ONLY" in small) small_models ;; smollm2) smollm2 ;; gemma3) gemma3 ;;
@@ -194,7 +209,7 @@ if [ "$FIGURES" = 0 ]; then echo "reproduce.sh: done, figures not drawn (--no-fi
 
 # Figures and results/report.md from every results folder in results/ (make_figures skips what a
 # folder cannot draw), then the H2O observations figure and its numpy cross-check.
-rm -f "$ST/figures" "$ST/h2o_observations_check" "$ST/smollm2_length_figure"  # always redrawn
+rm -f "$ST/figures" "$ST/h2o_observations_check" "$ST/smollm2_length_figure" "$ST/gemma3_length_figure"  # always redrawn
 dirs=()
 for d in results/*/; do
   if [ -f "$d/results.h5" ] || [ -f "$d/sequences.csv" ] || [ -f "$d/clusters.csv" ] || [ -f "$d/closed_loop.csv" ] ||
@@ -210,6 +225,10 @@ step h2o_observations_check results/h2o_observations_check.txt "$PY" plots/h2o_o
 if [ -f results/smollm2_length_1024/sequences.csv ]; then
   step smollm2_length_figure null "$PY" plots/length_sweep.py results/smollm2_length_1024 results/smollm2_length_2048 \
     results/smollm2_length_4096 results/smollm2_length_8192 --out results/smollm2_length_sweep.png
+fi
+if [ -f results/gemma3_length_1024/sequences.csv ]; then
+  step gemma3_length_figure null "$PY" plots/length_sweep.py results/gemma3_length_1024 results/gemma3_length_2048 \
+    results/gemma3_length_4096 results/gemma3_length_8192 --out results/gemma3_length_sweep.png
 fi
 if [ -f results/smollm2_passkey/trials.csv ] && [ -f results/smollm2_word_needle/trials.csv ]; then
   step retrieval_figures results/retrieval.txt "$PY" plots/retrieval.py results/smollm2_passkey results/smollm2_word_needle \
@@ -240,5 +259,7 @@ fig results/clusterability_smollm2_code/clusterability.png clusterability_smollm
 fig results/smollm2_closed_loop/closed_loop.png smollm2_closed_loop.png
 fig results/smollm2_buzz_tw_sweep/buzz_tw_sweep.png smollm2_buzz_tw_sweep.png
 fig results/gemma3_budget_sweep/rel_err_vs_memory_sequences.png gemma3_budget_sweep.png
+fig results/gemma3_closed_loop/closed_loop.png gemma3_closed_loop.png
+fig results/gemma3_length_sweep.png gemma3_length_sweep.png
 for f in heatmaps memory link; do fig "results/retrieval/retrieval_$f.png" "smollm2_retrieval_$f.png"; done
 echo "reproduce.sh: done (step times in $ST/times.tsv)"
