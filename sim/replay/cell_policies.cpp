@@ -107,10 +107,10 @@ StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, const 
   info.layer = cell.layer;
   info.kv_head = cell.kv_head;
   info.n_layers = meta.n_layers;
-  if (!ex.data.replay_local && meta.layer_window(cell.layer) == 0) {  // local layers stay exact: rank the global ones
+  if (!ex.data.replay_local && !meta.is_local(cell.layer)) {  // local layers stay exact: rank the global ones
     info.managed_layer = info.n_managed_layers = 0;
     for (int l = 0; l < meta.n_layers; ++l)
-      if (meta.layer_window(l) == 0) {
+      if (!meta.is_local(l)) {
         if (l < cell.layer) ++info.managed_layer;
         ++info.n_managed_layers;
       }
