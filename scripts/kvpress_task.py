@@ -57,6 +57,16 @@ def read_prompts(a, path):
         trials = [json.loads(line) for line in f]
     import tomllib
 
+    # The checkpoint kvsim used: the last `--set model.checkpoint=…` (relative to the working directory, as
+    # kvsim reads a path given on the command line), else the config's (relative to the config's folder).
+    for spec in reversed(a.set):
+        key, _, value = spec.partition("=")
+        if key.strip() == "model.checkpoint":
+            try:
+                value = tomllib.loads("x = " + value)["x"]
+            except tomllib.TOMLDecodeError:
+                pass  # a bare path, as kvsim takes it
+            return trials, os.path.normpath(os.path.abspath(value))
     with open(a.config, "rb") as f:
         ckpt = tomllib.load(f).get("model", {}).get("checkpoint", "")
     return trials, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(a.config)), ckpt))

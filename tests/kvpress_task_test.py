@@ -13,7 +13,8 @@ KVPressTextGenerationPipeline on transformers (the same GGUF, float32, CPU). Che
   3. negative control: StreamingLLMPress keeps the 4 sinks and the last 124 context tokens, which at
      depth 0.3 excludes the needle, so it answers none of those trials while the exact cache answers
      all (the press really acted on the cache);
-  4. agreement.csv pairs every kvpress answer with kvsim's for the same trial and budget.
+  4. agreement.csv pairs every kvpress answer with kvsim's for the same trial and budget;
+  5. the config names an absent checkpoint, and both tools take the model from `--set model.checkpoint`.
 Exit 0 passed, 1 failed, 77 SKIPPED (torch/transformers/kvpress or the model file absent).
 """
 import csv
@@ -50,17 +51,20 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         cfg = os.path.join(tmp, "t.toml")
         with open(cfg, "w", encoding="utf-8") as f:
-            f.write(f'name = "kvpress_task_test"\nseed = 3\n[model]\ncheckpoint = "{gguf}"\n[task]\nkind = "passkey"\n'
+            # The config names no real checkpoint: both tools must take it from --set model.checkpoint.
+            f.write(f'name = "kvpress_task_test"\nseed = 3\n[model]\ncheckpoint = "absent.gguf"\n[task]\nkind = "passkey"\n'
                     f'filler = "{filler}"\nlengths = [256]\ndepths = [0.3, 0.7]\ntrials = 1\n'
                     '[[policy]]\nname = "sink"\nsink = 4\nmemory = 0.5\n'
                     '[[policy]]\nname = "snapkv"\nmemory = 0.5\n'
                     '[[policy]]\nname = "expected_attention"\nmemory = 0.5\n')
         ours = os.path.join(tmp, "kvsim")
-        subprocess.run([kvsim_bin, "task", cfg, "--out", ours, "--threads", "2", "--quiet"], check=True,
+        ckpt = f"model.checkpoint={gguf}"
+        subprocess.run([kvsim_bin, "task", cfg, "--out", ours, "--threads", "2", "--quiet", "--set", ckpt], check=True,
                        stdout=subprocess.DEVNULL)
         theirs = os.path.join(tmp, "kvpress")
         r = subprocess.run([sys.executable, os.path.join(src, "scripts", "kvpress_task.py"), cfg, "--kvsim", ours,
-                            "--out", theirs, "--threads", "2", "--kvsim-bin", kvsim_bin], capture_output=True, text=True)
+                            "--out", theirs, "--threads", "2", "--kvsim-bin", kvsim_bin, "--set", ckpt],
+                           capture_output=True, text=True)
         print(r.stdout)
         check(r.returncode == 0, "kvpress_task.py ran" + (f" (rc {r.returncode}: {r.stderr.strip()[-300:]})" if r.returncode else ""))
         if r.returncode:
