@@ -4,11 +4,13 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "helpers.hpp"
 #include "kvsim/analysis/clustering.hpp"
 #include "kvsim/analysis/subgen_algorithm.hpp"
+#include "kvsim/io/recording.hpp"
 
 using namespace kvsim;
 
@@ -97,4 +99,54 @@ TEST_CASE("subgen premises per KV head: r, t and the verdict from kvsim clusters
   }
   CHECK(rows[2.0][0][13] == "sublinear");  // δ = 0.125 × median norm: every premise holds
   for (const auto& f : rows[40.0]) CHECK(f[13].find("delta*r > ln n") != std::string::npos);  // control
+}
+
+TEST_CASE("kvsim clusters takes a hybrid recording's global layers unless clusters.layers names others", "[subgen][schema]") {
+  // Three layers, the middle one global (layer_windows 16, 0, 16): the default studies layer 1 only,
+  // as `kvsim run` replays it; naming the layers studies the local ones too (the control: the
+  // default's restriction comes from layer_windows, not from the recording).
+  test::TempDir dir;
+  RecordingMeta m;
+  m.model = "test";
+  m.n_layers = 3;
+  m.n_heads = m.n_kv_heads = 1;
+  m.head_dim = 4;
+  m.n_tokens = 64;
+  m.softmax_scale = 0.5;
+  m.layer_windows = {16, 0, 16};
+  const std::string rec = dir.file("hybrid.h5");
+  {
+    RecordingWriter w(rec, m);
+    for (int l = 0; l < 3; ++l)
+      for (Tensor t : {Tensor::q, Tensor::k, Tensor::v}) w.write(l, t, 0, MatF::Random(64, 4));
+    w.finish();
+  }
+  auto layers_in = [&](const std::string& out) {
+    std::set<std::string> seen;
+    std::ifstream in(out + "/clusters_fit.csv");
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) seen.insert(line.substr(0, line.find(',')));
+    return seen;
+  };
+  ClusterStudy s;
+  s.path = rec;
+  const std::string summary = run_cluster_study(s, dir.file("default"));
+  CHECK(layers_in(dir.file("default")) == std::set<std::string>{"1"});
+  CHECK(summary.find("global layers 1 of 3") != std::string::npos);
+  s.layers = {0, 1, 2};
+  run_cluster_study(s, dir.file("named"));
+  CHECK(layers_in(dir.file("named")) == std::set<std::string>{"0", "1", "2"});
+  // Every layer local: a clear error rather than an empty study.
+  m.layer_windows = {16, 16, 16};
+  const std::string all_local = dir.file("all_local.h5");
+  {
+    RecordingWriter w(all_local, m);
+    for (int l = 0; l < 3; ++l)
+      for (Tensor t : {Tensor::q, Tensor::k, Tensor::v}) w.write(l, t, 0, MatF::Random(64, 4));
+    w.finish();
+  }
+  s.path = all_local;
+  s.layers.clear();
+  CHECK_THROWS_WITH(run_cluster_study(s, dir.file("none")), Catch::Matchers::Contains("every layer is local"));
 }

@@ -171,9 +171,15 @@ std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir)
   namespace fs = std::filesystem;
   RecordingReader rec(s.path);
   const auto& m = rec.meta();
+  // Default: the global layers, as `kvsim run` replays them. A local (sliding-window) layer's keys
+  // beyond its window are never attended to, so their clusters say nothing about what a cache there
+  // must hold; name such layers in clusters.layers to study them anyway.
   std::vector<int> layers = s.layers;
-  if (layers.empty())
-    for (int l = 0; l < m.n_layers; ++l) layers.push_back(l);
+  if (layers.empty()) {
+    for (int l = 0; l < m.n_layers; ++l)
+      if (!m.is_local(l)) layers.push_back(l);
+    if (layers.empty()) throw Error(s.path + ": every layer is local (layer_windows); name them in clusters.layers");
+  }
   for (int l : layers)
     if (l < 0 || l >= m.n_layers) throw Error("clusters.layers: layer " + std::to_string(l) + " out of range");
   if (!(s.delta_rel > 0)) throw Error("clusters.delta_rel must be > 0");
@@ -189,7 +195,13 @@ std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir)
   char buf[256];
   std::snprintf(buf, sizeof buf, "%5s %6s %9s %9s %7s %9s\n", "layer", "tensor", "delta", "delta*r", "gamma", "m'(n)");
   summary << "clusterability of " << s.path << " (" << m.n_tokens << " tokens), delta = " << s.delta_rel
-          << " x median norm\n" << buf;
+          << " x median norm";
+  if (int(layers.size()) < m.n_layers && s.layers.empty()) {
+    summary << "; global layers";
+    for (int l : layers) summary << ' ' << l;
+    summary << " of " << m.n_layers << " (the others are local: clusters.layers names them)";
+  }
+  summary << '\n' << buf;
   for (int l : layers) {
     // r = the largest scaled query norm of the layer (SubGen Theorem 1's bound).
     double r = 0;

@@ -22,7 +22,7 @@ struct ClusterStudy {
   std::string path;                 ///< recording
   double delta_rel = 0.5;           ///< δ = delta_rel × median norm of the layer's keys (resp. values)
   int64_t centers = 16;             ///< greedy k-center centers marked in the PCA scatter
-  std::vector<int> layers;          ///< empty = all
+  std::vector<int> layers;          ///< empty = every global layer (all, without layer_windows)
   /// premises.csv: δ multiples of the median key norm swept per KV head, and Theorem 1's ε.
   std::vector<double> premise_deltas = {0.125, 0.25, 0.5, 1.0};
   double premise_eps = 0.5;
