@@ -180,8 +180,8 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
                 "-token prompt must fit in model.tokens (" +
                 std::to_string(c.tokens) + ")");
   const Tokenizer tok = load_tokenizer(c.checkpoint, c.tokenizer, cfg.vocab_size);
-  const std::vector<int> all =
-      text_tokens(c.text, tok, int64_t(c.tokens) * c.windows, c.text_tail, "model.tokens × model.windows");
+  const std::vector<std::vector<int>> all =
+      text_windows(c.text, tok, c.tokens, c.windows, c.text_tail, "model.tokens × model.windows");
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw Error(out_dir + ": cannot create output folder: " + ec.message());
@@ -189,7 +189,7 @@ std::vector<ClosedLoopRow> run_closed_loop(const ClosedLoopConfig& c, const std:
   const size_t kRelErr = metric_index("rel_err"), kEps = metric_index("eps_spectral");
   std::vector<ClosedLoopRow> rows;
   for (int w = 0; w < c.windows; ++w) {
-    std::vector<int> win(all.begin() + size_t(w) * c.tokens, all.begin() + size_t(w + 1) * c.tokens);
+    const std::vector<int>& win = all[size_t(w)];
     const std::string rec_path = (fs::path(out_dir) / ("window_" + std::to_string(w) + ".h5")).string();
     const RunResult open = open_loop(c, win, rec_path, threads);
     std::vector<ClosedLoopRow> wrows(c.policies.size());

@@ -39,13 +39,13 @@ struct Trace {
         K(L, std::vector<MatF>(KVH, MatF(n, hs))), V(L, std::vector<MatF>(KVH, MatF(n, hs))) {}
 };
 
-/// The text's token stream for opt.tokens (× windows) tokens; throws naming the file.
-std::vector<int> encode_text(const RecordOptions& opt, const Tokenizer& tok, int64_t want = 0) {
-  if (want <= 0) want = opt.tokens;
+/// The text's windows of opt.tokens tokens (text_windows); throws naming the file.
+std::vector<std::vector<int>> encode_text(const RecordOptions& opt, const Tokenizer& tok, int windows,
+                                          std::vector<int64_t>* offsets = nullptr) {
   if (opt.text_path.empty()) throw Error("kvsim record: give --text FILE (teacher-forced) or --generate N");
   if (opt.tokens <= 1) throw Error("kvsim record: --tokens must be at least 2");
-  return text_tokens(opt.text_path, tok, want, opt.text_tail,
-                     want == opt.tokens ? "--tokens" : "--tokens × --windows");
+  return text_windows(opt.text_path, tok, opt.tokens, windows, opt.text_tail,
+                      windows == 1 ? "--tokens" : "--tokens × --windows", offsets);
 }
 
 /// Runs the model over n positions (teacher-forced on `input`, or greedy after the prompt `input`),
@@ -237,7 +237,7 @@ RecordResult record_model(const RecordOptions& opt) {
     input = opt.token_ids;
     n = int(input.size());
   } else {
-    input = encode_text(opt, tok);
+    input = encode_text(opt, tok, 1).front();
     n = opt.tokens;
   }
   if (n > cfg.seq_len)
@@ -307,6 +307,30 @@ std::vector<int> text_tokens(const std::string& path, const Tokenizer& tok, int6
   return tokens;
 }
 
+std::vector<std::vector<int>> text_windows(const std::string& path, const Tokenizer& tok, int tokens, int windows,
+                                           double tail, const std::string& need_name, std::vector<int64_t>* offsets) {
+  if (tokens < 2 || windows < 1) throw Error("text windows need ≥ 2 tokens and ≥ 1 window");
+  const bool bos_first = tok.bos_opens_sequence();
+  // Text tokens each window takes from the stream; without a tail the stream opens with its own BOS.
+  const int64_t per = bos_first ? tokens - 1 : tokens;
+  const int64_t lead = bos_first && tail == 0 ? 1 : 0;
+  std::vector<int> stream = text_tokens(path, tok, per * windows + lead, tail, need_name);
+  if (bos_first && !stream.empty() && stream.front() == tok.bos_id()) stream.erase(stream.begin());
+  if (int64_t(stream.size()) < per * windows)
+    throw Error(path + ": text yields only " + std::to_string(stream.size()) + " tokens after BOS, fewer than " +
+                need_name + " = " + std::to_string(per * windows) + " text tokens");
+  std::vector<std::vector<int>> out;
+  for (int w = 0; w < windows; ++w) {
+    std::vector<int> win;
+    win.reserve(size_t(tokens));
+    if (bos_first) win.push_back(tok.bos_id());
+    win.insert(win.end(), stream.begin() + w * per, stream.begin() + (w + 1) * per);
+    out.push_back(std::move(win));
+    if (offsets) offsets->push_back(w * per);
+  }
+  return out;
+}
+
 std::string window_path(const std::string& out, int w) {
   namespace fs = std::filesystem;
   const fs::path p(out);
@@ -321,13 +345,14 @@ std::vector<std::string> record_windows(const RecordOptions& opt, int windows) {
   if (opt.out.empty()) throw Error("kvsim record: --windows needs --out (window w goes to OUT_wNN.h5)");
   LlamaModel probe(opt.checkpoint);
   const Tokenizer tok = load_tokenizer(opt.checkpoint, opt.tokenizer, probe.config().vocab_size);
-  const std::vector<int> all = encode_text(opt, tok, int64_t(opt.tokens) * windows);
+  std::vector<int64_t> offsets;
+  const std::vector<std::vector<int>> all = encode_text(opt, tok, windows, &offsets);
   std::vector<std::string> paths;
   for (int w = 0; w < windows; ++w) {
     RecordOptions one = opt;
-    one.token_ids.assign(all.begin() + size_t(w) * opt.tokens, all.begin() + size_t(w + 1) * opt.tokens);
+    one.token_ids = all[size_t(w)];
     one.out = window_path(opt.out, w);
-    one.text_token_offset = int64_t(w) * opt.tokens;
+    one.text_token_offset = offsets[size_t(w)];
     record_model(one);
     paths.push_back(one.out);
   }

@@ -139,6 +139,7 @@ void Tokenizer::init_spm(const gguf::File& f, const std::function<int(const char
   eos_ = id_key("tokenizer.ggml.eos_token_id", 2);
   unk_ = id_key("tokenizer.ggml.unknown_token_id", 0);
   add_bos_ = f.get_bool("tokenizer.ggml.add_bos_token", true);
+  bos_opens_sequence_ = add_bos_ && bos_ >= 0;
   space_prefix_ = f.get_bool("tokenizer.ggml.add_space_prefix", true);
   const auto& scores = f.get_nums("tokenizer.ggml.scores");
   if (int64_t(scores.size()) != V)
@@ -167,6 +168,7 @@ void Tokenizer::init_bpe(const gguf::File& f, const std::function<int(const char
   eos_ = id_key("tokenizer.ggml.eos_token_id", -1);
   add_bos_ = f.get_bool("tokenizer.ggml.add_bos_token", false);
   if (add_bos_ && bos_ < 0) throw Error(path + ": metadata says add_bos_token but has no tokenizer.ggml.bos_token_id");
+  bos_opens_sequence_ = add_bos_;
   pre_ = f.get_string("tokenizer.ggml.pre", "gpt2");
   if (pre_ == "default") pre_ = "gpt2";
   const auto exprs = pre_expressions(pre_);

@@ -26,7 +26,7 @@ struct RecordOptions {
   int deflate = 0;          ///< 0: tensors uncompressed; 1-9: shuffle + deflate level (RecordingWriter)
   std::vector<int> token_ids;  ///< teacher-forced: use these tokens instead of encoding text_path
   /// Teacher-forced: index of the first recorded token in text_path's token stream (after text_tail);
-  /// record_windows sets w · tokens. Written as the attribute text_token_offset (provenance).
+  /// record_windows sets text_windows' offset. Written as the attribute text_token_offset (provenance).
   int64_t text_token_offset = 0;
   /// Closed loop: a policy manages every (layer, KV head) cache while recording (`--policy`).
   std::string policy;
@@ -71,11 +71,21 @@ RecordResult record_model(const RecordOptions& opt);
 std::vector<int> text_tokens(const std::string& path, const Tokenizer& tok, int64_t want, double tail,
                              const std::string& need_name);
 
+/// `windows` disjoint consecutive windows of `tokens` tokens from text_tokens(path, tok, ·, tail), each
+/// a fresh sequence as the model would be fed it: where the tokenizer says BOS opens every sequence
+/// (Tokenizer::bos_opens_sequence: Gemma 3), each window is BOS followed by the stream's next
+/// tokens − 1 text tokens (the stream's own leading BOS dropped), else a plain cut of `tokens` stream
+/// tokens. `offsets` (optional) receives each window's first text token's index in that stream (BOS
+/// excluded). Throws kvsim::Error naming the file when the text is too short (`need_name`).
+std::vector<std::vector<int>> text_windows(const std::string& path, const Tokenizer& tok, int tokens, int windows,
+                                           double tail, const std::string& need_name,
+                                           std::vector<int64_t>* offsets = nullptr);
+
 /// OUT with "_wNN" before its extension (results/x.h5 → results/x_w03.h5).
 std::string window_path(const std::string& out, int w);
 
 /// `kvsim record --windows N`: N disjoint consecutive windows of opt.tokens tokens of the text (the
-/// first starts with BOS; each is recorded from position 0 with an empty cache, as a fresh sequence),
+/// first starts with BOS, and every one where the model expects BOS first: text_windows; each is recorded from position 0 with an empty cache, as a fresh sequence),
 /// written to window_path(opt.out, w). Returns the paths. Several sequences for one experiment
 /// (`[data] path = [...]`).
 std::vector<std::string> record_windows(const RecordOptions& opt, int windows);

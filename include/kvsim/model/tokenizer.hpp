@@ -71,6 +71,12 @@ class Tokenizer {
   int eos_id() const { return eos_; }
   /// Whether a document starts with BOS (llama2.c: always).
   bool add_bos() const { return add_bos_; }
+  /// Whether the model expects BOS at the start of every sequence it is fed: a GGUF tokenizer whose
+  /// `tokenizer.ggml.add_bos_token` is true (Gemma 3, Llama; not SmolLM2). Then a window cut from a
+  /// text stream is recorded as BOS + its text tokens, as inference would feed it. llama2.c models were
+  /// trained on random chunks of the token stream (BOS only where a story starts), so their windows
+  /// stay plain cuts of the stream (false).
+  bool bos_opens_sequence() const { return bos_opens_sequence_; }
   /// "sentencepiece", "llama2.c bytes" or "byte-level BPE (pre-tokenizer smollm)".
   std::string kind_name() const;
   /// llama2.c's ids, the defaults of its tokenizer.bin.
@@ -92,6 +98,7 @@ class Tokenizer {
   bool byte_level_ = false;
   bool bpe_ = false;
   bool add_bos_ = true;
+  bool bos_opens_sequence_ = false;
   bool space_prefix_ = true;
   int bos_ = kBos, eos_ = kEos, unk_ = 0;
   std::vector<int> byte_ids_;  ///< sentencepiece byte fallback: id of "<0xHH>" (or 3 + byte)
