@@ -12,6 +12,9 @@ Right (first data set whose recording is on disk): the rank-size curves of accum
 the last step, one per layer (query head 0), recomputed here from the recording's q and k with numpy
 — an independent computation; the script prints numpy's slope next to kvsim's for each layer and
 exits 1 if they differ by more than 1e-6. Writes PNG and PDF.
+--table prints, per layer and data set, the means over evaluated (head, step) rows of attn_sparsity,
+sink_mass (share of the row on the first 4 positions), accum_slope and its R², and accum_top10 (share
+of accumulated attention on the top 10% of tokens), as a markdown table, then the same over all layers.
 """
 import argparse
 import os
@@ -47,11 +50,36 @@ def accumulated(rec, layer, head, t):
     return a.sum(axis=0)
 
 
+def print_table(results):
+    """Markdown table of per-layer means (finite values only), one column group per data set."""
+    names = ("attn_sparsity", "sink_mass", "accum_slope", "accum_r2", "accum_top10")
+    cols = []
+    for res in results:
+        _, g = policies(open_results(res))[0]
+        cols.append((os.path.basename(os.path.normpath(res)), column(g, "layer").astype(int),
+                     {n: column(g, n) for n in names}))
+    layers = sorted(set().union(*(set(c[1]) for c in cols)))
+    print("| layer | " + " | ".join(f"{n} ({d})" for d, _, _ in cols for n in names) + " |")
+    print("|---" * (1 + len(cols) * len(names)) + "|")
+    for l in layers + [None]:
+        cells = []
+        for _, layer, v in cols:
+            pick = np.ones(layer.size, bool) if l is None else layer == l
+            for n in names:
+                x = v[n][pick]
+                x = x[np.isfinite(x)]
+                cells.append(f"{x.mean():.3g}" if x.size else "—")
+        print(f"| {'all' if l is None else l} | " + " | ".join(cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", nargs="+")
     ap.add_argument("--out")
+    ap.add_argument("--table", action="store_true", help="print per-layer means as a markdown table")
     args = ap.parse_args()
+    if args.table:
+        print_table(args.results)
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.6))
     curves_done, bad = False, False
     for d, res in enumerate(args.results):

@@ -36,6 +36,15 @@ run "$SRC/experiments/budget_sweep.toml" --out "$TMP/m" --set "data.path=$TMP/re
 run "$SRC/experiments/h2o_observations.toml" --out "$TMP/o" --set "data.path=$TMP/rec.h5"
 "$PY" "$SRC/plots/h2o_observations.py" "$TMP/o" >/dev/null && check "$TMP/o/h2o_observations" \
   || { echo "FAIL: h2o_observations.py (numpy vs kvsim slopes)"; fails=$((fails+1)); }
+# --table: the "all" row's attn_sparsity is the mean of the results file's finite values.
+"$PY" "$SRC/plots/h2o_observations.py" "$TMP/o" --table --out "$TMP/o/t.png" > "$TMP/table.txt" && "$PY" -c "
+import h5py, numpy as np, sys
+v = h5py.File(sys.argv[1])['policy_00/attn_sparsity'][:]
+row = [l for l in open(sys.argv[2]) if l.startswith('| all |')]
+assert len(row) == 1, 'no all row'
+got, want = float(row[0].split('|')[2]), float(np.nanmean(v))
+assert abs(got - want) <= 5e-3 * abs(want), (got, want)" "$TMP/o/results.h5" "$TMP/table.txt" \
+  && passes=$((passes+1)) || { echo "FAIL: h2o_observations.py --table"; fails=$((fails+1)); }
 run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b" --set "data.path=$TMP/rec.h5"
 "$PY" "$SRC/plots/buzz_tw_sweep.py" "$TMP/b" >/dev/null && check "$TMP/b/buzz_tw_sweep"
 "$KVSIM" clusters "$SRC/experiments/clusterability.toml" --out "$TMP/c" --set "data.path=$TMP/rec.h5" >/dev/null \
