@@ -165,15 +165,10 @@ void premise_rows(RecordingReader& rec, int l, const ClusterStudy& s, std::ostre
   }
 }
 
-}  // namespace
-
-std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir) {
-  namespace fs = std::filesystem;
-  RecordingReader rec(s.path);
-  const auto& m = rec.meta();
-  // Default: the global layers, as `kvsim run` replays them. A local (sliding-window) layer's keys
-  // beyond its window are never attended to, so their clusters say nothing about what a cache there
-  // must hold; name such layers in clusters.layers to study them anyway.
+/// The layers a study covers: clusters.layers, or by default the global layers, as `kvsim run`
+/// replays them. A local (sliding-window) layer's keys beyond its window are never attended to, so
+/// their clusters say nothing about what a cache there must hold; name such layers to study them anyway.
+std::vector<int> study_layers(const ClusterStudy& s, const RecordingMeta& m) {
   std::vector<int> layers = s.layers;
   if (layers.empty()) {
     for (int l = 0; l < m.n_layers; ++l)
@@ -182,6 +177,16 @@ std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir)
   }
   for (int l : layers)
     if (l < 0 || l >= m.n_layers) throw Error("clusters.layers: layer " + std::to_string(l) + " out of range");
+  return layers;
+}
+
+}  // namespace
+
+std::string run_cluster_study(const ClusterStudy& s, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  RecordingReader rec(s.path);
+  const auto& m = rec.meta();
+  const std::vector<int> layers = study_layers(s, m);
   if (!(s.delta_rel > 0)) throw Error("clusters.delta_rel must be > 0");
   std::ostringstream counts, fit, pca, summary;
   counts << "layer,kv_head,tensor,n,clusters\n";
