@@ -5,7 +5,8 @@ Usage: .venv/bin/python plots/clusterability.py RESULTS_DIR [--layer L] [--out F
 
 Left: m' (clusters found by SubGen's online δ-clustering, mean over KV heads) against n for keys
 (solid) and values (dashed) of every layer, log-log, with the fitted exponent γ in the legend.
-Right: 2-D PCA of layer L's keys and values (KV head 0) with the greedy k-center centers marked.
+Right: 2-D PCA of layer L's keys and values (KV head 0; default L: the first layer studied) with the
+greedy k-center centers marked.
 Writes PNG and PDF.
 """
 import argparse
@@ -31,12 +32,14 @@ def read_csv(path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir")
-    ap.add_argument("--layer", type=int, default=0)
+    ap.add_argument("--layer", type=int, default=None, help="layer of the PCA panels (default: the first studied)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     counts = read_csv(os.path.join(a.results_dir, "clusters.csv"))
     fit = {(int(r["layer"]), r["tensor"]): r for r in read_csv(os.path.join(a.results_dir, "clusters_fit.csv"))}
     pca = read_csv(os.path.join(a.results_dir, "pca.csv"))
+    if a.layer is None:  # the first layer the study covered (a hybrid model's first global layer)
+        a.layer = min((int(r["layer"]) for r in pca), default=0)
 
     mean = defaultdict(lambda: defaultdict(list))
     for r in counts:

@@ -176,7 +176,8 @@ smollm2() {
 }
 
 # Gemma 3 270M (GGUF, one KV head of head_dim 256, local/global layers): 8 prose windows of 2048 tokens
-# and two 8192-token windows, replayed on its global layers, and its closed loop. Full runs only.
+# and two 8192-token windows (each opened with <bos>), replayed on its global layers, its closed loop,
+# and the papers' observations on one window per genre. Full runs only.
 gemma3() {
   local G=${KVSIM_MODELS:-models}/gemma-3-270m-q4_k_m.gguf
   [ -f "$G" ] || { echo "reproduce.sh: $G is missing (bash scripts/setup.sh fetches it)" >&2; exit 1; }
@@ -201,6 +202,17 @@ gemma3() {
       --out "results/gemma3_length_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
   done
   step gemma3_closed_loop results/gemma3_closed_loop.txt $K closed-loop experiments/gemma3_closed_loop.toml --threads "$T"
+  # The papers' observations on the global layers: one 2048-token window per genre (as SmolLM2's).
+  step rec_gemma3_code null "${rec[@]}" --text results/texts/python_stdlib.txt --tokens 2048 --windows 1 \
+    --out results/recordings/gemma3_code_2048.h5
+  step gemma3_h2o_theorem44 results/gemma3_h2o_theorem44.txt $K run experiments/gemma3_h2o_theorem44.toml --threads "$T"
+  local g
+  for g in shakespeare tinystories code; do
+    step "h2o_observations_gemma3_$g" "results/h2o_observations_gemma3_$g.txt" $K run experiments/h2o_observations.toml \
+      --threads "$T" --out "results/h2o_observations_gemma3_$g" --set "data.path=results/recordings/gemma3_${g}_2048_w00.h5"
+    step "clusterability_gemma3_$g" "results/clusterability_gemma3_$g.txt" $K clusters experiments/clusterability.toml \
+      --out "results/clusterability_gemma3_$g" --set "data.path=results/recordings/gemma3_${g}_2048_w00.h5"
+  done
 }
 
 case "$ONLY" in small) small_models ;; smollm2) smollm2 ;; gemma3) gemma3 ;;
@@ -209,7 +221,8 @@ if [ "$FIGURES" = 0 ]; then echo "reproduce.sh: done, figures not drawn (--no-fi
 
 # Figures and results/report.md from every results folder in results/ (make_figures skips what a
 # folder cannot draw), then the H2O observations figure and its numpy cross-check.
-rm -f "$ST/figures" "$ST/h2o_observations_check" "$ST/smollm2_length_figure" "$ST/gemma3_length_figure"  # always redrawn
+rm -f "$ST/figures" "$ST/h2o_observations_check" "$ST/smollm2_length_figure" "$ST/gemma3_length_figure" \
+  "$ST/gemma3_observations_figure"  # always redrawn
 dirs=()
 for d in results/*/; do
   if [ -f "$d/results.h5" ] || [ -f "$d/sequences.csv" ] || [ -f "$d/clusters.csv" ] || [ -f "$d/closed_loop.csv" ] ||
@@ -219,9 +232,15 @@ step figures null "$PY" plots/make_figures.py "${dirs[@]}" --report results/repo
 obs=()
 for d in results/h2o_observations*/; do
   if [ "$QUICK" = 0 ] && [[ $d == *_quick/ ]]; then continue; fi  # a full run's figure leaves out --quick's folder
+  [[ $d == *_gemma3_* ]] && continue  # Gemma's global layers get their own figure below
   obs+=("${d%/}")
 done
 step h2o_observations_check results/h2o_observations_check.txt "$PY" plots/h2o_observations.py "${obs[@]}"
+if [ -f results/h2o_observations_gemma3_code/results.h5 ]; then
+  step gemma3_observations_figure results/gemma3_observations.txt "$PY" plots/h2o_observations.py --table \
+    results/h2o_observations_gemma3_code results/h2o_observations_gemma3_shakespeare \
+    results/h2o_observations_gemma3_tinystories --out results/gemma3_h2o_observations.png
+fi
 if [ -f results/smollm2_length_1024/sequences.csv ]; then
   step smollm2_length_figure null "$PY" plots/length_sweep.py results/smollm2_length_1024 results/smollm2_length_2048 \
     results/smollm2_length_4096 results/smollm2_length_8192 --out results/smollm2_length_sweep.png
@@ -261,5 +280,7 @@ fig results/smollm2_buzz_tw_sweep/buzz_tw_sweep.png smollm2_buzz_tw_sweep.png
 fig results/gemma3_budget_sweep/rel_err_vs_memory_sequences.png gemma3_budget_sweep.png
 fig results/gemma3_closed_loop/closed_loop.png gemma3_closed_loop.png
 fig results/gemma3_length_sweep.png gemma3_length_sweep.png
+fig results/gemma3_h2o_observations.png gemma3_h2o_observations.png
+fig results/clusterability_gemma3_code/clusterability.png clusterability_gemma3.png
 for f in heatmaps memory link; do fig "results/retrieval/retrieval_$f.png" "smollm2_retrieval_$f.png"; done
 echo "reproduce.sh: done (step times in $ST/times.tsv)"
