@@ -202,6 +202,9 @@ gemma3() {
       --out "results/gemma3_length_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
   done
   step gemma3_closed_loop results/gemma3_closed_loop.txt $K closed-loop experiments/gemma3_closed_loop.toml --threads "$T"
+  step gemma3_closed_loop_code results/gemma3_closed_loop_code.txt $K closed-loop experiments/gemma3_closed_loop.toml \
+    --threads "$T" --out results/gemma3_closed_loop_code --set 'model.text="results/texts/python_stdlib.txt"' \
+    --set model.text_tail=0.25
   # The papers' observations on the global layers: one 2048-token window per genre (as SmolLM2's).
   step rec_gemma3_code null "${rec[@]}" --text results/texts/python_stdlib.txt --tokens 2048 --windows 1 \
     --out results/recordings/gemma3_code_2048.h5
@@ -279,6 +282,7 @@ fig results/smollm2_closed_loop/closed_loop.png smollm2_closed_loop.png
 fig results/smollm2_buzz_tw_sweep/buzz_tw_sweep.png smollm2_buzz_tw_sweep.png
 fig results/gemma3_budget_sweep/rel_err_vs_memory_sequences.png gemma3_budget_sweep.png
 fig results/gemma3_closed_loop/closed_loop.png gemma3_closed_loop.png
+fig results/gemma3_closed_loop_code/closed_loop.png gemma3_closed_loop_code.png
 fig results/gemma3_length_sweep.png gemma3_length_sweep.png
 fig results/gemma3_h2o_observations.png gemma3_h2o_observations.png
 fig results/clusterability_gemma3_code/clusterability.png clusterability_gemma3.png
