@@ -129,7 +129,8 @@ def memory_figure(t, out_dir):
                         color=color(name))
         for name, style in (("exact", "-"), ("evict_needle", ":")):
             if (s.cache == name).any():
-                ax.axhline(s[s.cache == name].correct.mean(), color="k", ls=style, lw=1, label=name)
+                # grey, not black: Quest's registry colour is black
+                ax.axhline(s[s.cache == name].correct.mean(), color="0.5", ls=style, lw=1.2, label=name)
         n = int(s[s.cache == "exact"].shape[0])
         ax.set_title(f"{kind}, L = {L} ({n} trials per point)", fontsize=9)
         ax.set_xlabel("memory (fraction of the prompt)")
