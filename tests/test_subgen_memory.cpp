@@ -113,14 +113,16 @@ TEST_CASE("kvsim clusters takes a hybrid recording's global layers unless cluste
   m.head_dim = 4;
   m.n_tokens = 64;
   m.softmax_scale = 0.5;
-  m.layer_windows = {16, 0, 16};
-  const std::string rec = dir.file("hybrid.h5");
-  {
-    RecordingWriter w(rec, m);
+  auto write = [&](const std::string& name, std::vector<int64_t> windows) {
+    m.layer_windows = std::move(windows);
+    const std::string path = dir.file(name);
+    RecordingWriter w(path, m);
     for (int l = 0; l < 3; ++l)
       for (Tensor t : {Tensor::q, Tensor::k, Tensor::v}) w.write(l, t, 0, MatF::Random(64, 4));
     w.finish();
-  }
+    return path;
+  };
+  const std::string rec = write("hybrid.h5", {16, 0, 16});
   auto layers_in = [&](const std::string& out) {
     std::set<std::string> seen;
     std::ifstream in(out + "/clusters_fit.csv");
@@ -138,15 +140,7 @@ TEST_CASE("kvsim clusters takes a hybrid recording's global layers unless cluste
   run_cluster_study(s, dir.file("named"));
   CHECK(layers_in(dir.file("named")) == std::set<std::string>{"0", "1", "2"});
   // Every layer local: a clear error rather than an empty study.
-  m.layer_windows = {16, 16, 16};
-  const std::string all_local = dir.file("all_local.h5");
-  {
-    RecordingWriter w(all_local, m);
-    for (int l = 0; l < 3; ++l)
-      for (Tensor t : {Tensor::q, Tensor::k, Tensor::v}) w.write(l, t, 0, MatF::Random(64, 4));
-    w.finish();
-  }
-  s.path = all_local;
+  s.path = write("all_local.h5", {16, 16, 16});
   s.layers.clear();
   CHECK_THROWS_WITH(run_cluster_study(s, dir.file("none")), Catch::Matchers::Contains("every layer is local"));
 }

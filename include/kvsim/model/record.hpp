@@ -84,9 +84,9 @@ std::vector<std::vector<int>> text_windows(const std::string& path, const Tokeni
 /// OUT with "_wNN" before its extension (results/x.h5 → results/x_w03.h5).
 std::string window_path(const std::string& out, int w);
 
-/// `kvsim record --windows N`: N disjoint consecutive windows of opt.tokens tokens of the text (the
-/// first starts with BOS, and every one where the model expects BOS first: text_windows; each is recorded from position 0 with an empty cache, as a fresh sequence),
-/// written to window_path(opt.out, w). Returns the paths. Several sequences for one experiment
+/// `kvsim record --windows N`: N disjoint consecutive windows of opt.tokens tokens of the text, cut by
+/// text_windows (the first starts with BOS, every one does where the model expects BOS first; each is
+/// recorded from position 0 with an empty cache, as a fresh sequence), written to window_path(opt.out, w). Returns the paths. Several sequences for one experiment
 /// (`[data] path = [...]`).
 std::vector<std::string> record_windows(const RecordOptions& opt, int windows);
 
