@@ -21,13 +21,7 @@ import sys
 import tempfile
 
 SKIP = 77
-failures = []
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what)
-    if not cond:
-        failures.append(what)
+from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
 
 
 def kvsim_check_attn(kvsim, path, tol, layers=None):

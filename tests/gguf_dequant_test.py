@@ -14,13 +14,7 @@ import os
 import sys
 
 SKIP = 77
-failures = []
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
 
 
 def bits_equal(a, b):

@@ -26,13 +26,7 @@ import sys
 import tempfile
 
 SKIP = 77
-failures = []
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
 
 
 def read_llama2c(np, path):

@@ -26,13 +26,7 @@ import tempfile
 
 SKIP = 77
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-failures = []
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
 
 
 def main():

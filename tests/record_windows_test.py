@@ -20,13 +20,7 @@ import tempfile
 
 SKIP = 77
 N, W, TAIL = 16, 2, 0.05
-failures = []
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
 
 
 def main():

@@ -27,13 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_checks import logits_with_qkv  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-failures = []
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
 
 
 def mixed_text(root, data_dir):
