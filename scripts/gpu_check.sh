@@ -6,8 +6,8 @@
 # data in .gpu/data):
 #   bash scripts/gpu_check.sh [BIN] [LOG_DIR] [STEPS]
 # BIN: the folder with kvsim, libkvsim_cuda.so and kvsim_cuda_tests (default .gpu/bin); LOG_DIR: where logs go (default $OUT, else /tmp/gpu_check);
-# STEPS: a comma list of env,parity,sanitizer,quickstart,e2e_layer,smollm2,bench_quick,bench (default: all
-# but bench_quick, in that order).
+# STEPS: a comma list of env,parity,sanitizer,quickstart,e2e_layer,smollm2,e2e_floor,bench_quick,bench (default:
+# all but e2e_floor and bench_quick, in that order).
 # Each step runs under its own time limit, so one hang cannot eat the others' time; the summary at the
 # end lists each step's exit status and seconds. Everything is appended to LOG_DIR/gpu.log.
 set -u
@@ -70,6 +70,9 @@ if has sanitizer; then
     step "sanitizer_$tool" 75 compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
       "$B/kvsim" run experiments/gpu_sanitizer.toml --device cuda --out "/tmp/gpu_sanitizer_$tool" --quiet
   done
+  # Again with the layer's cells replayed together, through the streams uploaded once per layer.
+  step sanitizer_memcheck_batch 75 env KVSIM_CUDA_LAYER_BATCH=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    --print-limit 20 "$B/kvsim" run experiments/gpu_sanitizer.toml --device cuda --out /tmp/gpu_sanitizer_batch --quiet
 fi
 if has quickstart; then  # docs/performance.md's GPU example
   step quickstart_cuda 60 "$B/kvsim" run experiments/quickstart.toml --device cuda --out /tmp/quickstart_cuda
@@ -95,8 +98,18 @@ fi
 if has bench_quick; then
   step bench_quick 90 "$B/kvsim" bench --device cuda --quick
 fi
+if has e2e_floor; then  # the end-to-end recording through the exact policy alone: the host's floor
+  printf '%s\n' 'name = "e2e_floor"' 'seed = 1' '[data]' 'synthetic = "heavy_hitter"' 'n = 8192' 'd = 128' \
+    'n_layers = 32' 'n_heads = 32' 'n_kv_heads = 32' '[eval]' 'every = 16' 'policy_precision = "float32"' \
+    '[[policy]]' 'name = "exact"' > /tmp/e2e_floor.toml
+  step e2e_floor_cuda 120 "$B/kvsim" run /tmp/e2e_floor.toml --device cuda --out /tmp/e2e_floor --quiet
+fi
 if has bench; then
+  # GPU utilization every 2 s while the bench runs (its last part is the end-to-end run).
+  nvidia-smi dmon -s u -d 2 > "$LOG/bench_dmon.txt" 2>&1 &
+  DMON=$!
   step bench 420 "$B/kvsim" bench --device cuda
+  kill "$DMON" 2>/dev/null
 fi
 echo "=== summary" | tee -a "$LOG/gpu.log"
 printf '%s' "$SUMMARY" | tee -a "$LOG/gpu.log"

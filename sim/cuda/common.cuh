@@ -27,9 +27,11 @@ template <class T>
 struct DeviceBuffer {
   T* p = nullptr;
   bool async = true;
-  explicit DeviceBuffer(size_t n) {
+  /// `stream_ordered` false: cudaMalloc, for memory that other host threads' streams read and that
+  /// another thread may free (a layer's streams shared by its replays).
+  explicit DeviceBuffer(size_t n, bool stream_ordered = true) {
     const size_t bytes = n * sizeof(T) + 1;
-    if (cudaMallocAsync(reinterpret_cast<void**>(&p), bytes, cudaStreamPerThread) != cudaSuccess) {
+    if (!stream_ordered || cudaMallocAsync(reinterpret_cast<void**>(&p), bytes, cudaStreamPerThread) != cudaSuccess) {
       (void)cudaGetLastError();  // clear the error; fall back to the synchronous allocator
       async = false;
       check(cudaMalloc(&p, bytes), "cudaMalloc");
@@ -61,7 +63,9 @@ struct DeviceFlag {
 
 void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads,
                    int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
-                   std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap);
+                   std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap, uint64_t streams_id = 0);
+/// Frees the device copies of the streams uploaded under `streams_id` (once their replays in flight end).
+void release_streams(uint64_t streams_id);
 
 /// Block-wide merge of every thread's online-softmax state (tree over shared memory); all threads
 /// return the total. `sm`, `s1`, `s2` are shared arrays of blockDim.x entries.

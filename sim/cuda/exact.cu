@@ -293,15 +293,18 @@ std::string api_exact_attention(const float* Q, const float* K, const float* V, 
 std::string api_replay_policy(const kvsim::cuda::PolicyReplay& p, const float* Q, const float* K, const float* V,
                               int kv_heads, int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps,
                               std::vector<float>& z, std::vector<double>& log_sum, std::vector<int64_t>& kept,
-                              int64_t& kept_cap) {
+                              int64_t& kept_cap, uint64_t streams_id) {
   return guarded([&] {
-    kvsim::cuda_impl::replay_policy(p, Q, K, V, kv_heads, group, n, d, scale, steps, z, log_sum, kept, kept_cap);
+    kvsim::cuda_impl::replay_policy(p, Q, K, V, kv_heads, group, n, d, scale, steps, z, log_sum, kept, kept_cap, streams_id);
   });
+}
+std::string api_release_streams(uint64_t streams_id) {
+  return guarded([&] { kvsim::cuda_impl::release_streams(streams_id); });
 }
 std::string api_bench(bool quick, std::string* out) { return guarded([&] { *out = kvsim::cuda_impl::bench(quick); }); }
 
 const kvsim::cuda::ModuleApi kApi{kvsim::cuda::ModuleApi::kAbiVersion, api_device_count, api_device_description,
-                                  api_exact_attention, api_replay_policy, api_bench};
+                                  api_exact_attention, api_replay_policy, api_release_streams, api_bench};
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const kvsim::cuda::ModuleApi* kvsim_cuda_module_api() { return &kApi; }

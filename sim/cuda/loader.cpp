@@ -129,7 +129,21 @@ void replay_policy(const PolicyReplay& p, const float* Q, const float* K, const 
                    int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
   require_device();
-  rethrow(api_or_throw().replay_policy(p, Q, K, V, kv_heads, group, n, d, scale, steps, z, log_sum, kept, kept_cap));
+  rethrow(api_or_throw().replay_policy(p, Q, K, V, kv_heads, group, n, d, scale, steps, z, log_sum, kept, kept_cap, 0));
+}
+
+void replay_policy_shared(uint64_t streams_id, const PolicyReplay& p, const float* Q, const float* K, const float* V,
+                          int kv_heads, int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps,
+                          std::vector<float>& z, std::vector<double>& log_sum, std::vector<int64_t>& kept,
+                          int64_t& kept_cap) {
+  if (streams_id == 0) throw Error("cuda::replay_policy_shared: streams_id 0 is not a shared id");
+  require_device();
+  rethrow(api_or_throw().replay_policy(p, Q, K, V, kv_heads, group, n, d, scale, steps, z, log_sum, kept, kept_cap, streams_id));
+}
+
+void release_shared_streams(uint64_t streams_id) {
+  const Loaded& l = loaded();
+  if (l.api) rethrow(l.api->release_streams(streams_id));
 }
 
 std::string bench(bool quick) {

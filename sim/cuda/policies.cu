@@ -21,7 +21,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,13 +37,67 @@ namespace kvsim::cuda_impl {
 
 namespace {
 
+/// A replay's Q, K and V on the device: its own copies, or a layer's shared ones (StreamSet).
+struct DeviceStreams {
+  DeviceBuffer<float> q, k, v;
+  size_t qn, kn;
+  DeviceStreams(size_t qn_, size_t kn_, bool stream_ordered) : q(qn_, stream_ordered), k(kn_, stream_ordered), v(kn_, stream_ordered), qn(qn_), kn(kn_) {}
+  void upload(const float* Q, const float* K, const float* V) {
+    q.upload(Q, qn, "copy Q");
+    k.upload(K, kn, "copy K");
+    v.upload(V, kn, "copy V");
+  }
+};
+
+/// The streams uploaded under a streams_id (replay_policy), shared by the replays that name it: the
+/// first uploads (the others wait for it), release_streams drops the set's reference, and the device
+/// memory goes when the last replay holding it ends. One layer's Q, K, V is 400 MB at 32 heads ×
+/// 8192 × 128, copied once for all its policies instead of once per policy.
+struct StreamSet {
+  std::once_flag once;
+  std::exception_ptr err;
+  std::shared_ptr<DeviceStreams> streams;
+};
+std::mutex streams_mu;
+std::map<uint64_t, std::shared_ptr<StreamSet>> stream_sets;
+
+std::shared_ptr<DeviceStreams> shared_streams(uint64_t id, const float* Q, const float* K, const float* V, size_t qn, size_t kn) {
+  std::shared_ptr<StreamSet> set;
+  {
+    std::lock_guard<std::mutex> lk(streams_mu);
+    auto& slot = stream_sets[id];
+    if (!slot) slot = std::make_shared<StreamSet>();
+    set = slot;
+  }
+  std::call_once(set->once, [&] {
+    try {
+      auto s = std::make_shared<DeviceStreams>(qn, kn, false);
+      s->upload(Q, K, V);
+      set->streams = std::move(s);
+    } catch (...) {
+      set->err = std::current_exception();
+    }
+  });
+  if (set->err) std::rethrow_exception(set->err);
+  if (set->streams->qn != qn || set->streams->kn != kn)
+    throw Error("cuda::replay_policy: streams_id " + std::to_string(id) + " was uploaded with other sizes");
+  return set->streams;
+}
+
+/// A device pointer under the name the replays read (b.d_keys.p, ...).
+struct DevicePtr {
+  float* p;
+};
+
 /// The device copies of a replay's inputs and outputs (replay_policy's layout).
 struct ReplayBuffers {
-  DeviceBuffer<float> d_queries, d_keys, d_values, d_answers;
+  std::shared_ptr<DeviceStreams> streams;
+  DevicePtr d_queries, d_keys, d_values;
+  DeviceBuffer<float> d_answers;
   DeviceBuffer<double> d_log_sum;
   DeviceBuffer<long long> d_kept, d_steps;
-  ReplayBuffers(int H, int kv_heads, int64_t n, int d, int rows, long long cap)
-      : d_queries(size_t(H) * n * d), d_keys(size_t(kv_heads) * n * d), d_values(size_t(kv_heads) * n * d), d_answers(size_t(H) * rows * d),
+  ReplayBuffers(std::shared_ptr<DeviceStreams> s, int H, int kv_heads, int d, int rows, long long cap)
+      : streams(std::move(s)), d_queries{streams->q.p}, d_keys{streams->k.p}, d_values{streams->v.p}, d_answers(size_t(H) * rows * d),
         d_log_sum(size_t(H) * rows), d_kept(size_t(kv_heads) * rows * cap), d_steps(size_t(rows)) {}
 };
 
@@ -74,7 +130,8 @@ long long validate_replay(const cuda::PolicyReplay& p, int kv_heads, int group, 
 void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d,
                       double scale, int rows, long long cap) {
   using cuda::ReplayKind;
-  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values, &d_answers = b.d_answers;
+  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values;
+  auto& d_answers = b.d_answers;
   auto& d_log_sum = b.d_log_sum;
   auto &d_kept = b.d_kept, &d_steps = b.d_steps;
   const size_t qbytes = size_t(d) * sizeof(float);
@@ -124,7 +181,8 @@ void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_head
 
 void replay_h2o(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d, double scale,
                 int rows, long long cap) {
-  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values, &d_answers = b.d_answers;
+  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values;
+  auto& d_answers = b.d_answers;
   auto& d_log_sum = b.d_log_sum;
   auto &d_kept = b.d_kept, &d_steps = b.d_steps;
   const size_t qbytes = size_t(d) * sizeof(float);
@@ -142,7 +200,8 @@ void replay_h2o(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int
 
 void replay_subgen(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d,
                    double scale, int rows) {
-  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values, &d_answers = b.d_answers;
+  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values;
+  auto& d_answers = b.d_answers;
   auto& d_log_sum = b.d_log_sum;
   auto &d_kept = b.d_kept, &d_steps = b.d_steps;
   // Clusters: at most max_clusters + 1 (the cap) or n (Algorithm 1 as published).
@@ -169,7 +228,8 @@ void replay_subgen(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, 
 
 void replay_buzz(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d, double scale,
                  int rows, long long cap) {
-  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values, &d_answers = b.d_answers;
+  auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values;
+  auto& d_answers = b.d_answers;
   auto& d_log_sum = b.d_log_sum;
   auto &d_kept = b.d_kept, &d_steps = b.d_steps;
   const size_t qbytes = size_t(d) * sizeof(float);
@@ -190,15 +250,19 @@ void replay_buzz(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, in
 
 void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads,
                    int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
-                   std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
+                   std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap, uint64_t streams_id) {
   require_device();
   const long long cap = validate_replay(p, kv_heads, group, n, d, steps);
   kept_cap = cap;
   const int rows = int(steps.size()), H = kv_heads * group;
-  ReplayBuffers b(H, kv_heads, n, d, rows, cap);
-  b.d_queries.upload(Q, size_t(H) * n * d, "copy Q");
-  b.d_keys.upload(K, size_t(kv_heads) * n * d, "copy K");
-  b.d_values.upload(V, size_t(kv_heads) * n * d, "copy V");
+  const size_t qn = size_t(H) * n * d, kn = size_t(kv_heads) * n * d;
+  std::shared_ptr<DeviceStreams> streams;
+  if (streams_id != 0) streams = shared_streams(streams_id, Q, K, V, qn, kn);
+  else {
+    streams = std::make_shared<DeviceStreams>(qn, kn, true);
+    streams->upload(Q, K, V);
+  }
+  ReplayBuffers b(std::move(streams), H, kv_heads, d, rows, cap);
   const std::vector<long long> st(steps.begin(), steps.end());
   b.d_steps.upload(st.data(), st.size(), "copy steps");
   switch (p.kind) {  // no default: every ReplayKind has its kernel
@@ -218,6 +282,11 @@ void replay_policy(const cuda::PolicyReplay& p, const float* Q, const float* K, 
   std::vector<long long> kk(size_t(kv_heads) * rows * cap);
   b.d_kept.download(kk.data(), kk.size(), "copy kept");
   kept.assign(kk.begin(), kk.end());
+}
+
+void release_streams(uint64_t streams_id) {
+  std::lock_guard<std::mutex> lk(streams_mu);
+  stream_sets.erase(streams_id);
 }
 
 }  // namespace kvsim::cuda_impl

@@ -6,13 +6,15 @@
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/hd.hpp"
+#include "kvsim/policies/gpu_replay.hpp"
 #include "slot_cache.hpp"
 
 namespace kvsim::policies {
 namespace {
 
-/// `exact`: keeps every token; its answer is exact attention and log τ is exact.
-class ExactPolicy final : public Policy {
+/// `exact`: keeps every token; its answer is exact attention and log τ is exact. With `--device cuda`
+/// the engine answers it from the GPU reference instead (ReferenceAnswered).
+class ExactPolicy final : public Policy, public ReferenceAnswered {
  public:
   explicit ExactPolicy(const StreamInfo& s) : cache_(s.n, s.head_dim) {}
   void observe(int64_t t, const float* k, const float* v) override { cache_.append(t, k, v); }

@@ -109,6 +109,8 @@ class GpuReplayPolicy final : public Policy {
 
 }  // namespace
 
+bool answers_are_reference(const Policy& p) { return dynamic_cast<const ReferenceAnswered*>(&p) != nullptr; }
+
 std::optional<cuda::PolicyReplay> gpu_replay(const Policy& p) {
   if (auto* g = dynamic_cast<const GpuReplayable*>(&p)) return g->gpu_replay();
   return std::nullopt;

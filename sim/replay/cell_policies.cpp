@@ -6,6 +6,7 @@
 
 #include "kvsim/core/rng.hpp"
 #include "gpu_layer_batch.hpp"
+#include "reference_answers.hpp"
 #include "kvsim/policies/gpu_replay.hpp"
 
 namespace kvsim::cell {
@@ -41,7 +42,10 @@ void PolicySteps::make() {
     for (int i = 0; i < (per_query_ ? G_ : 1); ++i) {
       info.seed = instance_seed(ex_, cell_, p, i);
       auto inst = make_policy(ex_.policies[p].name, ex_.policies[p].params, info);
-      if (ex_.eval.device == Device::cuda && gpu_replay(*inst)) {
+      if (ex_.eval.device == Device::cuda && answers_are_reference(*inst)) {
+        // exact: the GPU reference already holds its answers (ReferenceAnswered).
+        inst = reference_answers(std::move(inst), ref_, heads_of(size_t(i)));
+      } else if (ex_.eval.device == Device::cuda && gpu_replay(*inst)) {
         std::vector<const MatF*> qs;
         for (int g : heads_of(size_t(i))) qs.push_back(&s_.queries32[g]);
         // kv_head mode: the layer's cells replayed together (one launch, a block per KV head).

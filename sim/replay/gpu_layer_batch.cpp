@@ -2,6 +2,7 @@
 #include "gpu_layer_batch.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 #include "cell_policies.hpp"
 #include "kvsim/core/error.hpp"
@@ -11,9 +12,26 @@ namespace kvsim::cell {
 GpuLayerBatch::GpuLayerBatch(const Experiment& ex, const StreamSource& src, const std::vector<Cell>& cells,
                              const std::vector<bool>& will_run, int64_t n, PolicyReplayFn replay)
     : ex_(ex), src_(src), cells_(cells), will_run_(will_run), n_(n),
-      replay_(replay ? std::move(replay) : PolicyReplayFn(cuda::replay_policy)) {
+      on_device_(!replay), replay_(replay ? std::move(replay) : PolicyReplayFn(cuda::replay_policy)) {
   if (will_run_.size() != cells_.size()) throw Error("internal: GpuLayerBatch: will_run has the wrong size");
 }
+
+GpuLayerBatch::~GpuLayerBatch() {
+  if (!on_device_) return;
+  for (const auto& [key, in] : inputs_) {  // layers left unfinished (an error): their device copies
+    try {
+      cuda::release_shared_streams(in->streams_id);
+    } catch (...) {  // a destructor: nothing to report to
+    }
+  }
+}
+
+namespace {
+uint64_t next_streams_id() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+}  // namespace
 
 int GpuLayerBatch::replays() const {
   std::lock_guard<std::mutex> lk(mu_);
@@ -38,6 +56,7 @@ std::shared_ptr<GpuLayerBatch::Inputs> GpuLayerBatch::inputs(const Key& key, con
     auto& slot = inputs_[{key.layer, key.group}];
     if (!slot) {
       slot = std::make_shared<Inputs>();
+      slot->streams_id = next_streams_id();
       // As many releases as the layer has policies with a GPU replay (an instance of each, as built
       // for its first cell, tells).
       const Cell& c0 = *group.front();
@@ -75,7 +94,15 @@ std::shared_ptr<GpuLayerBatch::Inputs> GpuLayerBatch::inputs(const Key& key, con
 void GpuLayerBatch::release(const Key& key) {
   std::lock_guard<std::mutex> lk(mu_);
   const auto it = inputs_.find({key.layer, key.group});
-  if (it != inputs_.end() && --it->second->remaining <= 0) inputs_.erase(it);
+  if (it == inputs_.end() || --it->second->remaining > 0) return;
+  const uint64_t id = it->second->streams_id;
+  inputs_.erase(it);
+  if (on_device_) {
+    try {
+      cuda::release_shared_streams(id);
+    } catch (...) {  // called from a destructor (run's Release): the copies then go with the process
+    }
+  }
 }
 
 void GpuLayerBatch::run(const Key& key, Entry& e) {
@@ -110,8 +137,12 @@ void GpuLayerBatch::run(const Key& key, Entry& e) {
     spec.seeds.insert(spec.seeds.end(), s->seeds.begin(), s->seeds.end());
     e.kv_heads.push_back(cell.kv_head);
   }
-  replay_(spec, in->Q.data(), in->K.data(), in->V.data(), kv_heads, G, n, d, meta.softmax_scale, eval_steps(ex_.eval, n),
-          e.z, e.log_sum, e.kept, e.cap);
+  if (on_device_)
+    cuda::replay_policy_shared(in->streams_id, spec, in->Q.data(), in->K.data(), in->V.data(), kv_heads, G, n, d,
+                               meta.softmax_scale, eval_steps(ex_.eval, n), e.z, e.log_sum, e.kept, e.cap);
+  else
+    replay_(spec, in->Q.data(), in->K.data(), in->V.data(), kv_heads, G, n, d, meta.softmax_scale, eval_steps(ex_.eval, n),
+            e.z, e.log_sum, e.kept, e.cap);
   std::lock_guard<std::mutex> lk(mu_);
   ++replays_;
 }

@@ -25,8 +25,13 @@ class GpuLayerBatch {
  public:
   /// `cells`: the run's planned cells; `will_run[i]`: cell i runs in this process (false: resumed
   /// from a checkpoint, or another MPI rank's). `replay` defaults to cuda::replay_policy.
+  /// With the default, each layer's Q, K and V go to the device once for all its GPU policies
+  /// (cuda::replay_policy_shared, released with the layer's streams here).
   GpuLayerBatch(const Experiment& ex, const StreamSource& src, const std::vector<Cell>& cells,
                 const std::vector<bool>& will_run, int64_t n, PolicyReplayFn replay = {});
+  ~GpuLayerBatch();
+  GpuLayerBatch(const GpuLayerBatch&) = delete;
+  GpuLayerBatch& operator=(const GpuLayerBatch&) = delete;
   /// The replay function to hand make_gpu_replay for `cell`'s (kv_head mode) instance of policy p.
   PolicyReplayFn replay_fn(const Cell& cell, size_t p);
   /// Calls of the replay function so far (one per layer, policy and group size): for tests.
@@ -43,7 +48,8 @@ class GpuLayerBatch {
     std::once_flag once;
     std::exception_ptr err;
     std::vector<float> Q, K, V;
-    int remaining = 0;  // GPU policies still to replay over them
+    int remaining = 0;     // GPU policies still to replay over them
+    uint64_t streams_id;   // their device copies' key (cuda::replay_policy_shared), unique in the process
   };
   struct Entry {
     std::once_flag once;
@@ -66,6 +72,7 @@ class GpuLayerBatch {
   const std::vector<Cell>& cells_;
   std::vector<bool> will_run_;
   int64_t n_;
+  bool on_device_;  // no stand-in given: replay through the shared device streams (cuda::replay_policy_shared)
   PolicyReplayFn replay_;
   mutable std::mutex mu_;
   std::map<Key, std::shared_ptr<Entry>> entries_;

@@ -104,6 +104,18 @@ void replay_policy(const PolicyReplay& p, const float* Q, const float* K, const 
                    int64_t n, int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& z,
                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap);
 
+/// replay_policy with Q, K and V uploaded once for every replay that names the same `streams_id`
+/// (non-zero, unique per set of streams: the caller's key, e.g. a layer's): the first call copies them
+/// to the device, later calls with that id use the device copies and ignore their own Q, K and V
+/// pointers (their sizes must match). release_shared_streams(streams_id) lets the copies go once the
+/// replays using them end. The engine replays a layer's GPU policies this way (GpuLayerBatch).
+void replay_policy_shared(uint64_t streams_id, const PolicyReplay& p, const float* Q, const float* K, const float* V,
+                          int kv_heads, int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps,
+                          std::vector<float>& z, std::vector<double>& log_sum, std::vector<int64_t>& kept,
+                          int64_t& kept_cap);
+/// Drops the device copies uploaded under `streams_id` (nothing when none are, or the module is not loaded).
+void release_shared_streams(uint64_t streams_id);
+
 /// `kvsim bench --device cuda`: the device, cuBLAS SGEMM rates (fp32 and TF32 tensor cores, 8192³)
 /// as rooflines, and the exact causal pass (32 heads, head_dim 128, every 16th step evaluated) at
 /// n ∈ {2048, 8192, 32768} in TFLOP/s. Printable figures; throws kvsim::Error without a device.

@@ -21,7 +21,7 @@
 namespace kvsim::cuda {
 
 struct ModuleApi {
-  static constexpr int kAbiVersion = 3;
+  static constexpr int kAbiVersion = 4;
   int abi_version;
   /// Usable CUDA devices; 0 with `why` set otherwise. Never fails.
   int (*device_count)(std::string* why);
@@ -32,11 +32,13 @@ struct ModuleApi {
                                  int d, double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
                                  std::vector<double>& log_tau, std::vector<double>& probs_norm,
                                  std::vector<float>* probs);
-  /// See kvsim::cuda::replay_policy.
+  /// See kvsim::cuda::replay_policy (streams_id 0) and replay_policy_shared.
   std::string (*replay_policy)(const PolicyReplay& p, const float* Q, const float* K, const float* V, int kv_heads,
                                int group, int64_t n, int d, double scale, const std::vector<int64_t>& steps,
                                std::vector<float>& z, std::vector<double>& log_sum, std::vector<int64_t>& kept,
-                               int64_t& kept_cap);
+                               int64_t& kept_cap, uint64_t streams_id);
+  /// See kvsim::cuda::release_shared_streams.
+  std::string (*release_streams)(uint64_t streams_id);
   /// See kvsim::cuda::bench; the figures into `out`.
   std::string (*bench)(bool quick, std::string* out);
 };

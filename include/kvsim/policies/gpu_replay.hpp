@@ -21,6 +21,19 @@ class GpuReplayable {
   virtual std::optional<cuda::PolicyReplay> gpu_replay() const = 0;
 };
 
+/// A policy whose answer is exact attention over every token (`exact`). With `[eval] device = "cuda"`
+/// the engine answers it from the cell's GPU exact reference (the float32 flash or GEMM pass, already
+/// computed for the metrics) instead of stepping it on the CPU in double, which was half the host's
+/// work in a GPU run; its errors there are then 0 by construction, and the GPU reference's own
+/// accuracy against the CPU's is what the CUDA parity tests check.
+class ReferenceAnswered {
+ public:
+  virtual ~ReferenceAnswered() = default;
+};
+
+/// True when `p` is a ReferenceAnswered policy.
+bool answers_are_reference(const Policy& p);
+
 /// `p`'s GPU replay if it is a GpuReplayable with one for its mode.
 std::optional<cuda::PolicyReplay> gpu_replay(const Policy& p);
 
