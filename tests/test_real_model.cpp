@@ -188,6 +188,25 @@ TEST_CASE("real: closed loop with a prompt: prompt positions are exact and the p
   CHECK(snap.mean_cache_tokens() == 32);
 }
 
+TEST_CASE("real: the closed loop honours [eval] policy_precision: a float32 cache moves cross-entropy by rounding only", "[real]") {
+  LlamaModel m(model());
+  const Tokenizer tk(tok(), m.config().vocab_size);
+  std::vector<int> win = text_tokens(text(), tk, 256, 0, "test");
+  win.resize(256);
+  const int P = 64;
+  auto ce = [&](const std::string& name, bool f32) {
+    PolicySpec s{name, name, {}};
+    s.params.set("memory", int64_t(48), "test");
+    PolicyKVAttention a(m.config(), s, 256, 1, GqaMode::kv_head, GroupAgg::mean, P, f32);
+    return teacher_forced_ce(m, win, &a, P);
+  };
+  const double d = ce("h2o", false), f = ce("h2o", true);
+  CHECK(f != d);  // the flag reaches the cache (h2o has a float32 form)
+  CHECK(std::abs(f - d) < 1e-4);
+  // Control: subgen_kcenter has no float32 form, so the flag changes nothing, to the bit.
+  CHECK(ce("subgen_kcenter", true) == ce("subgen_kcenter", false));
+}
+
 TEST_CASE("real: the recording's RoPE attributes turn equal tokens' layer-0 keys back to one vector", "[real]") {
   // Before RoPE, a layer-0 key depends on the token alone (embedding, RMSNorm, W_k), so two positions of
   // the same token must give the same key once each is turned back by R(t)ᵀ. This holds only with the

@@ -101,7 +101,8 @@ std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, con
     rows.push_back(r);
   };
   auto policy_cache = [&](const PolicySpec& s) {
-    auto a = std::make_unique<PolicyKVAttention>(cfg, s, total, c.seed, c.eval.gqa, c.eval.group_agg, tr.question_begin);
+    auto a = std::make_unique<PolicyKVAttention>(cfg, s, total, c.seed, c.eval.gqa, c.eval.group_agg, tr.question_begin,
+                                                c.eval.policy_precision == Precision::float32);
     a->load_prompt(ctx);
     return a;
   };
@@ -318,7 +319,8 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
       throw Error("task.lengths: " + std::to_string(L) + " + task.generate exceeds the model's context (" + std::to_string(cfg.seq_len) + ")");
   // A policy that cannot run here (a non-causal oracle, a bad parameter) fails now, before any trial.
   for (const auto& s : pin_budgets(c.policies, c.lengths[0]))
-    PolicyKVAttention(cfg, s, c.lengths[0] + c.generate, c.seed, c.eval.gqa, c.eval.group_agg, c.lengths[0] / 2);
+    PolicyKVAttention(cfg, s, c.lengths[0] + c.generate, c.seed, c.eval.gqa, c.eval.group_agg, c.lengths[0] / 2,
+                      c.eval.policy_precision == Precision::float32);
   const std::vector<int> filler = filler_tokens(c, tok);
   const fs::path out(opt.out), ckpt = out / "trials";
   std::error_code ec;

@@ -10,7 +10,7 @@
 namespace kvsim {
 
 PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
-                                     GqaMode gqa, GroupAgg group_agg, int64_t prefill)
+                                     GqaMode gqa, GroupAgg group_agg, int64_t prefill, bool policy_f32)
     : cfg_(cfg), per_query_(gqa == GqaMode::query_head), prefill_(prefill) {
   if (prefill < 0 || prefill >= n_tokens)
     throw Error("model.prefill (" + std::to_string(prefill) + ") must be in [0, model.tokens = " + std::to_string(n_tokens) + ")");
@@ -22,6 +22,7 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
   info.n_queries = per_query_ ? 1 : G;
   info.group_agg = group_agg;
   info.prefill = prefill;
+  info.policy_f32 = policy_f32;  // `[eval] policy_precision = "float32"`, as in the replay
   info.n_layers = cfg.n_layers;
   info.n_managed_layers = 0;  // policies manage the global layers only (local ones keep their exact window)
   for (int l = 0; l < cfg.n_layers; ++l) info.n_managed_layers += cfg.layer_window(l) == 0;

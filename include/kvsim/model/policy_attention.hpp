@@ -40,7 +40,8 @@ PromptTensors prompt_tensors(const LlamaModel& model, const std::vector<int>& pr
 class PolicyKVAttention final : public KVAttention {
  public:
   PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
-                    GqaMode gqa = GqaMode::kv_head, GroupAgg group_agg = GroupAgg::mean, int64_t prefill = 0);
+                    GqaMode gqa = GqaMode::kv_head, GroupAgg group_agg = GroupAgg::mean, int64_t prefill = 0,
+                    bool policy_f32 = false);
   void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override;
   /// The prompt at once (instead of feeding positions 0..P−1 through attend): every cache receives
   /// kvsim::prefill with the prompt's keys, values and scaled queries; decoding then starts at
