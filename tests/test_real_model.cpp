@@ -34,6 +34,19 @@ std::string record_tinystories(const std::string& path) {
   record_model(o);
   return path;
 }
+/// The first 256 TinyStories tokens under stories260K's tokenizer (the closed-loop tests' window).
+std::vector<int> tinystories_window(const LlamaModel& m) {
+  const Tokenizer tk(tok(), m.config().vocab_size);
+  std::vector<int> win = text_tokens(text(), tk, 256, 0, "test");
+  win.resize(256);
+  return win;
+}
+/// A policy spec named `name` with parameters `kv`.
+PolicySpec policy_spec(const std::string& name, std::initializer_list<std::pair<std::string, ParamValue>> kv) {
+  PolicySpec s{name, name, {}};
+  for (const auto& [k, v] : kv) s.params.set(k, v, "test");
+  return s;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,22 +171,15 @@ TEST_CASE("real: closed loop with the exact policy reproduces teacher-forced cro
 
 TEST_CASE("real: closed loop with a prompt: prompt positions are exact and the policy's prefill takes over", "[real]") {
   LlamaModel m(model());
-  const Tokenizer tk(tok(), m.config().vocab_size);
-  std::vector<int> win = text_tokens(text(), tk, 256, 0, "test");
-  win.resize(256);
+  const std::vector<int> win = tinystories_window(m);
   const int P = 128;
-  auto policy = [](const std::string& name, std::initializer_list<std::pair<std::string, ParamValue>> kv) {
-    PolicySpec s{name, name, {}};
-    for (const auto& [k, v] : kv) s.params.set(k, v, "test");
-    return s;
-  };
   // The exact policy through a prefill is the exact model on the decoded positions, bit for bit.
-  PolicyKVAttention exact(m.config(), policy("exact", {}), 256, 1, GqaMode::kv_head, GroupAgg::mean, P);
+  PolicyKVAttention exact(m.config(), policy_spec("exact", {}), 256, 1, GqaMode::kv_head, GroupAgg::mean, P);
   const double ce_exact = teacher_forced_ce(m, win, nullptr, P);
   CHECK(teacher_forced_ce(m, win, &exact, P) == ce_exact);
   // snapkv at 32 tokens: logits at every prompt position equal the exact model's (a prefill attends
   // exactly); decoded positions differ (the loop is closed through the compressed cache).
-  PolicyKVAttention snap(m.config(), policy("snapkv", {{"memory", int64_t(32)}}), 256, 1, GqaMode::kv_head, GroupAgg::mean, P);
+  PolicyKVAttention snap(m.config(), policy_spec("snapkv", {{"memory", int64_t(32)}}), 256, 1, GqaMode::kv_head, GroupAgg::mean, P);
   std::vector<std::vector<float>> ref;
   for (int pos = 0; pos < 256; ++pos) ref.push_back(m.forward(win[size_t(pos)], pos));
   m.set_attention(&snap);
@@ -190,14 +196,10 @@ TEST_CASE("real: closed loop with a prompt: prompt positions are exact and the p
 
 TEST_CASE("real: the closed loop honours [eval] policy_precision: a float32 cache moves cross-entropy by rounding only", "[real]") {
   LlamaModel m(model());
-  const Tokenizer tk(tok(), m.config().vocab_size);
-  std::vector<int> win = text_tokens(text(), tk, 256, 0, "test");
-  win.resize(256);
+  const std::vector<int> win = tinystories_window(m);
   const int P = 64;
   auto ce = [&](const std::string& name, bool f32) {
-    PolicySpec s{name, name, {}};
-    s.params.set("memory", int64_t(48), "test");
-    PolicyKVAttention a(m.config(), s, 256, 1, GqaMode::kv_head, GroupAgg::mean, P, f32);
+    PolicyKVAttention a(m.config(), policy_spec(name, {{"memory", int64_t(48)}}), 256, 1, GqaMode::kv_head, GroupAgg::mean, P, f32);
     return teacher_forced_ce(m, win, &a, P);
   };
   const double d = ce("h2o", false), f = ce("h2o", true);

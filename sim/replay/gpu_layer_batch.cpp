@@ -16,22 +16,26 @@ GpuLayerBatch::GpuLayerBatch(const Experiment& ex, const StreamSource& src, cons
   if (will_run_.size() != cells_.size()) throw Error("internal: GpuLayerBatch: will_run has the wrong size");
 }
 
-GpuLayerBatch::~GpuLayerBatch() {
-  if (!on_device_) return;
-  for (const auto& [key, in] : inputs_) {  // layers left unfinished (an error): their device copies
-    try {
-      cuda::release_shared_streams(in->streams_id);
-    } catch (...) {  // a destructor: nothing to report to
-    }
-  }
-}
-
 namespace {
 uint64_t next_streams_id() {
   static std::atomic<uint64_t> next{1};
   return next++;
 }
+
+/// Lets a layer's device copies go. Called from destructors (GpuLayerBatch's, run's Release), so an
+/// error is dropped: the copies then go with the process.
+void drop_device_streams(uint64_t id) noexcept {
+  try {
+    cuda::release_shared_streams(id);
+  } catch (...) {
+  }
+}
 }  // namespace
+
+GpuLayerBatch::~GpuLayerBatch() {
+  if (!on_device_) return;
+  for (const auto& [key, in] : inputs_) drop_device_streams(in->streams_id);  // layers left unfinished (an error)
+}
 
 int GpuLayerBatch::replays() const {
   std::lock_guard<std::mutex> lk(mu_);
@@ -92,17 +96,16 @@ std::shared_ptr<GpuLayerBatch::Inputs> GpuLayerBatch::inputs(const Key& key, con
 }
 
 void GpuLayerBatch::release(const Key& key) {
-  std::lock_guard<std::mutex> lk(mu_);
-  const auto it = inputs_.find({key.layer, key.group});
-  if (it == inputs_.end() || --it->second->remaining > 0) return;
-  const uint64_t id = it->second->streams_id;
-  inputs_.erase(it);
-  if (on_device_) {
-    try {
-      cuda::release_shared_streams(id);
-    } catch (...) {  // called from a destructor (run's Release): the copies then go with the process
-    }
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto it = inputs_.find({key.layer, key.group});
+    if (it == inputs_.end() || --it->second->remaining > 0) return;
+    id = it->second->streams_id;
+    inputs_.erase(it);
   }
+  // Outside the lock: freeing the device copies may wait for the device, and other cells need mu_.
+  if (on_device_) drop_device_streams(id);
 }
 
 void GpuLayerBatch::run(const Key& key, Entry& e) {
