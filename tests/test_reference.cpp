@@ -2,10 +2,14 @@
 // against Eigen's SelfAdjointEigenSolver (docs/metrics.md).
 #include <boost/random/normal_distribution.hpp>
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <random>
 
 #include "kvsim/replay/reference.hpp"
 #include "kvsim/core/rng.hpp"
+#include "kvsim/replay/metrics.hpp"
 
 using namespace kvsim;
 
@@ -260,4 +264,48 @@ TEST_CASE("reference: float32 reference stays within its rounding bound of long 
     if (sigma >= 3.0) CHECK(worst_rel > 1e-9);
     WARN("float32 reference, logit sigma " << sigma << ": worst relative output error " << worst_rel);
   }
+}
+
+TEST_CASE("top_mass is the sum of the m largest entries, on rows with spread, ties and zeros", "[metrics]") {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> scratch;
+  // Rows: softmax of logits at several spreads (an attention row), then rows of many equal values
+  // (every digit of the radix select exhausted) and rows with zeros and negatives.
+  std::vector<std::vector<double>> rows;
+  for (double spread : {0.01, 1.0, 4.0, 30.0})
+    for (int t : {1, 7, 64, 65, 300, 5000}) {
+      std::vector<double> p(static_cast<size_t>(t));
+      double z = 0;
+      for (double& x : p) z += x = std::exp(spread * normal(rng));
+      for (double& x : p) x /= z;
+      rows.push_back(p);
+    }
+  rows.push_back(std::vector<double>(500, 0.002));
+  std::vector<double> mixed(400);
+  for (size_t i = 0; i < mixed.size(); ++i) mixed[i] = i % 3 == 0 ? 0.0 : (i % 3 == 1 ? 1.0 / 3 : -0.25 * double(i % 7));
+  rows.push_back(mixed);
+  int checked = 0, separated = 0;
+  for (const auto& p : rows) {
+    const int64_t t = int64_t(p.size());
+    std::vector<double> sorted = p;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    double prefix = 0;
+    for (int64_t m = 0; m <= t + 1; ++m) {
+      if (m > 0 && m <= t) prefix += sorted[size_t(m - 1)];
+      const double got = top_mass(p.data(), t, m, scratch);
+      const double want = m >= t ? std::accumulate(p.begin(), p.end(), 0.0) : prefix;
+      // The same values summed in another order: equal to a few ulps of the row's total.
+      REQUIRE(std::abs(got - want) <= 1e-13 * (1.0 + std::abs(want)));
+      // Negative control: where the m-th and (m+1)-th largest differ by more than the tolerance, a
+      // wrong pick (the (m+1)-th for the m-th) would fail the check above.
+      if (m >= 1 && m < t && sorted[size_t(m - 1)] - sorted[size_t(m)] > 1e-12) {
+        REQUIRE(std::abs(got - (want - sorted[size_t(m - 1)] + sorted[size_t(m)])) > 1e-13 * (1.0 + std::abs(want)));
+        ++separated;
+      }
+      ++checked;
+    }
+  }
+  REQUIRE(checked > 20000);
+  REQUIRE(separated > 10000);
 }
