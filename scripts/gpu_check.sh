@@ -61,6 +61,8 @@ if has parity; then
   # exact-attention cases with the first version's kernel (KVSIM_CUDA_EXACT=kernel), and gemm with
   # chunks of 7 rows (many chunk edges) and of 256.
   step parity_gemm 150 env KVSIM_CUDA_EXACT=gemm "$B/kvsim_cuda_tests" "[cuda]"
+  # h2o and buzz with their state in global memory (as where it does not fit in shared memory).
+  step parity_state_global 150 env KVSIM_CUDA_STATE_SMEM=0 "$B/kvsim_cuda_tests" "[cuda]"
   step parity_exact_kernel 60 env KVSIM_CUDA_EXACT=kernel "$B/kvsim_cuda_tests" "cuda: exact*" --durations yes
   step parity_exact_rows7 60 env KVSIM_CUDA_EXACT=gemm KVSIM_CUDA_EXACT_ROWS=7 "$B/kvsim_cuda_tests" "cuda: exact*"
   step parity_exact_rows256 60 env KVSIM_CUDA_EXACT=gemm KVSIM_CUDA_EXACT_ROWS=256 "$B/kvsim_cuda_tests" "cuda: exact*"

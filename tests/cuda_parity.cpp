@@ -384,4 +384,15 @@ TEST_CASE("cuda: window sink and h2o replayed on the GPU match the CPU policies"
       compare_policy(src, "h2o", h, gh, agg, steps);
     }
   }
+  // head_dim 30 (not a multiple of 4): the state kernels' one-warp-per-key logits instead of the
+  // float4 path every case above takes.
+  SynthSource odd(test::small_synth("heavy_hitter", 600, 30, 1, 8, 2));
+  Params h;
+  h.set("budget", int64_t(96));
+  cuda::PolicyReplay gh;
+  gh.kind = cuda::ReplayKind::h2o;
+  gh.budget = 96;
+  gh.recent = 48;
+  gh.group_agg = int(hd::kAggMean);
+  compare_policy(odd, "h2o", h, gh, "mean", steps);
 }

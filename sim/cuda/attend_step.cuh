@@ -17,10 +17,35 @@ constexpr int kStateWarps = kStateThreads / 32;
 constexpr int kValueDims = 256;  ///< head dimensions per pass of warp_values (8 per lane)
 
 /// lg[j] = <qs, K[pos_of(j)]> for j < m: fp32 products of the scaled query qs [d] (shared memory)
-/// and the key rows of Kh ([n][d]); one warp per key, two keys in flight, lanes over d, a shuffle sum.
+/// and the key rows of Kh ([n][d]). With d a multiple of 4 (16-byte rows), a warp takes 8 keys at a
+/// time, 4 lanes per key over float4 chunks of the row (each lane's chunks are independent loads:
+/// d/16 of them in flight per lane, so the step is not one L2 round trip per pair of keys), summed
+/// by two shuffles; otherwise one warp per key, two keys in flight, lanes over d.
 template <class PosOf>
 __device__ inline void warp_logits(const float* qs, const float* Kh, int d, long long m, PosOf pos_of, float* lg) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if ((d & 3) == 0) {
+    const int sub = lane & 3, d4 = d >> 2;
+    const float4* q4 = reinterpret_cast<const float4*>(qs);
+    for (long long j0 = 8LL * warp; j0 < m; j0 += 8LL * kStateWarps) {
+      const long long j = j0 + (lane >> 2);
+      const bool live = j < m;
+      const float4* k4 = reinterpret_cast<const float4*>(Kh + pos_of(live ? j : j0) * d);
+      float a = 0.f;
+#pragma unroll 8
+      for (int i = sub; i < d4; i += 4) {
+        const float4 k = __ldg(k4 + i), q = q4[i];
+        a = fmaf(q.x, k.x, a);
+        a = fmaf(q.y, k.y, a);
+        a = fmaf(q.z, k.z, a);
+        a = fmaf(q.w, k.w, a);
+      }
+      a += __shfl_xor_sync(0xffffffffu, a, 1);
+      a += __shfl_xor_sync(0xffffffffu, a, 2);
+      if (sub == 0 && live) lg[j] = a;
+    }
+    return;
+  }
   for (long long j = warp; j < m; j += 2 * kStateWarps) {
     const long long j2 = j + kStateWarps;
     const bool two = j2 < m;

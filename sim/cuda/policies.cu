@@ -21,6 +21,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -100,6 +102,58 @@ struct ReplayBuffers {
       : streams(std::move(s)), d_queries{streams->q.p}, d_keys{streams->k.p}, d_values{streams->v.p}, d_answers(size_t(H) * rows * d),
         d_log_sum(size_t(H) * rows), d_kept(size_t(kv_heads) * rows * cap), d_steps(size_t(rows)) {}
 };
+
+std::atomic<int> g_state_smem{-1};  // -1: from KVSIM_CUDA_STATE_SMEM on first use
+
+}  // namespace
+
+bool state_in_shared_memory() {
+  int v = g_state_smem.load();
+  if (v < 0) {
+    const char* e = std::getenv("KVSIM_CUDA_STATE_SMEM");
+    v = e && std::string(e) == "0" ? 0 : 1;
+    g_state_smem.store(v);
+  }
+  return v == 1;
+}
+void set_state_in_shared_memory(bool on) { g_state_smem.store(on ? 1 : 0); }
+
+namespace {
+
+/// Whether `dyn` bytes of dynamic shared memory fit beside kernel f's static ones on this device;
+/// the first call raises f's limit to all the device allows a block (once, so replays on other
+/// threads never see it change between their check and their launch). KVSIM_CUDA_STATE_SMEM=0 keeps
+/// the state kernels' state in global memory (the measured before of docs/performance.md).
+template <class F>
+bool dynamic_smem_fits(F* f, long long dyn) {
+  if (!state_in_shared_memory()) return false;
+  struct Limit {
+    std::once_flag once;
+    long long bytes = 0;
+  };
+  static std::mutex mu;
+  static std::map<const void*, std::shared_ptr<Limit>> limits;
+  std::shared_ptr<Limit> lim;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    auto& slot = limits[reinterpret_cast<const void*>(f)];
+    if (!slot) slot = std::make_shared<Limit>();
+    lim = slot;
+  }
+  std::call_once(lim->once, [&] {
+    int dev = 0, optin = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory per block");
+    cudaFuncAttributes a{};
+    check(cudaFuncGetAttributes(&a, f), "cudaFuncGetAttributes");
+    const long long room = (long long)optin - (long long)a.sharedSizeBytes;
+    if (room > 0 && cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(room)) == cudaSuccess)
+      lim->bytes = room;
+    else
+      (void)cudaGetLastError();
+  });
+  return dyn <= lim->bytes;
+}
 
 /// The kept-slot capacity of `p` after checking its sizes and the shapes; throws kvsim::Error.
 long long validate_replay(const cuda::PolicyReplay& p, int kv_heads, int group, int64_t n, int d,
@@ -190,9 +244,11 @@ void replay_h2o(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int
   DeviceBuffer<double> score(size_t(kv_heads) * cap), probs(size_t(kv_heads) * cap), head_probs(size_t(kv_heads) * cap);
   DeviceBuffer<float> logits(size_t(kv_heads) * cap);
   DeviceFlag err;
-  h2o_kernel<<<kv_heads, kStateThreads, qbytes>>>(d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), cap, p.recent,
-                                                  p.group_agg, d_steps.p, rows, d_answers.p, d_log_sum.p, d_kept.p, pos.p, score.p,
-                                                  probs.p, head_probs.p, logits.p, err.buf.p);
+  const long long sbytes = h2o_smem_bytes(d, cap);
+  const bool smem = dynamic_smem_fits(h2o_kernel, sbytes);
+  h2o_kernel<<<kv_heads, kStateThreads, smem ? size_t(sbytes) : qbytes>>>(
+      d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), cap, p.recent, p.group_agg, d_steps.p, rows, d_answers.p,
+      d_log_sum.p, d_kept.p, pos.p, score.p, probs.p, head_probs.p, logits.p, err.buf.p, smem);
   check(cudaGetLastError(), "h2o_kernel launch");
   sync("h2o_kernel");
   if (err.raised()) throw Error("cuda::replay_policy: h2o found no evictable token (recent window ≥ budget)");
@@ -238,10 +294,12 @@ void replay_buzz(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, in
   DeviceBuffer<long long> kept_list(size_t(kv_heads) * cap);
   DeviceBuffer<double> probs(size_t(kv_heads) * cap), head_probs(size_t(kv_heads) * cap);
   DeviceBuffer<float> logits(size_t(kv_heads) * cap);
-  buzz_kernel<<<kv_heads, kStateThreads, qbytes>>>(d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), p.sink, p.window,
-                                                   p.threshold, p.stride, p.log_scale, p.group_agg, d_steps.p, rows,
-                                                   d_answers.p, d_log_sum.p, d_kept.p, cap, sink_tokens.p, window_ring.p, new_tokens.p, old_tokens.p, kept_list.p,
-                                                   probs.p, head_probs.p, logits.p);
+  const long long sbytes = buzz_smem_bytes(d, p.sink, p.window, p.threshold, cap);
+  const bool smem = dynamic_smem_fits(buzz_kernel, sbytes);
+  buzz_kernel<<<kv_heads, kStateThreads, smem ? size_t(sbytes) : qbytes>>>(
+      d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), p.sink, p.window, p.threshold, p.stride, p.log_scale,
+      p.group_agg, d_steps.p, rows, d_answers.p, d_log_sum.p, d_kept.p, cap, sink_tokens.p, window_ring.p, new_tokens.p,
+      old_tokens.p, kept_list.p, probs.p, head_probs.p, logits.p, smem);
   check(cudaGetLastError(), "buzz_kernel launch");
   sync("buzz_kernel");
 }

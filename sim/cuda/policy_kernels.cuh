@@ -11,11 +11,28 @@ constexpr int kPolicyThreads = 128;
 /// the block size never changes the answer.
 constexpr int kKcenterThreads = 512;
 
+/// Whether h2o_kernel and buzz_kernel keep their state in shared memory where it fits (default; the
+/// environment's KVSIM_CUDA_STATE_SMEM=0 turns it off; the bench sets it to time both).
+bool state_in_shared_memory();
+void set_state_in_shared_memory(bool on);
+
+/// Bytes before a state kernel's shared-memory state: the scaled query (d floats), 16-byte aligned.
+__host__ __device__ inline long long state_offset(int d) { return (4LL * d + 15) / 16 * 16; }
+/// Dynamic shared memory of h2o_kernel with its state there: pos, score, pr, pa (8 bytes each) and
+/// lg (4 bytes) per slot of the budget B.
+inline long long h2o_smem_bytes(int d, long long B) { return state_offset(d) + 36 * B; }
+
 /// A BUZZ cache entry: token position and accumulated (group-aggregated) attention score.
 struct BuzzTok {
   long long pos;
   double score;
 };
+
+/// Dynamic shared memory of buzz_kernel with its state there: the sink, window, new and old token
+/// lists (16-byte BuzzTok), then lst, pr, pa (8 bytes) and lg (4 bytes) per cached entry.
+inline long long buzz_smem_bytes(int d, long long sink, long long w, long long T, long long cap) {
+  return state_offset(d) + 16 * ((sink > 0 ? sink : 1) + w + 2 * T) + 28 * cap;
+}
 
 __global__ void kept_attend_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d,
                                    float scale, const long long* steps, int rows, const long long* kept, long long cap,
@@ -38,7 +55,7 @@ __global__ void kcenter_select_kernel(const float* K, long long n, int d, long l
 __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
                            long long B, long long recent, int agg, const long long* steps, int rows, float* z,
                            double* log_sum, long long* kept, long long* pos_all, double* score_all, double* pr_all,
-                           double* pa_all, float* lg_all, int* error);
+                           double* pa_all, float* lg_all, int* error, bool smem_state);
 
 __global__ void subgen_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, double scale,
                               double delta0, long long s, long long tt, long long max_clusters, long long cap_m,
@@ -51,6 +68,6 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
                             long long sink, long long w, long long T, long long stride, bool log_scale, int agg,
                             const long long* steps, int rows, float* z, double* log_sum, long long* kept, long long cap,
                             BuzzTok* sink_all, BuzzTok* ring_all, BuzzTok* new_all, BuzzTok* old_all, long long* lst_all,
-                            double* pr_all, double* pa_all, float* lg_all);
+                            double* pr_all, double* pa_all, float* lg_all, bool smem_state);
 
 }  // namespace kvsim::cuda_impl

@@ -32,6 +32,22 @@ __device__ void buzz_observe(long long t, long long sink, long long w, long long
   }
 }
 
+/// buzz_kernel's state arrays laid out in shared memory from p (buzz_smem_bytes): the same arrays,
+/// read and written every step, at shared-memory latency instead of global.
+__device__ void buzz_state_in_smem(char* p, long long ns, long long w, long long T, long long cap, BuzzTok*& sk,
+                                   BuzzTok*& ring, BuzzTok*& neu, BuzzTok*& old, long long*& lst, double*& pr, double*& pa,
+                                   float*& lg) {
+  sk = reinterpret_cast<BuzzTok*>(p);
+  ring = sk + ns;
+  neu = ring + w;
+  old = neu + T;
+  p = reinterpret_cast<char*>(old + T);
+  lst = reinterpret_cast<long long*>(p);
+  pr = reinterpret_cast<double*>(p + 8 * cap);
+  pa = reinterpret_cast<double*>(p + 16 * cap);
+  lg = reinterpret_cast<float*>(p + 24 * cap);
+}
+
 /// H2O's victim among the B full slots at step t: the lowest score outside the recent window under
 /// hd::h2o_prefer (a total order, ties to the oldest), so this block-wide arg-min (per thread, per
 /// warp by shuffles, then over the warps in order) is the CPU's serial pick; −1 when none is
@@ -86,16 +102,24 @@ __device__ long long h2o_victim(const long long* pos, const double* score, long 
 __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
                            long long B, long long recent, int agg, const long long* steps, int rows, float* z,
                            double* log_sum, long long* kept, long long* pos_all, double* score_all, double* pr_all,
-                           double* pa_all, float* lg_all, int* error) {
+                           double* pa_all, float* lg_all, int* error, bool smem_state) {
   const int kvh = blockIdx.x, tid = threadIdx.x;
   const float* Kh = K + (long long)kvh * n * d;
   const float* Vh = V + (long long)kvh * n * d;
+  extern __shared__ __align__(16) float qs[];  // [d], then (smem_state) the state below
   long long* pos = pos_all + (long long)kvh * B;
   double* score = score_all + (long long)kvh * B;
   double* pr = pr_all + (long long)kvh * B;
   double* pa = pa_all + (long long)kvh * B;
   float* lg = lg_all + (long long)kvh * B;
-  extern __shared__ float qs[];  // [d]
+  if (smem_state) {  // the same arrays in shared memory (h2o_smem_bytes): every step reads them all
+    char* p = reinterpret_cast<char*>(qs) + state_offset(d);
+    pos = reinterpret_cast<long long*>(p);
+    score = reinterpret_cast<double*>(p + 8 * B);
+    pr = reinterpret_cast<double*>(p + 16 * B);
+    pa = reinterpret_cast<double*>(p + 24 * B);
+    lg = reinterpret_cast<float*>(p + 32 * B);
+  }
   __shared__ hd::OnlineSoftmax<double> sw[kStateWarps];
   __shared__ double red[kStateWarps * kValueDims];
   __shared__ double ws[kStateWarps];
@@ -164,11 +188,12 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
                             long long sink, long long w, long long T, long long stride, bool log_scale, int agg,
                             const long long* steps, int rows, float* z, double* log_sum, long long* kept, long long cap,
                             BuzzTok* sink_all, BuzzTok* ring_all, BuzzTok* new_all, BuzzTok* old_all, long long* lst_all,
-                            double* pr_all, double* pa_all, float* lg_all) {
+                            double* pr_all, double* pa_all, float* lg_all, bool smem_state) {
   const int kvh = blockIdx.x, tid = threadIdx.x;
   const float* Kh = K + (long long)kvh * n * d;
   const float* Vh = V + (long long)kvh * n * d;
-  BuzzTok* sk = sink_all + (long long)kvh * (sink > 0 ? sink : 1);
+  const long long ns = sink > 0 ? sink : 1;
+  BuzzTok* sk = sink_all + (long long)kvh * ns;
   BuzzTok* ring = ring_all + (long long)kvh * w;
   BuzzTok* neu = new_all + (long long)kvh * T;
   BuzzTok* old = old_all + (long long)kvh * T;
@@ -176,7 +201,8 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
   double* pr = pr_all + (long long)kvh * cap;
   double* pa = pa_all + (long long)kvh * cap;
   float* lg = lg_all + (long long)kvh * cap;
-  extern __shared__ float qs[];  // [d]
+  extern __shared__ __align__(16) float qs[];  // [d], then (smem_state) the state below
+  if (smem_state) buzz_state_in_smem(reinterpret_cast<char*>(qs) + state_offset(d), ns, w, T, cap, sk, ring, neu, old, lst, pr, pa, lg);
   __shared__ hd::OnlineSoftmax<double> sw[kStateWarps];
   __shared__ double red[kStateWarps * kValueDims];
   __shared__ long long n_sink, n_old, n_new, ring_head, ring_count;
