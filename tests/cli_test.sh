@@ -110,6 +110,11 @@ expect_fail "no [[policy]] entry accepts 'stride'" "$KVSIM" run "$SRC/experiment
 "$KVSIM" synth --help | grep -q -- "--n INT=1024" && "$KVSIM" record --help | grep -q -- "--tokens INT=256" && ok || bad "defaults in --help"
 # --quiet prints nothing but errors.
 [ -z "$("$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet --out "$TMP/q" --set eval.every=64 2>&1)" ] && ok || bad "--quiet printed something"
+# KVSIM_PROFILE=1: the phase table on stderr (4 cells: 4 streams calls; the numbers as without it).
+err=$(KVSIM_PROFILE=1 "$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet --out "$TMP/qp" --set eval.every=64 2>&1 >/dev/null); rc=$?
+[ $rc -eq 0 ] && grep -q "^KVSIM_PROFILE: thread-seconds by phase" <<<"$err" && grep -Eq "^  streams +[0-9.]+ s +4 calls$" <<<"$err" &&
+  grep -Eq "^  metrics +[0-9.]+ s +[1-9][0-9]* calls$" <<<"$err" && cmp -s <(grep -v ",policy_ns," "$TMP/q/summary.csv") <(grep -v ",policy_ns," "$TMP/qp/summary.csv") &&
+  ok || bad "KVSIM_PROFILE: rc $rc: $err"
 
 # Several sequences: 4 seeded synthetic sequences -> seq_00..03 and sequences.csv whose interval
 # contains its mean; the per-sequence means' mean is that mean.

@@ -10,6 +10,8 @@
 // Stream semantics (docs/architecture.md, a replay step by step): at step t token t−1 (0-based) joins
 // the cache, then q_t is answered.
 #include "cell_policies.hpp"
+#include "gpu_layer_batch.hpp"
+#include "phase_clock.hpp"
 #include "kvsim/replay/engine.hpp"
 
 namespace kvsim {
@@ -17,15 +19,23 @@ namespace kvsim {
 void replay_cell(const Experiment& ex, const StreamSource& src, const Cell& cell, int64_t n,
                  std::vector<std::vector<MetricRow>>& out, cell::GpuLayerBatch* batch) {
   const double scale = src.meta().softmax_scale;
-  const cell::Streams streams(src, cell, n, scale);
+  const cell::Streams streams = [&] {
+    phase::Scope ps(phase::streams);
+    // With the layer batch's producer, from the layer's copy read for its GPU replays (once a layer).
+    const std::unique_ptr<StreamSource> copy = batch && batch->producing() ? batch->cell_source(cell) : nullptr;
+    return cell::Streams(copy ? *copy : src, cell, n, scale);
+  }();
   // A local layer (data.local_layers = "replay") is measured against window attention.
   const int64_t window = src.meta().is_local(cell.layer) ? src.meta().layer_window(cell.layer) : 0;
   cell::Reference reference(ex.eval, streams, n, scale, window);
   cell::Metrics metrics(ex, cell, n, src.meta().head_dim, reference);
   cell::PolicySteps policies(ex, cell, n, src.meta(), streams, scale, reference, metrics, batch);
   policies.make();
-  policies.global_scores();
-  reference.objective_attention();
+  {
+    phase::Scope ps(phase::global);
+    policies.global_scores();
+    reference.objective_attention();
+  }
   const std::vector<int64_t> steps = eval_steps(ex.eval, n);
   for (size_t p = 0; p < policies.size(); ++p) out[p].reserve(cell.heads.size() * steps.size());  // exact: no growth slack
   const bool ref_f32 = ex.eval.reference_precision == Precision::float32;
@@ -34,6 +44,7 @@ void replay_cell(const Experiment& ex, const StreamSource& src, const Cell& cell
     const size_t b1 = reference_block_end(steps, b0, ref_f32 ? kReferenceRowsF32 : 256);
     const std::vector<int64_t> block(steps.begin() + b0, steps.begin() + b1);
     reference.pass(block);
+    phase::Scope ps(phase::policies);
     for (size_t p = 0; p < policies.size(); ++p) policies.step(p, block, out[p]);
     b0 = b1;
   }

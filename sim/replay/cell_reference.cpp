@@ -3,6 +3,7 @@
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/replay/gpu_reference.hpp"
+#include "phase_clock.hpp"
 
 namespace kvsim::cell {
 
@@ -11,15 +12,19 @@ Reference::Reference(const EvalSpec& eval, const Streams& streams, int64_t n, do
       opnorm_tracker_(int(streams.keys32.cols())), attn_all_(streams.queries32.size()) {}
 
 void Reference::pass(const std::vector<int64_t>& block) {
-  for (size_t g = 0; g < ref_.size(); ++g) {
-    if (eval_.device == Device::cuda) {
-      if (window_ > 0) throw Error("data.local_layers = \"replay\": window attention is not on the GPU path yet; use [eval] device = \"cpu\"");
-      cuda::exact_attention_block(s_.queries32[g], s_.keys32, s_.values32, scale_, block, ref_[g]);
-    } else if (eval_.reference_precision == Precision::float32)
-      exact_attention_f32(s_.queries32[g], s_.keys32, s_.values32, scale_, block, ref_[g], window_);
-    else
-      exact_attention(s_.queries32[g], s_.keys, s_.values, scale_, block, ref_[g], window_);
+  {  // the attention, apart from the operator norm below
+    phase::Scope pr(phase::reference);
+    for (size_t g = 0; g < ref_.size(); ++g) {
+      if (eval_.device == Device::cuda) {
+        if (window_ > 0) throw Error("data.local_layers = \"replay\": window attention is not on the GPU path yet; use [eval] device = \"cpu\"");
+        cuda::exact_attention_block(s_.queries32[g], s_.keys32, s_.values32, scale_, block, ref_[g]);
+      } else if (eval_.reference_precision == Precision::float32)
+        exact_attention_f32(s_.queries32[g], s_.keys32, s_.values32, scale_, block, ref_[g], window_);
+      else
+        exact_attention(s_.queries32[g], s_.keys, s_.values, scale_, block, ref_[g], window_);
+    }
   }
+  phase::Scope po(phase::opnorm);
   opnorm_.resize(block.size());
   for (size_t r = 0; r < block.size(); ++r) {
     for (; opnorm_t_ < block[r]; ++opnorm_t_) opnorm_tracker_.add(s_.values32.row(opnorm_t_).data());

@@ -4,6 +4,7 @@
 #include "cell_policies.hpp"
 #include "kvsim/core/hd.hpp"
 #include "kvsim/replay/banded.hpp"
+#include "phase_clock.hpp"
 
 namespace kvsim::cell {
 namespace {
@@ -89,6 +90,7 @@ void PolicySteps::attend(PolicyRun& run, int64_t t, bool is_eval, size_t r) {
 
 /// At an evaluated step: the memory rule on what the policy is matched on, then its rows.
 void PolicySteps::evaluated(size_t p, int64_t t, size_t r, double bytes, double loaded, std::vector<MetricRow>& out) {
+  phase::Scope ps(phase::metrics);
   PolicyRun& run = runs_[p];
   const Policy& first = *run.inst[0];
   metrics_.check_memory(p, run.memory_tokens, first, run.inst.size(), t, matched_on_loaded(first) ? loaded : bytes);

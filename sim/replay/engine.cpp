@@ -6,6 +6,7 @@
 #include <cmath>
 #include <exception>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <numeric>
 #include <set>
@@ -16,6 +17,7 @@
 #include "kvsim/core/error.hpp"
 #include "kvsim/io/results.hpp"
 #include "gpu_layer_batch.hpp"
+#include "phase_clock.hpp"
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/replay/mpi.hpp"
 
@@ -104,6 +106,32 @@ std::vector<Cell> plan_cells(const DataSpec& data, const RecordingMeta& meta, st
   return cells;
 }
 
+/// Workers for run_cells.
+int worker_count(bool batch, int ahead, int threads) {
+  // With the batch and no producer, a cell spends much of its time waiting for its layer's GPU
+  // replays, with no host work to do: twice as many workers as threads keep the cores busy with other
+  // cells' streams, references and metrics meanwhile. KVSIM_CUDA_WORKERS=N sets the count (no number
+  // depends on it).
+  int workers = batch && ahead == 0 ? 2 * threads : threads;
+  if (const char* w = std::getenv("KVSIM_CUDA_WORKERS"); batch && w && *w) workers = std::max(1, std::atoi(w));
+  return workers;
+}
+
+/// The layer batch's producer, when asked for; returns its look-ahead (0: none).
+int start_batch_producer(cell::GpuLayerBatch& batch) {
+  // KVSIM_CUDA_AHEAD=N > 0 (opt-in, docs/performance.md): with the batch, a producer thread runs the
+  // layers' replays at most N layers ahead of the cells (GpuLayerBatch::start_producer; 0.4 GB of
+  // streams a layer at 32 heads × 8192 × 128, on the host and on the device), the cells' own streams
+  // come from the layer's copy (cell_source), and the workers take the cells in layer order behind
+  // it. On an H100: one 32-head layer 3.4 s instead of 5.5 s, 32 layers no faster (44.2 s), and one
+  // of two SmolLM2 runs hung (cause not found; scripts/gpu_diag_hang.sh takes the stacks). Default
+  // 0: the cells start the replays themselves.
+  int ahead = 0;
+  if (const char* a = std::getenv("KVSIM_CUDA_AHEAD"); a && *a) ahead = std::max(0, std::atoi(a));
+  if (ahead > 0) batch.start_producer(ahead);
+  return ahead;
+}
+
 /// Runs every cell on `threads` workers (cells are independent: results do not depend on the
 /// schedule). A spilled cell's rows go to disk and are freed; the first error stops the others.
 void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<Cell>& cells, int64_t n, int threads,
@@ -129,12 +157,14 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
     const bool on = env && *env ? std::string(env) != "0" : to_run > size_t(std::max(1, threads));
     if (on) batch = std::make_unique<cell::GpuLayerBatch>(ex, src, cells, will_run, n);
   }
+  const int ahead = batch ? start_batch_producer(*batch) : 0;
   // The order workers take cells in (results are stored by cell, so it changes no number): by layer,
-  // except with the batch, where the layers take turns (each layer's first KV head, then each second…)
-  // so that the workers start the replays of several layers at once and the GPU runs them side by side.
+  // except with a batch and no producer, where the layers take turns (each layer's first KV head, then
+  // each second…) so that the workers start the replays of several layers at once and the GPU runs
+  // them side by side.
   std::vector<size_t> order(cells.size());
   std::iota(order.begin(), order.end(), size_t(0));
-  if (batch) {
+  if (batch && ahead == 0) {
     std::map<int, int> seen;
     std::vector<int> rank(cells.size());
     for (size_t i = 0; i < cells.size(); ++i) rank[i] = seen[cells[i].layer]++;
@@ -173,7 +203,8 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
     }
   };
   std::vector<std::thread> pool;
-  int nt = std::min<int>(threads, std::max<size_t>(1, cells.size()));
+  const int workers = worker_count(batch != nullptr, ahead, threads);
+  int nt = std::min<int>(workers, std::max<size_t>(1, cells.size()));
   for (int i = 1; i < nt; ++i) pool.emplace_back(worker);
   worker();
   for (auto& th : pool) th.join();
@@ -224,6 +255,7 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
   if (mpi::size() > 1) mpi::run_cells(ex, src, cells, res.n_tokens, res.threads, progress, spill, cell_out);
   else run_cells(ex, src, cells, res.n_tokens, res.threads, progress, spill, cell_out);
   res.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (const std::string prof = phase::report_and_reset(); !prof.empty()) std::cerr << prof << std::flush;
 
   res.policies.resize(ex.policies.size());
   for (size_t p = 0; p < ex.policies.size(); ++p) {
