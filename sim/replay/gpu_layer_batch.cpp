@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <system_error>
 
 #include "cell_policies.hpp"
 #include "kvsim/core/error.hpp"
@@ -135,7 +136,11 @@ void GpuLayerBatch::fill(Inputs& in_ref, const Key& key, const std::vector<const
           }
       };
       std::vector<std::thread> helpers;
-      for (size_t i = 1; i < T; ++i) helpers.emplace_back(work);
+      try {
+        for (size_t i = 1; i < T; ++i) helpers.emplace_back(work);
+      } catch (const std::system_error&) {
+        // No more threads to be had: the ones started and this one share the rest (nothing is lost).
+      }
       work();
       for (auto& h : helpers) h.join();
       if (first) std::rethrow_exception(first);
