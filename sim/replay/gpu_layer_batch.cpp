@@ -57,8 +57,7 @@ std::shared_ptr<GpuLayerBatch::Entry> GpuLayerBatch::entry(const Key& key, bool 
   auto& e = entries_[key];
   if (!e) {
     e = std::make_shared<Entry>();
-    for (size_t i = 0; i < cells_.size(); ++i)
-      if (will_run_[i] && cells_[i].layer == key.layer && cells_[i].heads.size() == key.group) ++e->remaining;
+    e->remaining = running_cells(key.layer, key.group);
   }
   return e;
 }
@@ -73,18 +72,14 @@ std::shared_ptr<GpuLayerBatch::Inputs> GpuLayerBatch::inputs(const Key& key, con
       slot->streams_id = next_streams_id();
       // As many releases as the layer has policies with a GPU replay (an instance of each, as built
       // for its first cell, tells).
-      const Cell& c0 = *group.front();
-      StreamInfo info = cell_stream(ex_, c0, n_, src_.meta());
-      for (size_t p = 0; p < ex_.policies.size(); ++p)
-        if (gpu_replay(*make_policy(ex_.policies[p].name, ex_.policies[p].params, info))) ++slot->remaining;
+      slot->remaining = int(gpu_policies(*group.front()).size());
       // With the producer (whose cells take their streams from cell_source), kept until each running
       // cell of the layer has taken them.
       if (producing_) {
         Held& h = held_[{key.layer, key.group}];
         if (!h.in) {
           h.in = slot;
-          for (size_t i = 0; i < cells_.size(); ++i)
-            h.left += will_run_[i] && cells_[i].layer == key.layer && cells_[i].heads.size() == key.group;
+          h.left = running_cells(key.layer, key.group);
         }
       }
     }
@@ -98,6 +93,20 @@ std::vector<const Cell*> GpuLayerBatch::layer_group(int layer, size_t group) con
   std::vector<const Cell*> out;
   for (const Cell& c : cells_)
     if (c.layer == layer && c.heads.size() == group) out.push_back(&c);
+  return out;
+}
+
+int GpuLayerBatch::running_cells(int layer, size_t group) const {
+  int count = 0;
+  for (size_t i = 0; i < cells_.size(); ++i) count += will_run_[i] && cells_[i].layer == layer && cells_[i].heads.size() == group;
+  return count;
+}
+
+std::vector<size_t> GpuLayerBatch::gpu_policies(const Cell& cell) const {
+  const StreamInfo info = cell_stream(ex_, cell, n_, src_.meta());
+  std::vector<size_t> out;
+  for (size_t p = 0; p < ex_.policies.size(); ++p)
+    if (gpu_replay(*make_policy(ex_.policies[p].name, ex_.policies[p].params, info))) out.push_back(p);
   return out;
 }
 
@@ -198,11 +207,7 @@ std::unique_ptr<StreamSource> GpuLayerBatch::cell_source(const Cell& cell) {
   if (in) {
     fill(*in, Key{cell.layer, 0, cell.heads.size()}, group);
   } else {
-    const StreamInfo info = cell_stream(ex_, cell, n_, src_.meta());
-    bool any = false;
-    for (size_t p = 0; p < ex_.policies.size() && !any; ++p)
-      any = bool(gpu_replay(*make_policy(ex_.policies[p].name, ex_.policies[p].params, info)));
-    if (!any) return nullptr;
+    if (gpu_policies(cell).empty()) return nullptr;
     in = inputs(Key{cell.layer, 0, cell.heads.size()}, group);
   }
   const size_t nd = size_t(n_) * src_.meta().head_dim, G = cell.heads.size();
@@ -232,9 +237,7 @@ void GpuLayerBatch::run(const Key& key, Entry& e) {
   const auto& meta = src_.meta();
   const int d = meta.head_dim, G = int(key.group);
   const int64_t n = n_;
-  std::vector<const Cell*> group;
-  for (const Cell& c : cells_)
-    if (c.layer == key.layer && c.heads.size() == key.group) group.push_back(&c);
+  const std::vector<const Cell*> group = layer_group(key.layer, key.group);
   const int kv_heads = int(group.size());
   const auto& pol = ex_.policies[key.policy];
   cuda::PolicyReplay spec;
@@ -333,16 +336,12 @@ void GpuLayerBatch::produce(int ahead) {
 void GpuLayerBatch::produce_layers(int ahead) {
   // The keys of each layer with cells to run here: its GPU policies at each group size.
   std::map<int, std::set<Key>> plan;
-  std::map<std::pair<int, size_t>, std::vector<size_t>> gpu_policies;  // by (layer, group size)
+  std::map<std::pair<int, size_t>, std::vector<size_t>> by_shape;  // GPU policies by (layer, group size)
   for (size_t i = 0; i < cells_.size(); ++i) {
     if (!will_run_[i]) continue;
     const Cell& c = cells_[i];
-    auto [it, fresh] = gpu_policies.try_emplace({c.layer, c.heads.size()});
-    if (fresh) {
-      const StreamInfo info = cell_stream(ex_, c, n_, src_.meta());
-      for (size_t p = 0; p < ex_.policies.size(); ++p)
-        if (gpu_replay(*make_policy(ex_.policies[p].name, ex_.policies[p].params, info))) it->second.push_back(p);
-    }
+    auto [it, fresh] = by_shape.try_emplace({c.layer, c.heads.size()});
+    if (fresh) it->second = gpu_policies(c);
     for (size_t p : it->second) plan[c.layer].insert(Key{c.layer, p, c.heads.size()});
   }
   for (const auto& [layer, keys] : plan) {

@@ -94,6 +94,10 @@ class GpuLayerBatch {
   void fill(Inputs& in, const Key& key, const std::vector<const Cell*>& group);
   /// The cells of `layer` with `group` query heads, in cells_ order (a batched replay's KV heads).
   std::vector<const Cell*> layer_group(int layer, size_t group) const;
+  /// How many of them run in this process.
+  int running_cells(int layer, size_t group) const;
+  /// The policies (indices) whose instance, as built for `cell`, has a GPU replay.
+  std::vector<size_t> gpu_policies(const Cell& cell) const;
   void release(const Key& key);
 
   const Experiment& ex_;
