@@ -4,7 +4,7 @@
 # development machine:
 #  1. configures and builds BUILD (default build-gpu) with the CUDA module: nvcc from /usr/local/cuda,
 #     cuBLAS from PyPI's nvidia-cublas wheel (Debian's CUDA 13 toolkit here ships no cuBLAS), portable
-#     x86-64-v3 code instead of -march=native, no MPI, no Python module, no OpenBLAS (Eigen's float32
+#     x86-64-v3 code instead of -march=native, no MPI, no Python module, no OpenBLAS or oneMKL (Eigen's float32
 #     GEMMs, which only the float32 reference uses: the bundle and the SmolLM2 recording must fit the
 #     device tool's 64 MiB together);
 #  2. gathers into .gpu/bundle.tar.gz (.gpu is ignored by git through .git/info/exclude, never committed):
@@ -20,7 +20,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 # shellcheck disable=SC2046  # word-split on purpose: cublas.sh prints separate -D arguments (or none)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSIM_NATIVE=OFF -DKVSIM_MPI=OFF \
-  -DKVSIM_PYTHON_MODULE=OFF -DKVSIM_OPENBLAS=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 $(bash scripts/cublas.sh) > /dev/null
+  -DKVSIM_PYTHON_MODULE=OFF -DKVSIM_OPENBLAS=OFF -DKVSIM_MKL=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 $(bash scripts/cublas.sh) > /dev/null
 cmake --build "$B" -j "$(nproc)" --target kvsim kvsim_cuda kvsim_cuda_tests
 [ -f "$B/libkvsim_cuda.so" ] || { echo "gpu_bundle: $B/libkvsim_cuda.so was not built (is nvcc at /usr/local/cuda?)" >&2; exit 1; }
 

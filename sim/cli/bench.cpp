@@ -113,7 +113,7 @@ void bench_exact(const BenchOptions& o, BenchOut& b) {
         const double s = exact_pass_seconds(n, d, f32, o.quick || n > 8192 ? 1 : 3);
         const double flops = 2.0 * double(n) * double(n) * d;  // causal: 2 matmuls × n²/2 × d × 2
         const double rate = flops / s / 1e9;
-        // of own GEMM: float64 against Eigen's DGEMM, float32 against the reference's GEMM (gemm_ab)
+        // of own GEMM: float64 against Eigen's DGEMM, float32 against the reference's GEMM (reference_gemm_ab)
         std::snprintf(buf, sizeof buf, "%7lld %4d  %-9s %11.3f %9.2f %8.1f%% %11.1f%%\n", (long long)n, d,
                       f32 ? "float32" : "float64", s, rate, 100 * rate / gemm, 100 * rate / (f32 ? b.ref_sgemm : b.dgemm));
         out << buf;
@@ -285,7 +285,7 @@ std::string run_bench(const BenchOptions& o) {
                 "Eigen DGEMM %d^3 (1 thread, best of 7): %.1f GFLOP/s  (%.0f%% of SGEMM: the float64 reference's ceiling)\n\n",
                 gn, b.gemm, gn, dgemm, 100 * dgemm / b.gemm);
   b.out << b.buf;
-  b.out << "float32 reference GEMM: " << gemm_backend() << "\n";
+  b.out << "float32 reference GEMM: " << reference_gemm_backend() << "\n";
   std::snprintf(b.buf, sizeof b.buf, "  %d^3 (1 thread, best of 7): %.1f GFLOP/s  (the float32 exact pass's ceiling)\n\n", gn,
                 b.ref_sgemm);
   b.out << b.buf;

@@ -55,7 +55,7 @@ double gemm_rate(int n) {
 /// The float32 exact reference's GEMM (kvsim::gemm_ab: OpenBLAS where linked, include/kvsim/core/blas.hpp)
 /// on n×n×n in GFLOP/s, one thread, best of 7 after a warm-up.
 inline double reference_sgemm_rate(int n) {
-  return best_gemm_rate<MatF>(n, [](const MatF& A, const MatF& B, MatF& C) { gemm_ab(A, B, C); });
+  return best_gemm_rate<MatF>(n, [](const MatF& A, const MatF& B, MatF& C) { reference_gemm_ab(A, B, C); });
 }
 
 /// The exact reference pass over every step of one head (as the engine does it), in float64
@@ -117,7 +117,7 @@ struct BenchOut {
   char buf[256];
   double gemm = 0;   // SGEMM GFLOP/s (the roofline)
   double dgemm = 0;  // DGEMM GFLOP/s
-  double ref_sgemm = 0;  // the float32 reference's GEMM (gemm_ab), GFLOP/s
+  double ref_sgemm = 0;  // the float32 reference's GEMM (reference_gemm_ab), GFLOP/s
 };
 
 /// The mean of metric `name` over each policy's rows (one per query head and evaluated step), in

@@ -300,7 +300,8 @@ int run_main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"kvsim — KV-cache attention approximation simulator"};
   app.set_version_flag("--version", "kvsim " + kvsim_version() + " (git " + kvsim_git_commit() + "; MPI " +
-                                        (mpi::built_with_mpi() ? "yes" : "no") + "; float32 GEMM " + gemm_backend() + ")");
+                                        (mpi::built_with_mpi() ? "yes" : "no") + "; float32 GEMM " + gemm_backend() +
+                                        "; float32 reference GEMM " + reference_gemm_backend() + ")");
   app.require_subcommand(1);
   add_run(app);
   add_synth(app);

@@ -31,4 +31,28 @@ inline void lane_sums(const float* x, int64_t n, double& sum, double& sq) {
   }
 }
 
+/// lane_sums<true> over a row given in consecutive pieces (each but the last a multiple of 8 long):
+/// the same lanes, tail and order as one lane_sums<true> call over the whole row, so the same sums
+/// bit for bit. Lets a caller sum each piece while it is still in L1 after writing it.
+struct LaneSums {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, q[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail_s = 0, tail_q = 0;
+  void add(const float* x, int64_t n) {
+    double ls[8], lq[8];  // the lanes in locals, which the compiler keeps in vector registers
+    for (int k = 0; k < 8; ++k) ls[k] = s[k], lq[k] = q[k];
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int k = 0; k < 8; ++k) {
+        const double v = x[i + k];
+        ls[k] += v;
+        lq[k] += v * v;
+      }
+    for (int k = 0; k < 8; ++k) s[k] = ls[k], q[k] = lq[k];
+    for (; i < n; ++i) tail_s += double(x[i]), tail_q += double(x[i]) * double(x[i]);
+  }
+  void total(double& sum, double& sq) const {
+    sum = tail_s, sq = tail_q;
+    for (int k = 0; k < 8; ++k) sum += s[k], sq += q[k];
+  }
+};
+
 }  // namespace kvsim::detail

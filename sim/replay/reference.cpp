@@ -62,21 +62,27 @@ void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double sca
   const int64_t rows = static_cast<int64_t>(steps.size());
   const int64_t t_max = steps.back();
   P.resize(rows, t_max);
-  gemm_abt(Qb, K.topRows(t_max), P);  // OpenBLAS where linked (include/kvsim/core/blas.hpp)
+  reference_gemm_abt(Qb, K.topRows(t_max), P);  // oneMKL where linked (include/kvsim/core/blas.hpp)
   out.steps = steps;
   out.log_tau.resize(rows);
   out.probs_norm.resize(rows);
   VecD inv(rows);
   // P keeps the unnormalized exp(l − max); the normalization is applied in double to the output rows
   // here and to the probabilities when a row is read (ReferenceBlock::probs_row).
+  constexpr int64_t kPiece = 1024;  // floats exponentiated, then summed, per piece (4 KiB)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = steps[r], lo = window_begin(t, window);
     auto row = P.row(r);
     auto seen = row.segment(lo, t - lo);
     const float mx = seen.maxCoeff();
-    seen = (seen.array() - mx).exp().matrix();
-    double sum, sq;  // τ's sum and ‖a‖² in double (t − lo terms)
-    detail::lane_sums<true>(row.data() + lo, t - lo, sum, sq);
+    detail::LaneSums acc;  // τ's sum and ‖a‖² in double (t − lo terms), each piece summed while in L1
+    for (int64_t a = 0; a < t - lo; a += kPiece) {
+      auto piece = seen.segment(a, std::min(kPiece, t - lo - a));
+      piece = (piece.array() - mx).exp().matrix();
+      acc.add(piece.data(), piece.size());
+    }
+    double sum, sq;
+    acc.total(sum, sq);
     row.head(lo).setZero();
     row.tail(t_max - t).setZero();
     inv[r] = 1.0 / sum;
@@ -84,7 +90,7 @@ void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double sca
     out.probs_norm[r] = std::sqrt(sq) * inv[r];
   }
   Z.resize(rows, V.cols());
-  gemm_ab(P, V.topRows(t_max), Z);
+  reference_gemm_ab(P, V.topRows(t_max), Z);
   out.out.resize(rows, V.cols());
   out.out.noalias() = inv.asDiagonal() * Z.cast<double>();
   out.probs.resize(0, 0);

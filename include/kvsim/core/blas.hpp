@@ -21,8 +21,22 @@ void gemm_abt(const ConstRefF& A, const ConstRefF& B, RefF C);
 /// C = A·B: A [m, k], B [k, n], C [m, n]; as gemm_abt.
 void gemm_ab(const ConstRefF& A, const ConstRefF& B, RefF C);
 
-/// The float32 GEMM in use, e.g. "OpenBLAS 0.3.34.481.3 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64"
-/// or "Eigen 3.4.0"; written to results.h5 (`gemm_backend`) and printed by `kvsim --version`.
+/// The float32 GEMM of gemm_abt / gemm_ab (the model's linear layers, sim/model/llama.cpp), e.g.
+/// "OpenBLAS 0.3.34.481.3 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64" or "Eigen 3.4.0"; printed
+/// by `kvsim --version`.
 std::string gemm_backend();
+
+/// The float32 exact reference's two products (exact_attention_f32, `[eval] reference_precision =
+/// "float32"`): C = A·Bᵀ and C = A·B, shapes and errors as gemm_abt / gemm_ab. On Intel oneMKL's
+/// sequential layer where the build links it (CMake option KVSIM_MKL, the `mkl` wheel in .venv):
+/// 1.2-1.4x OpenBLAS on the pass's shapes (128 rows × t keys × 128) on the 2-core Xeon host, so the
+/// pass is as fast as PyTorch's SDPA, which itself runs on oneMKL/oneDNN (docs/performance.md). Else
+/// gemm_abt / gemm_ab. Safe to call from many threads at once; a call runs in its caller.
+void reference_gemm_abt(const ConstRefF& A, const ConstRefF& B, RefF C);
+void reference_gemm_ab(const ConstRefF& A, const ConstRefF& B, RefF C);
+
+/// The GEMM of reference_gemm_abt / reference_gemm_ab, e.g. "oneMKL 2026.2.0 (sequential)"; written to
+/// results.h5 (`gemm_backend`: the float32 reference's GEMM) and printed by `kvsim --version`.
+std::string reference_gemm_backend();
 
 }  // namespace kvsim

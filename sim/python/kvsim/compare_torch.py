@@ -23,7 +23,7 @@ query heads, at each thread count of --threads (default 1 and 2; torch.set_num_t
 kvsim's policy seconds come from its policy_ns metric (wall time of each cell's policy work per step, one
 cell per KV head): Σ over cells ÷ min(threads, cells), since the engine runs cells on separate threads.
 The exact row is timed around the pass itself (no copies). PyTorch rows are wall times of the loops above
-(best of 3; the step loops once). GEMM rates (1024³ float32) of kvsim's reference GEMM (OpenBLAS where the
+(best of 3; the step loops once). GEMM rates (1024³ float32) of kvsim's reference GEMM (oneMKL where the build links it, else OpenBLAS where the
 build links it, else Eigen; its name is printed), Eigen's SGEMM (the policies' GEMM) and torch.mm are
 printed for context only.
 
