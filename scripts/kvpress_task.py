@@ -19,8 +19,9 @@ cache. This script checks that setting against kvpress itself, on the same token
    same, while its `sink` streams at B tokens.
 3. Each answer is scored by `kvsim task`'s own rule (_kvsim._answer_matches). OUT/trials.csv holds one
    row per (trial, cache): the press, its compression_ratio, the budget B it aims at and `kept`, the
-   compressed context's size read back from kvpress's cache (mean over layers), the answer and its
-   score. OUT/accuracy.csv: the accuracy per (L, cache) with its 95% Wilson interval.
+   compressed context's size read back from kvpress's cache (mean over layers), `needle_kept` (the
+   share of the needle's tokens the press kept, mean over layers and KV heads, read from its scores
+   as ScorerPress.compress ranks them: kvsim's column of that name), the answer and its score. OUT/accuracy.csv: the accuracy per (L, cache) with its 95% Wilson interval.
 4. With --kvsim DIR (a finished `kvsim task` run of the same config), OUT/agreement.csv pairs every
    kvpress answer with kvsim's for the same trial and budget: both right, both wrong, only kvsim right,
    only kvpress right, and the share of identical answer texts.
@@ -84,15 +85,37 @@ def entries(trial, presses):
     return out
 
 
-def answer(pipe, torch, transformers, ctx, question, press, generate):
-    """kvpress's answer and the compressed context's mean size over layers (read from the cache, which
-    kvpress truncates back to the compressed context after answering)."""
+def track_needle(press, begin, end):
+    """Wraps a ScorerPress's `score` so that every layer's kept context positions are read as kvpress's
+    ScorerPress.compress picks them (the top compute_n_kept(k_len, r) scores per KV head); returns the
+    list that collects, per (layer, KV head), the share of the needle's tokens [begin, end) kept."""
+    from kvpress.utils import compute_n_kept
+
+    shares, score = [], press.score
+
+    def scored(module, hidden_states, keys, values, attentions, kwargs):
+        s = score(module, hidden_states, keys, values, attentions, kwargs)
+        kept = s.topk(compute_n_kept(keys.shape[2], press.compression_ratio), dim=-1).indices
+        shares.extend((((kept >= begin) & (kept < end)).sum(-1).float() / (end - begin)).flatten().tolist())
+        return s
+
+    press.score = scored
+    return shares
+
+
+def answer(pipe, torch, transformers, ctx, question, press, trial):
+    """kvpress's answer (trial["generate"] tokens), the compressed context's mean size over layers (read
+    from the cache, which kvpress truncates back to the compressed context after answering), and the
+    mean share of the needle's tokens [needle_begin, needle_end) the press kept over (layer, KV head)
+    (nan without a press: kvsim's `needle_kept` of a prompt compressor, which keeps its set through the
+    question)."""
+    shares = track_needle(press, trial["needle_begin"], trial["needle_end"]) if press is not None else []
     cache = transformers.DynamicCache()
     with torch.no_grad():
-        text = pipe._forward({"context_ids": ctx, "questions_ids": [question]}, max_new_tokens=generate, press=press,
+        text = pipe._forward({"context_ids": ctx, "questions_ids": [question]}, max_new_tokens=trial["generate"], press=press,
                              cache=cache)[0]
     sizes = [cache.get_seq_length(layer) for layer in range(len(cache))]
-    return text, sum(sizes) / len(sizes)
+    return text, sum(sizes) / len(sizes), (sum(shares) / len(shares) if shares else float("nan"))
 
 
 def agreement(rows, kvsim_dir):
@@ -161,10 +184,10 @@ def main():
             if press_name:
                 r = 1.0 - (B + 0.5) / C  # int(C·(1 − r)) = B
                 press = getattr(kvpress, press_name)(compression_ratio=r)
-            text, kept = answer(pipe, torch, transformers, ctx, q, press, tr["generate"])
+            text, kept, needle_kept = answer(pipe, torch, transformers, ctx, q, press, tr)
             rows.append({"kind": tr["kind"], "length": tr["length"], "depth": f"{tr['depth']:g}", "trial": tr["trial"],
                          "cache": cache, "press": press_name or "none", "kvsim_cache": label,
-                         "compression_ratio": f"{r:.6f}", "budget": B if press_name else C, "kept": kept, "answer": tr["value"],
+                         "compression_ratio": f"{r:.6f}", "budget": B if press_name else C, "kept": kept, "needle_kept": f"{needle_kept:.6g}", "answer": tr["value"],
                          "generated": text, "correct": int(_kvsim._answer_matches(text, tr["value"]))})
         right = sum(r["correct"] for r in rows[-len(caches):])
         print(f"kvpress_task: trial {i + 1}/{len(trials)} (L={tr['length']}, depth {tr['depth']:g}, #{tr['trial']}): "

@@ -75,6 +75,20 @@ def main():
         check(all(float(row["kept"]) == p["question_begin"] for row in rows if row["press"] == "none"
                   for p in prompts if p["depth"] == float(row["depth"]) and p["trial"] == int(row["trial"])),
               "without a press the whole context stays")
+        # The needle's kept share, read from the press's own scores: StreamingLLMPress keeps the 4 sinks
+        # and the last 124 of the C context tokens, so it must equal |F ∩ kept| / |F| exactly (all of a
+        # needle at depth 0.7; at depth 0.3 only the needle's tail that reaches into the window).
+        for row in (r for r in rows if r["press"] == "StreamingLLMPress"):
+            p = next(p for p in prompts if p["depth"] == float(row["depth"]) and p["trial"] == int(row["trial"]))
+            kept = set(range(4)) | set(range(p["question_begin"] - 124, p["question_begin"]))
+            needle = range(p["needle_begin"], p["needle_end"])
+            want = sum(j in kept for j in needle) / len(needle)
+            check(abs(float(row["needle_kept"]) - want) < 1e-6,
+                  f"StreamingLLMPress at depth {row['depth']} kept {row['needle_kept']} of the needle "
+                  f"[{p['needle_begin']}, {p['needle_end']}) of {p['question_begin']} context tokens (expected {want:.6g})")
+        check(len({row["needle_kept"] for row in rows if row["press"] == "StreamingLLMPress"}) == 2,
+              "the two StreamingLLMPress trials keep different shares of their needles")
+        check(all(row["needle_kept"] == "nan" for row in rows if row["press"] == "none"), "no press: needle_kept is nan")
         exact = [row for row in rows if row["press"] == "none"]
         check(all(row["correct"] == "1" for row in exact), "kvpress's pipeline without a press answers every trial")
         same = [row["generated"].strip() == kv[(row["depth"], row["trial"], "exact")]["generated"].strip() for row in exact]
