@@ -21,7 +21,8 @@ cache. This script checks that setting against kvpress itself, on the same token
    row per (trial, cache): the press, its compression_ratio, the budget B it aims at and `kept`, the
    compressed context's size read back from kvpress's cache (mean over layers), `needle_kept` (the
    share of the needle's tokens the press kept, mean over layers and KV heads, read from its scores
-   as ScorerPress.compress ranks them: kvsim's column of that name), the answer and its score. OUT/accuracy.csv: the accuracy per (L, cache) with its 95% Wilson interval.
+   as ScorerPress.compress ranks them: kvsim's column of that name), the answer and its score.
+   OUT/accuracy.csv: the accuracy per (L, cache) with its 95% Wilson interval.
 4. With --kvsim DIR (a finished `kvsim task` run of the same config), OUT/agreement.csv pairs every
    kvpress answer with kvsim's for the same trial and budget: both right, both wrong, only kvsim right,
    only kvpress right, and the share of identical answer texts.

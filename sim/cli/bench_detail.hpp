@@ -52,7 +52,7 @@ double gemm_rate(int n) {
   return best_gemm_rate<M>(n, [](const M& A, const M& B, M& C) { C.noalias() = A * B; });
 }
 
-/// The float32 exact reference's GEMM (kvsim::gemm_ab: OpenBLAS where linked, include/kvsim/core/blas.hpp)
+/// The float32 exact reference's GEMM (kvsim::reference_gemm_ab: oneMKL where linked, include/kvsim/core/blas.hpp)
 /// on n×n×n in GFLOP/s, one thread, best of 7 after a warm-up.
 inline double reference_sgemm_rate(int n) {
   return best_gemm_rate<MatF>(n, [](const MatF& A, const MatF& B, MatF& C) { reference_gemm_ab(A, B, C); });

@@ -2,6 +2,7 @@
 
 #include <mutex>
 
+#include "blas_mkl.hpp"
 #include "kvsim/core/error.hpp"
 
 #ifdef KVSIM_HAVE_OPENBLAS
@@ -27,15 +28,17 @@ void init_once() {
 }
 #endif
 
-/// C = A·B (b_transposed: A·Bᵀ), the shapes checked by the caller.
-void gemm(const ConstRefF& A, const ConstRefF& B, bool b_transposed, RefF C) {
+/// C = A·B (b_transposed: A·Bᵀ), the shapes checked by the caller; `mkl`: on oneMKL where linked
+/// (the float32 reference's products), else as the others.
+void gemm(const ConstRefF& A, const ConstRefF& B, bool b_transposed, RefF C, bool mkl = false) {
   if (C.size() == 0) return;
-#ifdef KVSIM_HAVE_OPENBLAS
-  init_once();
   if (A.cols() == 0) {
     C.setZero();
     return;
   }
+  if (mkl && detail::mkl_sgemm(A, B, b_transposed, C)) return;
+#ifdef KVSIM_HAVE_OPENBLAS
+  init_once();
   scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, blasint(C.rows()),
                     blasint(C.cols()), blasint(A.cols()), 1.0f, A.data(), blasint(A.outerStride()), B.data(),
                     blasint(B.outerStride()), 0.0f, C.data(), blasint(C.outerStride()));
@@ -54,6 +57,21 @@ void gemm_abt(const ConstRefF& A, const ConstRefF& B, RefF C) {
 void gemm_ab(const ConstRefF& A, const ConstRefF& B, RefF C) {
   check("gemm_ab", A.rows(), A.cols(), B.rows(), B.cols(), C);
   gemm(A, B, false, C);
+}
+
+void reference_gemm_abt(const ConstRefF& A, const ConstRefF& B, RefF C) {
+  check("reference_gemm_abt", A.rows(), A.cols(), B.cols(), B.rows(), C);
+  gemm(A, B, true, C, true);
+}
+
+void reference_gemm_ab(const ConstRefF& A, const ConstRefF& B, RefF C) {
+  check("reference_gemm_ab", A.rows(), A.cols(), B.rows(), B.cols(), C);
+  gemm(A, B, false, C, true);
+}
+
+std::string reference_gemm_backend() {
+  const std::string mkl = detail::mkl_backend();
+  return mkl.empty() ? gemm_backend() : mkl;
 }
 
 std::string gemm_backend() {

@@ -323,7 +323,6 @@ void bind_run(py::module_& m) {
       },
       py::arg("n"));
   m.def("_gemm_backend", [] { return reference_gemm_backend(); });
-  m.def("_model_gemm_backend", [] { return gemm_backend(); });
   m.def("_exact_causal", &exact_causal, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
         py::arg("threads"), py::arg("window") = 0);
 }

@@ -20,7 +20,8 @@ std::string run_bench(const BenchOptions& o);
 /// Eigen's GEMM rate on n×n×n in GFLOP/s (float32 when f32, else double), one thread, best of 7 after a
 /// warm-up: the roofline `kvsim bench` prints (also used by `python3 -m kvsim.compare_torch`).
 double gemm_gflops(int n, bool f32);
-/// The float32 exact reference's GEMM rate (kvsim::reference_gemm_ab; reference_gemm_backend() names it), as gemm_gflops.
+/// The float32 exact reference's GEMM rate (kvsim::reference_gemm_ab; reference_gemm_backend() names
+/// it), as gemm_gflops.
 double reference_gemm_gflops(int n);
 
 }  // namespace kvsim

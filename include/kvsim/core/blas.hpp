@@ -35,7 +35,7 @@ std::string gemm_backend();
 void reference_gemm_abt(const ConstRefF& A, const ConstRefF& B, RefF C);
 void reference_gemm_ab(const ConstRefF& A, const ConstRefF& B, RefF C);
 
-/// The GEMM of reference_gemm_abt / reference_gemm_ab, e.g. "oneMKL 2026.2.0 (sequential)"; written to
+/// The GEMM of reference_gemm_abt / reference_gemm_ab, e.g. "oneMKL 2026.2 build 20260915 (sequential; Intel(R) AVX-512 ...)"; written to
 /// results.h5 (`gemm_backend`: the float32 reference's GEMM) and printed by `kvsim --version`.
 std::string reference_gemm_backend();
 

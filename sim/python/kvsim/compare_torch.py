@@ -23,9 +23,9 @@ query heads, at each thread count of --threads (default 1 and 2; torch.set_num_t
 kvsim's policy seconds come from its policy_ns metric (wall time of each cell's policy work per step, one
 cell per KV head): Σ over cells ÷ min(threads, cells), since the engine runs cells on separate threads.
 The exact row is timed around the pass itself (no copies). PyTorch rows are wall times of the loops above
-(best of 3; the step loops once). GEMM rates (1024³ float32) of kvsim's reference GEMM (oneMKL where the build links it, else OpenBLAS where the
-build links it, else Eigen; its name is printed), Eigen's SGEMM (the policies' GEMM) and torch.mm are
-printed for context only.
+(best of 3; the step loops once). GEMM rates (1024³ float32) of kvsim's reference GEMM (oneMKL, else
+OpenBLAS, else Eigen, whichever the build links first; its name is printed), Eigen's SGEMM (the
+policies' GEMM) and torch.mm are printed for context only.
 
 Correctness: both answer the same queries. The exact outputs must agree within 1e-4 relative (max over
 rows), and PyTorch's window and sink answers must match kvsim's rel_err rows at 64 sampled steps within
