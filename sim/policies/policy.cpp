@@ -27,7 +27,7 @@ void attend_cached(const MatD& keys, const MatD& values, int64_t m, const Eigen:
 }
 
 void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const MatD& q, MatD& P, MatD& Z,
-                         VecD& log_sum) {
+                         VecD& log_sum, bool with_values) {
   const Eigen::Index G = q.rows(), d = keys.cols();
   Z.setZero(G, d);
   log_sum.setConstant(G, -INFINITY);
@@ -50,7 +50,7 @@ void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const 
     p /= sum;
     log_sum[g] = mx + std::log(sum);
     P.col(g) = p;
-    Z.row(g).noalias() = (values.topRows(m).transpose() * p).transpose();
+    if (with_values) Z.row(g).noalias() = (values.topRows(m).transpose() * p).transpose();
   }
 }
 

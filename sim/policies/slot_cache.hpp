@@ -73,8 +73,9 @@ class SlotCache {
   /// Answers for a query group [G, d]. Returns the [m, G] attention of each query over the slots (for
   /// score-keeping policies; valid until the next call). `out` may be null.
   const MatD& answer_group(const MatD& q, std::vector<Answer>* out) {
-    if (f32_) attend_group_f32(q);
-    else attend_cached_group(keys_, values_, size_, q, P_, Z_, ls_);
+    // Without `out` (a prompt streamed at prefill) only P is read: the Vᵀp products are skipped.
+    if (f32_) attend_group_f32(q, out != nullptr);
+    else attend_cached_group(keys_, values_, size_, q, P_, Z_, ls_, out != nullptr);
     if (!out) return P_;
     for (Eigen::Index g = 0; g < q.rows(); ++g) {
       Answer& a = (*out)[g];
@@ -99,8 +100,8 @@ class SlotCache {
   const MatD& values() const { return values_; }
 
  private:
-  /// float32 products, double softmax: fills P_ [m, G], Z_ [G, d], ls_ [G].
-  void attend_group_f32(const MatD& q) {
+  /// float32 products, double softmax: fills P_ [m, G], Z_ [G, d] (zeros unless with_values), ls_ [G].
+  void attend_group_f32(const MatD& q, bool with_values = true) {
     const Eigen::Index G = q.rows(), d = keys_f_.cols(), m = size_;
     Z_.setZero(G, d);
     ls_.setConstant(G, -INFINITY);
@@ -124,6 +125,7 @@ class SlotCache {
       col /= sum;
       ls_[g] = mx + std::log(sum);
       P_.col(g) = col;
+      if (!with_values) continue;
       pf = col.cast<float>();
       Z_.row(g) = (values_f_.topRows(m).transpose() * pf).cast<double>().transpose();
     }
