@@ -39,7 +39,7 @@ TOML
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/word" --threads 2 --set task.kind=word --quiet > /dev/null || bad "word run"
 "$KVSIM" task "$TMP/t.toml" --prompts "$TMP/prompts.jsonl" > /dev/null || bad "--prompts"
 "$PY" - "$TMP" <<'PY' || fails=$((fails+1))
-import csv, math, sys
+import csv, math, re, sys
 tmp = sys.argv[1]
 bad = 0
 def check(cond, what):
@@ -84,6 +84,11 @@ for p, r in zip(prompts, exact):
 check(all(p["budgets"] == {"window(memory=0.5)": 128, "h2o(memory=0.5)": 128} and p["generate"] == 12 for p in prompts),
       "--prompts: budgets pinned to 128 tokens")
 check(len({tuple(p["tokens"]) for p in prompts}) == 4, "--prompts: four different prompts")
+# Trials run every depth's #0 first (a stopped run covers the depths evenly); rows keep the config's order.
+progress = [re.search(r"depth ([0-9.]+), #(\d+)", l).groups() for l in open(f"{tmp}/full.err") if l.startswith("kvsim task: trial")]
+check(progress == [("0.3", "0"), ("0.7", "0"), ("0.3", "1"), ("0.7", "1")], f"trials run trial-index-major: {progress}")
+exact = [(r["depth"], r["trial"]) for r in csv.DictReader(open(f"{tmp}/full/trials.csv")) if r["cache"] == "exact"]
+check(exact == [("0.3", "0"), ("0.3", "1"), ("0.7", "0"), ("0.7", "1")], f"trials.csv in (depth, trial) order: {exact}")
 sys.exit(1 if bad else 0)
 PY
 # Kill -9 once the first trial is checkpointed; the unfinished run is refused, then resumed.

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <tuple>
 #include <toml.hpp>
 
 #include "kvsim/core/error.hpp"
@@ -334,12 +335,16 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
   fs::create_directories(ckpt, ec);
   if (ec) throw Error(ckpt.string() + ": cannot create the checkpoint folder: " + ec.message());
   write_file_atomically((ckpt / "config.toml").string(), c.config_text);
-  std::vector<TaskRow> rows;
+  // Trials run trial-index-major (every depth's trial #0, then every depth's #1, …), so that a run
+  // stopped part-way (a long length, resumed later) has covered every depth about equally; the rows
+  // are written in the (L, depth, trial) order of the config all the same.
+  std::map<std::tuple<size_t, size_t, int>, std::vector<TaskRow>> by_trial;
   const int total = int(c.lengths.size() * c.depths.size()) * c.trials;
   int done = 0;
-  for (int L : c.lengths)
-    for (size_t di = 0; di < c.depths.size(); ++di)
-      for (int i = 0; i < c.trials; ++i, ++done) {
+  for (size_t li = 0; li < c.lengths.size(); ++li)
+    for (int i = 0; i < c.trials; ++i)
+      for (size_t di = 0; di < c.depths.size(); ++di, ++done) {
+        const int L = c.lengths[li];
         char name[64];
         std::snprintf(name, sizeof name, "L%d_d%zu_t%03d.toml", L, di, i);
         const fs::path file = ckpt / name;
@@ -364,8 +369,10 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
             std::fprintf(stderr, " (prefill %.1f, caches %.1f, decode %.1f, open loop %.1f)", phases[0], phases[1], phases[2], phases[3]);
           std::fprintf(stderr, fs::exists(file) && phases.empty() ? " (checkpointed)\n" : "\n");
         }
-        rows.insert(rows.end(), trial.begin(), trial.end());
+        by_trial[{li, di, i}] = std::move(trial);
       }
+  std::vector<TaskRow> rows;
+  for (auto& [key, trial] : by_trial) rows.insert(rows.end(), trial.begin(), trial.end());
   write_trials_csv(c, rows, (out / "trials.csv").string());
   write_file_atomically((out / "accuracy.csv").string(), accuracy_csv(c, rows));
   fs::remove_all(ckpt, ec);
