@@ -6,8 +6,8 @@ Usage: .venv/bin/python plots/retrieval.py RESULTS_DIR [RESULTS_DIR ...] [--out-
 Folders of the same task and seed run with different policies merge: their shared rows (the exact cache,
 the evict_needle control) must agree trial by trial and are counted once.
 
-Reads each folder's trials.csv (one row per trial and cache; docs/tasks.md) and writes into the first
-folder (or --out-dir):
+Reads each folder's trials.csv (one row per trial and cache; docs/tasks.md), or an unfinished run's
+checkpointed trials (DIR/trials/), and writes into the first folder (or --out-dir):
   retrieval_heatmaps.png   accuracy per (needle depth, prompt length) for every cache, the
                            needle-in-a-haystack layout (Kamradt 2023), one panel per cache and task;
   retrieval_memory.png     accuracy against memory (a fraction of the prompt) per policy, with 95%
@@ -70,13 +70,44 @@ def merge_runs(t, dirs):
     return t.drop_duplicates(keys, keep="first").reset_index(drop=True)
 
 
+def load_unfinished(d):
+    """The trials an unfinished run (`kvsim task`, stopped or still running) has checkpointed in
+    d/trials/, as trials.csv's rows: kind and model from its config.toml, newlines in `generated`
+    written as the two characters \\n as trials.csv writes them. None when there are none."""
+    import glob
+    import tomllib
+    files = sorted(glob.glob(os.path.join(d, "trials", "L*_d*_t*.toml")))
+    if not files:
+        return None
+    try:
+        with open(os.path.join(d, "trials", "config.toml"), "rb") as f:
+            cfg = tomllib.load(f)
+        rows = []
+        for path in files:
+            with open(path, "rb") as f:
+                rows += tomllib.load(f)["row"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError) as e:
+        sys.exit(f"error: {d}/trials: unreadable checkpoint ({e})")
+    t = pd.DataFrame(rows)
+    t["generated"] = t["generated"].str.replace("\n", "\\n", regex=False)
+    t.insert(0, "kind", cfg["task"]["kind"])
+    t["model"] = os.path.splitext(os.path.basename(cfg["model"]["checkpoint"]))[0]
+    print(f"{d}: an unfinished run, {len(files)} trials checkpointed so far")
+    return t
+
+
 def load(dirs):
-    """Every folder's trials.csv as one DataFrame with the memory fraction parsed from the label."""
+    """Every folder's trials.csv as one DataFrame with the memory fraction parsed from the label. A
+    folder without trials.csv but with checkpoints (an unfinished run) gives the trials done so far."""
     frames = []
     for d in dirs:
         path = os.path.join(d, "trials.csv")
         if not os.path.exists(path):
-            sys.exit(f"error: {path} not found (run `kvsim task CONFIG --out {d}` first)")
+            part = load_unfinished(d)
+            if part is None:
+                sys.exit(f"error: {path} not found (run `kvsim task CONFIG --out {d}` first)")
+            frames.append(part)
+            continue
         frames.append(pd.read_csv(path, keep_default_na=False, na_values=["nan"]))
     t = merge_runs(pd.concat(frames, ignore_index=True), dirs)
     inner = t["cache"].str.extract(r"\((.*)\)$")[0].fillna("")

@@ -208,5 +208,39 @@ PY
   && { echo "FAIL: disagreeing runs merged"; fails=$((fails+1)); }
 [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "answers differently (kind=passkey" "$TMP/err" && passes=$((passes+1)) \
   || { echo "FAIL: disagreement message: $(cat "$TMP/err")"; fails=$((fails+1)); }
+# An unfinished run (no trials.csv yet, only kvsim task's checkpoints in trials/) loads as the trials
+# done so far: the synthetic rows written as checkpoints, one file per trial, read back equal to the
+# CSV's (a newline in `generated` as trials.csv's two characters \n); a folder with neither is refused.
+"$PY" - "$SRC/plots" "$TMP/r" "$TMP/ru" <<'PY' && passes=$((passes+1)) || { echo "FAIL: unfinished run"; fails=$((fails+1)); }
+import json, math, os, sys
+import pandas as pd
+sys.path.insert(0, sys.argv[1])
+import retrieval
+t = pd.read_csv(sys.argv[2] + "/trials.csv").head(90)  # 30 trials x 3 caches
+t["generated"] = "The pass key is\\n12345."
+os.makedirs(sys.argv[3] + "/trials")
+with open(sys.argv[3] + "/trials/config.toml", "w") as f:
+    f.write('[task]\nkind = "passkey"\n[model]\ncheckpoint = "m/SmolLM2-135M-Instruct.Q4_1.gguf"\n')
+def val(v):
+    if isinstance(v, str):
+        return json.dumps(v.replace("\\n", "\n"))
+    return "nan" if isinstance(v, float) and math.isnan(v) else repr(v)
+for trial, g in t.groupby("trial"):
+    with open(f"{sys.argv[3]}/trials/L{g.length.iloc[0]}_d0_t{trial:03d}.toml", "w") as f:
+        for _, r in g.iterrows():
+            f.write("[[row]]\n" + "".join(f"{k} = {val(v)}\n" for k, v in r.items() if k != "kind"))
+u = retrieval.load([sys.argv[3]])
+keys = ["trial", "cache"]
+a, b = u.sort_values(keys).reset_index(drop=True), retrieval.load([sys.argv[2]]).head(90).sort_values(keys).reset_index(drop=True)
+b["generated"] = t.sort_values(keys).generated.values
+assert len(u) == 90 and (u.kind == "passkey").all() and (u.model == "SmolLM2-135M-Instruct.Q4_1").all()
+for c in ("trial", "cache", "correct", "generated", "memory"):
+    assert a[c].equals(b[c]) or (a[c].isna() == b[c].isna()).all() and (a[c].dropna() == b[c].dropna()).all(), c
+assert a.needle_kept_share.fillna(-1).round(9).equals(b.needle_kept_share.fillna(-1).round(9))
+PY
+mkdir -p "$TMP/rempty/trials"
+"$PY" "$SRC/plots/retrieval.py" "$TMP/rempty" > /dev/null 2> "$TMP/err" && { echo "FAIL: empty folder accepted"; fails=$((fails+1)); }
+[ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "trials.csv not found" "$TMP/err" && passes=$((passes+1)) \
+  || { echo "FAIL: empty folder message: $(cat "$TMP/err")"; fails=$((fails+1)); }
 echo "plots: $passes passed, $fails failed"
 [ $fails -eq 0 ]
