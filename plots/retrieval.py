@@ -20,6 +20,8 @@ checkpointed trials (DIR/trials/), and writes into the first folder (or --out-di
                            value where the fitted accuracy is 50% with a 95% bootstrap interval;
   link_table.csv           the threshold table: accuracy with its Wilson interval per bin of the
                            needle's kept share;
+  depth.csv                accuracy per (task, prompt length, policy, needle depth) over all its
+                           memory levels, with 95% Wilson intervals: the heatmaps' numbers by policy;
   link_by_policy.csv       per policy: accuracy, the open-loop means (rel_err, kept_mass,
                            needle_kept_share), and the accuracy of its trials with the needle's kept
                            share below and at or above 0.8 (does the same share serve every policy?).
@@ -143,6 +145,20 @@ def heatmaps(t, out_dir):
         axes[j // cols][j % cols].axis("off")
     fig.suptitle("Accuracy per needle depth and prompt length (share of trials answered exactly)", fontsize=9, y=1.01)
     return save(fig, out_dir, None, "retrieval_heatmaps.png")
+
+
+def depth_table(t, out_dir):
+    """Accuracy per (kind, length, policy, depth), pooling the policy's memory levels; the exact cache
+    and the evict_needle control appear as their own policies. Writes depth.csv and returns it."""
+    rows = []
+    for (kind, length, policy, depth), g in t.groupby(["kind", "length", "policy", "depth"], sort=False):
+        k, n = int(g.correct.sum()), len(g)
+        lo, hi = wilson(k, n)
+        rows.append(dict(kind=kind, length=length, policy=policy, depth=depth, correct=k, trials=n,
+                         accuracy=k / n, wilson_low=lo, wilson_high=hi))
+    d = pd.DataFrame(rows).sort_values(["kind", "length", "policy", "depth"], kind="stable")
+    d.to_csv(os.path.join(out_dir, "depth.csv"), index=False, float_format="%.4g")
+    return d
 
 
 def memory_figure(t, out_dir):
@@ -269,6 +285,7 @@ def main(argv=None):
     os.makedirs(out_dir, exist_ok=True)
     t = load(a.dirs)
     figs = [heatmaps(t, out_dir), memory_figure(t, out_dir)]
+    depth_table(t, out_dir)
     rows, table = link(t, out_dir)
     if rows:
         figs.append(os.path.join(out_dir, "retrieval_link.png"))

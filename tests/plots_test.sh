@@ -176,6 +176,19 @@ assert s.slope > 0 and s.auc > 0.8 and 0.2 < s.mcfadden_r2 < 1 and s.llr_pvalue 
 assert link.loc["log10(rel_err)"].slope < 0  # smaller error, more answers
 assert table.trials.sum() == 600 and (table.accuracy.diff().dropna() > 0).all(), table
 PY
+# depth.csv: each policy's trials per (length, depth) pooled over memory, recounted from trials.csv.
+"$PY" - "$TMP/r" <<'PY' && passes=$((passes+1)) || { echo "FAIL: retrieval depth.csv"; fails=$((fails+1)); }
+import sys
+import pandas as pd
+t = pd.read_csv(sys.argv[1] + "/trials.csv")
+d = pd.read_csv(sys.argv[1] + "/depth.csv").set_index(["policy", "length", "depth"])
+assert len(d) == 3 * 2 * 3 and d.trials.groupby("policy").sum().to_dict() == {"exact": 600, "evict_needle": 600, "h2o": 600}, d
+assert (d.loc["exact"].accuracy == 1).all() and (d.loc["evict_needle"].accuracy == 0).all()
+for (L, dep), g in t[t.policy == "h2o"].groupby(["length", "depth"]):
+    r = d.loc[("h2o", L, dep)]
+    assert r.correct == g.correct.sum() and r.trials == len(g), (L, dep, r)
+    assert r.wilson_low <= r.accuracy <= r.wilson_high
+PY
 # Two runs of the same task with different policies merge: split the synthetic trials into two folders,
 # each with every exact and evict_needle row and half the h2o rows; the merged threshold table counts
 # each of the 600 policy trials once. Negative control: one exact answer flipped in the second folder
