@@ -114,6 +114,11 @@ def load(dirs):
     t = merge_runs(pd.concat(frames, ignore_index=True), dirs)
     inner = t["cache"].str.extract(r"\((.*)\)$")[0].fillna("")
     t["memory"] = [float(parse_params(s).get("memory", "nan")) for s in inner]
+    # A policy run with two settings besides memory (kivi at 4 and 2 bits) is two policies: name each by
+    # its other parameters, so that no figure or table pools them. A single setting keeps the bare name.
+    rest = [",".join(kv for kv in s.split(",") if kv and not kv.startswith("memory=")) for s in inner]
+    settings = pd.Series(rest, index=t.index).groupby(t.policy).nunique()
+    t["policy"] = [f"{p}({r})" if settings[p] > 1 and r else p for p, r in zip(t.policy, rest)]
     exact = t[t.cache == "exact"].groupby(["kind", "length"]).correct.mean().rename("exact_acc")
     return t.join(exact, on=["kind", "length"])
 
@@ -166,14 +171,17 @@ def memory_figure(t, out_dir):
     fig, axes = plt.subplots(1, len(cells), figsize=(5.2 * len(cells), 3.6), squeeze=False)
     for ax, (kind, L) in zip(axes[0], cells):
         s = t[(t.kind == kind) & (t.length == L)]
+        seen = {}
         for name in dict.fromkeys(s.policy):
             if name in CONTROLS:
                 continue
+            base = name.split("(")[0]
+            seen[base] = seen.get(base, 0) + 1  # a second setting of one policy shares its colour, dashed
             g = s[s.policy == name].groupby("memory").correct.agg(["sum", "count"]).sort_index()
             lo_hi = np.array([wilson(k, n) for k, n in zip(g["sum"], g["count"])])
-            acc = g["sum"] / g["count"]
+            acc = (g["sum"] / g["count"]).to_numpy()
             ax.errorbar(g.index, acc, yerr=[acc - lo_hi[:, 0], lo_hi[:, 1] - acc], marker="o", capsize=3, label=name,
-                        color=color(name))
+                        color=color(name), ls="-" if seen[base] == 1 else "--")
         for name, style in (("exact", "-"), ("evict_needle", ":")):
             if (s.cache == name).any():
                 # grey, not black: Quest's registry colour is black

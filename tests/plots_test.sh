@@ -189,6 +189,25 @@ for (L, dep), g in t[t.policy == "h2o"].groupby(["length", "depth"]):
     assert r.correct == g.correct.sum() and r.trials == len(g), (L, dep, r)
     assert r.wilson_low <= r.accuracy <= r.wilson_high
 PY
+# Two settings of one policy besides memory (kivi at 4 and 2 bits) stay two policies in every table;
+# a policy with one setting (sink=4) keeps its bare name.
+"$PY" - "$SRC/plots" "$TMP/rk" <<'PY' && passes=$((passes+1)) || { echo "FAIL: retrieval policy settings"; fails=$((fails+1)); }
+import os, sys
+import pandas as pd
+sys.path.insert(0, sys.argv[1])
+import retrieval
+out = sys.argv[2]; os.makedirs(out)
+rows = []
+for i in range(40):
+    for cache, pol, ok in (("exact", "exact", 1), ("kivi(bits=4,memory=0.5)", "kivi", 1), ("kivi(bits=2,memory=0.5)", "kivi", 0),
+                           ("sink(memory=0.5,sink=4)", "sink", i % 2), ("evict_needle", "evict_needle", 0)):
+        rows.append(dict(kind="passkey", length=512, depth=0.5, trial=i, cache=cache, policy=pol, correct=ok,
+                         needle_kept_share=float("nan"), rel_err=float("nan"), kept_mass=float("nan")))
+pd.DataFrame(rows).to_csv(out + "/trials.csv", index=False, na_rep="nan")
+retrieval.main([out])
+d = pd.read_csv(out + "/depth.csv").set_index("policy").accuracy
+assert d.to_dict() == {"evict_needle": 0, "exact": 1, "kivi(bits=2)": 0, "kivi(bits=4)": 1, "sink": 0.5}, d
+PY
 # Two runs of the same task with different policies merge: split the synthetic trials into two folders,
 # each with every exact and evict_needle row and half the h2o rows; the merged threshold table counts
 # each of the 600 policy trials once. Negative control: one exact answer flipped in the second folder
