@@ -152,15 +152,19 @@ def heatmaps(t, out_dir):
     return save(fig, out_dir, None, "retrieval_heatmaps.png")
 
 
+def accuracy_row(g):
+    """A group of trial rows' trials, correct answers, accuracy and 95% Wilson interval, as table columns."""
+    k, n = int(g.correct.sum()), len(g)
+    lo, hi = wilson(k, n)
+    return {"trials": n, "correct": k, "accuracy": k / n, "wilson_low": lo, "wilson_high": hi}
+
+
 def depth_table(t, out_dir):
     """Accuracy per (kind, length, policy, depth), pooling the policy's memory levels; the exact cache
     and the evict_needle control appear as their own policies. Writes depth.csv and returns it."""
     rows = []
     for (kind, length, policy, depth), g in t.groupby(["kind", "length", "policy", "depth"], sort=False):
-        k, n = int(g.correct.sum()), len(g)
-        lo, hi = wilson(k, n)
-        rows.append(dict(kind=kind, length=length, policy=policy, depth=depth, correct=k, trials=n,
-                         accuracy=k / n, wilson_low=lo, wilson_high=hi))
+        rows.append({"kind": kind, "length": length, "policy": policy, "depth": depth, **accuracy_row(g)})
     d = pd.DataFrame(rows).sort_values(["kind", "length", "policy", "depth"], kind="stable")
     d.to_csv(os.path.join(out_dir, "depth.csv"), index=False, float_format="%.4g")
     return d
@@ -253,10 +257,7 @@ def link(t, out_dir):
             ax.set_ylabel("answered (1) or not (0)")
         bins = pd.cut(s.needle_kept_share, BINS, right=False, labels=BIN_NAMES)
         for b, g in s.groupby(bins, observed=True):
-            lo_, hi_ = wilson(int(g.correct.sum()), len(g))
-            table.append({"kind": kind, "needle_kept_share": b,
-                          "trials": len(g), "correct": int(g.correct.sum()), "accuracy": g.correct.mean(),
-                          "wilson_low": lo_, "wilson_high": hi_})
+            table.append({"kind": kind, "needle_kept_share": b, **accuracy_row(g)})
     if rows:
         for ax in axes:
             ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.2))
