@@ -169,8 +169,7 @@ TEST_CASE("retrieval: needle metrics see the needle in a cache that keeps it, no
   ex.data.synthetic = true;
   ex.data.synth = test::small_synth("gaussian", 96, 8, 1, 2, 1);
   ex.eval.from = 80;
-  ex.eval.needle_begin = 10;
-  ex.eval.needle_end = 20;
+  ex.eval.needle_spans = {{10, 20}};
   Params w;
   w.set("budget", int64_t(32));
   ex.policies = {PolicySpec{"exact", "exact", Params{}}, PolicySpec{"window", "window", w}};
@@ -189,7 +188,7 @@ TEST_CASE("retrieval: needle metrics see the needle in a cache that keeps it, no
     CHECK(metric_of(win, "needle_kept") == 0);
   }
   // Without a needle the metrics are not reported.
-  ex.eval.needle_begin = ex.eval.needle_end = -1;
+  ex.eval.needle_spans.clear();
   const RunResult none = run_experiment(ex, *src, 1);
   for (const auto& m : none.metrics) CHECK(std::string(m.name).rfind("needle", 0) != 0);
 }

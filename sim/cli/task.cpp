@@ -55,8 +55,7 @@ void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, c
   ex.eval = c.eval;
   ex.eval.from = tr.question_begin + 1;
   ex.eval.every = 1;
-  ex.eval.needle_begin = tr.needle_begin;
-  ex.eval.needle_end = tr.needle_end;
+  for (const Span& sp : tr.evidence) ex.eval.needle_spans.push_back({sp.begin, sp.end});
   ex.policies = specs;
   const RunResult res = run_experiment(ex, src, threads);
   const size_t kRel = metric_index("rel_err"), kKept = metric_index("kept_mass"), kNm = metric_index("needle_mass"),
@@ -75,6 +74,13 @@ void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, c
     r.rel_err = mean(0), r.kept_mass = mean(1), r.needle_mass = mean(2), r.needle_kept_mass = mean(3), r.needle_kept = mean(4);
     r.needle_kept_share = nm_all > 0 ? nkm_all / nm_all : NAN;
   }
+}
+
+/// The spans as "b-e b-e …" (trials.csv's evidence column).
+std::string evidence_text(const std::vector<Span>& spans) {
+  std::string s;
+  for (const Span& sp : spans) s += (s.empty() ? "" : " ") + std::to_string(sp.begin) + "-" + std::to_string(sp.end);
+  return s;
 }
 
 /// One trial: the exact prefill, the closed loop of every cache on the context then the question,
@@ -109,7 +115,7 @@ std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, con
   };
   add(policy_cache(PolicySpec{"exact", "exact", Params{}}), "exact", "exact");
   for (const auto& s : specs) add(policy_cache(s), s.label, s.name);
-  if (c.evict_needle) add(std::make_unique<EvictSpanAttention>(cfg, ctx, tr.needle_begin, tr.needle_end), "evict_needle", "evict_needle");
+  if (c.evict_needle) add(std::make_unique<EvictSpanAttention>(cfg, ctx, tr.evidence), "evict_needle", "evict_needle");
   std::vector<KVAttention*> attn;
   for (auto& g : caches) attn.push_back(g.get());
   lap();
@@ -121,14 +127,16 @@ std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, con
     r.length = L, r.depth = depth, r.trial = index, r.needle_depth = tr.depth;
     r.needle_begin = tr.needle_begin, r.needle_end = tr.needle_end, r.question_begin = tr.question_begin;
     r.answer = tr.value;
+    r.evidence = evidence_text(tr.evidence);
     r.generated = generated_text(tok, std::vector<int>(gen[b].begin() + L, gen[b].end()), stop);
-    r.correct = caches[b]->broken().empty() && answer_matches(r.generated, tr.value);
+    r.score = caches[b]->broken().empty() ? answer_score(r.generated, tr.answers, c.settings.match) : 0;
+    r.correct = r.score == 1;
     r.cache_tokens = caches[b]->mean_cache_tokens();
   }
   std::vector<TaskRow*> policy_rows;
   for (size_t p = 0; p < specs.size(); ++p) policy_rows.push_back(&rows[p + 1]);
   const TrialSource src(tt, cfg, c.checkpoint);
-  open_loop_link(c, specs, tr, src, threads, policy_rows);
+  if (!specs.empty()) open_loop_link(c, specs, tr, src, threads, policy_rows);
   lap();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (auto& r : rows) r.seconds = secs;
@@ -142,7 +150,7 @@ toml::value to_toml(const std::vector<TaskRow>& rows) {
     arr.push_back(toml::table{{"length", r.length}, {"trial", r.trial}, {"depth", r.depth}, {"needle_depth", r.needle_depth},
                               {"needle_begin", r.needle_begin}, {"needle_end", r.needle_end}, {"question_begin", r.question_begin},
                               {"cache", r.cache}, {"policy", r.policy}, {"answer", r.answer}, {"generated", r.generated},
-                              {"correct", r.correct}, {"rel_err", r.rel_err}, {"kept_mass", r.kept_mass},
+                              {"correct", r.correct}, {"score", r.score}, {"evidence", r.evidence}, {"rel_err", r.rel_err}, {"kept_mass", r.kept_mass},
                               {"needle_mass", r.needle_mass}, {"needle_kept_mass", r.needle_kept_mass},
                               {"needle_kept", r.needle_kept}, {"needle_kept_share", r.needle_kept_share},
                               {"cache_tokens", r.cache_tokens}, {"seconds", r.seconds}});
@@ -161,7 +169,7 @@ std::vector<TaskRow> from_toml(const std::string& path) {
       r.needle_begin = i("needle_begin"), r.needle_end = i("needle_end"), r.question_begin = i("question_begin");
       r.cache = toml::find<std::string>(t, "cache"), r.policy = toml::find<std::string>(t, "policy");
       r.answer = toml::find<std::string>(t, "answer"), r.generated = toml::find<std::string>(t, "generated");
-      r.correct = i("correct"), r.rel_err = d("rel_err"), r.kept_mass = d("kept_mass"), r.needle_mass = d("needle_mass");
+      r.correct = i("correct"), r.score = d("score"), r.evidence = toml::find<std::string>(t, "evidence"), r.rel_err = d("rel_err"), r.kept_mass = d("kept_mass"), r.needle_mass = d("needle_mass");
       r.needle_kept_mass = d("needle_kept_mass"), r.needle_kept = d("needle_kept"), r.needle_kept_share = d("needle_kept_share");
       r.cache_tokens = d("cache_tokens"), r.seconds = d("seconds");
       rows.push_back(r);
@@ -188,12 +196,13 @@ std::string one_line_text(const std::string& s) {
 void write_trials_csv(const TaskConfig& c, const std::vector<TaskRow>& rows, const std::string& path) {
   std::ostringstream o;
   o << "kind,length,depth,trial,needle_depth,needle_begin,needle_end,question_begin,cache,policy,answer,generated,correct,"
-       "rel_err,kept_mass,needle_mass,needle_kept_mass,needle_kept,needle_kept_share,cache_tokens,seconds,model\n";
+       "score,evidence,rel_err,kept_mass,needle_mass,needle_kept_mass,needle_kept,needle_kept_share,cache_tokens,seconds,model\n";
   const std::string model = csv_field(fs::path(c.checkpoint).stem().string());
   for (const auto& r : rows)
     o << c.kind << ',' << r.length << ',' << fmt(r.depth) << ',' << r.trial << ',' << fmt(r.needle_depth) << ',' << r.needle_begin
       << ',' << r.needle_end << ',' << r.question_begin << ',' << csv_field(r.cache) << ',' << csv_field(r.policy) << ','
-      << csv_field(r.answer) << ',' << csv_field(one_line_text(r.generated)) << ',' << r.correct << ',' << fmt(r.rel_err) << ','
+      << csv_field(r.answer) << ',' << csv_field(one_line_text(r.generated)) << ',' << r.correct << ',' << fmt(r.score) << ','
+      << csv_field(r.evidence) << ',' << fmt(r.rel_err) << ','
       << fmt(r.kept_mass) << ',' << fmt(r.needle_mass) << ',' << fmt(r.needle_kept_mass) << ',' << fmt(r.needle_kept) << ','
       << fmt(r.needle_kept_share) << ',' << fmt(r.cache_tokens) << ',' << fmt(r.seconds) << ',' << model << '\n';
   write_file_atomically(path, o.str());
@@ -201,6 +210,7 @@ void write_trials_csv(const TaskConfig& c, const std::vector<TaskRow>& rows, con
 
 struct Cell {
   int n = 0, k = 0;
+  double score = 0;  ///< Σ RULER score
   double share = 0;
   int shares = 0;
 };
@@ -213,7 +223,7 @@ std::vector<std::pair<std::pair<int, std::string>, Cell>> accuracy_cells(const s
     const auto key = std::make_pair(r.length, r.cache);
     if (!at.count(key)) at[key] = out.size(), out.push_back({key, Cell{}});
     Cell& c = out[at[key]].second;
-    ++c.n, c.k += r.correct;
+    ++c.n, c.k += r.correct, c.score += r.score;
     if (!std::isnan(r.needle_kept_share)) c.share += r.needle_kept_share, ++c.shares;
   }
   return out;
@@ -221,16 +231,18 @@ std::vector<std::pair<std::pair<int, std::string>, Cell>> accuracy_cells(const s
 
 std::string accuracy_csv(const TaskConfig& c, const std::vector<TaskRow>& rows) {
   const auto cells = accuracy_cells(rows);
-  std::map<int, double> exact;
+  // A length counts where the exact cache's RULER score is ≥ 0.8 (its accuracy, for one expected string).
+  std::map<int, double> exact, exact_score;
   for (const auto& [key, cell] : cells)
-    if (key.second == "exact") exact[key.first] = double(cell.k) / cell.n;
+    if (key.second == "exact") exact[key.first] = double(cell.k) / cell.n, exact_score[key.first] = cell.score / cell.n;
   std::ostringstream o;
-  o << "kind,length,cache,trials,correct,accuracy,wilson_low,wilson_high,exact_accuracy,counts,needle_kept_share\n";
+  o << "kind,length,cache,trials,correct,accuracy,wilson_low,wilson_high,score,exact_accuracy,exact_score,counts,"
+       "needle_kept_share\n";
   for (const auto& [key, cell] : cells) {
     const auto [lo, hi] = wilson_interval(cell.k, cell.n);
     o << c.kind << ',' << key.first << ',' << csv_field(key.second) << ',' << cell.n << ',' << cell.k << ','
-      << fmt(double(cell.k) / cell.n) << ',' << fmt(lo) << ',' << fmt(hi) << ',' << fmt(exact[key.first]) << ','
-      << (exact[key.first] >= 0.8 ? 1 : 0) << ',' << fmt(cell.shares ? cell.share / cell.shares : NAN) << '\n';
+      << fmt(double(cell.k) / cell.n) << ',' << fmt(lo) << ',' << fmt(hi) << ',' << fmt(cell.score / cell.n) << ','
+      << fmt(exact[key.first]) << ',' << fmt(exact_score[key.first]) << ',' << (exact_score[key.first] >= 0.8 ? 1 : 0) << ',' << fmt(cell.shares ? cell.share / cell.shares : NAN) << '\n';
   }
   return o.str();
 }
@@ -242,17 +254,18 @@ std::string task_report(const TaskConfig& c, const std::vector<TaskRow>& rows) {
   char buf[256];
   size_t w = 12;
   for (const auto& r : rows) w = std::max(w, r.cache.size());
-  o << c.kind << ": accuracy per prompt length and cache [95% Wilson interval]; '*' = the exact cache is below 80% there, so "
-       "the length does not count\n";
+  o << c.kind << ": accuracy per prompt length and cache [95% Wilson interval]; score = RULER's mean share of the expected "
+       "strings found; '*' = the exact cache scores below 0.8 there, so the length does not count\n";
   for (const auto& [key, cell] : accuracy_cells(rows)) {
     const auto [lo, hi] = wilson_interval(cell.k, cell.n);
-    std::snprintf(buf, sizeof buf, "L=%-6d %s%s %3d/%-3d = %5.3f [%5.3f, %5.3f]  needle kept share %s\n", key.first,
-                  key.second.c_str(), std::string(w - key.second.size(), ' ').c_str(), cell.k, cell.n,
-                  double(cell.k) / cell.n, lo, hi, cell.shares ? fmt(cell.share / cell.shares).c_str() : "-");
+    std::snprintf(buf, sizeof buf, "L=%-6d %s%s %3d/%-3d = %5.3f [%5.3f, %5.3f]  score %5.3f  needle kept share %s\n",
+                  key.first, key.second.c_str(), std::string(w - key.second.size(), ' ').c_str(), cell.k, cell.n,
+                  double(cell.k) / cell.n, lo, hi, cell.score / cell.n, cell.shares ? fmt(cell.share / cell.shares).c_str() : "-");
     o << buf;
   }
   for (const auto& [key, cell] : accuracy_cells(rows))
-    if (key.second == "exact" && cell.k < 0.8 * cell.n) o << "* L=" << key.first << ": the exact cache answers " << cell.k << "/" << cell.n << "\n";
+    if (key.second == "exact" && cell.score < 0.8 * cell.n)
+      o << "* L=" << key.first << ": the exact cache answers " << cell.k << "/" << cell.n << " (score " << fmt(cell.score / cell.n) << ")\n";
   return o.str();
 }
 
@@ -274,6 +287,7 @@ std::string json_string(const std::string& s) {
 
 /// The filler text's tokens (task.filler, encoded without BOS): what every trial's filler is cut from.
 std::vector<int> filler_tokens(const TaskConfig& c, const Tokenizer& tok) {
+  if (c.filler.empty()) return {};  // frequent_words needs none
   std::ifstream in(c.filler, std::ios::binary);
   if (!in) throw Error(c.filler + ": cannot read the task's filler text (task.filler)");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -291,11 +305,15 @@ void write_task_prompts(const TaskConfig& c, const std::string& path) {
     const auto specs = pin_budgets(c.policies, L);
     for (double d : c.depths)
       for (int i = 0; i < c.trials; ++i) {
-        const TaskTrial tr = make_trial(TrialSpec{c.kind, c.templ, L, d, i, c.seed}, tok, filler);
+        const TaskTrial tr = make_trial(TrialSpec{c.kind, c.templ, L, d, i, c.seed, c.settings}, tok, filler);
         o << "{\"kind\": " << json_string(c.kind) << ", \"length\": " << L << ", \"depth\": " << d << ", \"trial\": " << i
-          << ", \"needle_depth\": " << tr.depth << ", \"needle_begin\": " << tr.needle_begin << ", \"needle_end\": " << tr.needle_end
+          << ", \"needle_depth\": " << (std::isnan(tr.depth) ? "null" : fmt(tr.depth)) << ", \"needle_begin\": " << tr.needle_begin << ", \"needle_end\": " << tr.needle_end
           << ", \"question_begin\": " << tr.question_begin << ", \"key\": " << json_string(tr.key)
-          << ", \"value\": " << json_string(tr.value) << ", \"generate\": " << c.generate << ", \"budgets\": {";
+          << ", \"value\": " << json_string(tr.value) << ", \"answers\": [";
+        for (size_t a = 0; a < tr.answers.size(); ++a) o << (a ? ", " : "") << json_string(tr.answers[a]);
+        o << "], \"evidence\": [";
+        for (size_t e = 0; e < tr.evidence.size(); ++e) o << (e ? ", " : "") << "[" << tr.evidence[e].begin << ", " << tr.evidence[e].end << "]";
+        o << "], \"match\": " << json_string(c.settings.match) << ", \"generate\": " << c.generate << ", \"budgets\": {";
         for (size_t p = 0; p < specs.size(); ++p) {
           // The cache's pinned size in tokens (memory, else budget); -1 when it has neither.
           int64_t b = -1;
@@ -353,7 +371,7 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
         if (fs::exists(file)) {
           trial = from_toml(file.string());
         } else {
-          const TaskTrial tr = make_trial(TrialSpec{c.kind, c.templ, L, c.depths[di], i, c.seed}, tok, filler);
+          const TaskTrial tr = make_trial(TrialSpec{c.kind, c.templ, L, c.depths[di], i, c.seed, c.settings}, tok, filler);
           trial = run_trial(c, model, tok, tr, L, c.depths[di], i, opt.threads, phases);
           std::ostringstream s;
           s << to_toml(trial);

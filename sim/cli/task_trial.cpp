@@ -51,19 +51,21 @@ MatF TrialSource::read(int layer, Tensor which, int head) const {
   return src.at(size_t(layer)).middleCols(int64_t(head) * hd, hd);
 }
 
-EvictSpanAttention::EvictSpanAttention(const LlamaConfig& cfg, const PromptTensors& prompt, int64_t begin, int64_t end)
+EvictSpanAttention::EvictSpanAttention(const LlamaConfig& cfg, const PromptTensors& prompt, const std::vector<Span>& evict)
     : cfg_(cfg), prompt_len_(prompt.P) {
-  const int64_t P = prompt.P, kept = P - (std::min(end, P) - std::min(begin, P));
+  const int64_t P = prompt.P;
+  std::vector<char> drop(size_t(P), 0);
+  for (const Span& s : evict)
+    for (int64_t j = std::max(0, s.begin); j < std::min<int64_t>(s.end, P); ++j) drop[size_t(j)] = 1;
   for (int64_t j = 0; j < P; ++j)
-    if (j < begin || j >= end) kept_.push_back(j);
+    if (!drop[size_t(j)]) kept_.push_back(j);
+  const int64_t kept = int64_t(kept_.size());
   for (size_t i = 0; i < prompt.k.size(); ++i) {
     MatD K(kept, cfg.head_dim()), V(kept, cfg.head_dim());
-    int64_t r = 0;
-    for (int64_t j = 0; j < P; ++j)
-      if (j < begin || j >= end) {
-        K.row(r) = prompt.k[i].row(j).cast<double>();
-        V.row(r++) = prompt.v[i].row(j).cast<double>();
-      }
+    for (int64_t r = 0; r < kept; ++r) {
+      K.row(r) = prompt.k[i].row(kept_[size_t(r)]).cast<double>();
+      V.row(r) = prompt.v[i].row(kept_[size_t(r)]).cast<double>();
+    }
     k_.push_back(std::move(K));
     v_.push_back(std::move(V));
   }

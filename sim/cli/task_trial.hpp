@@ -7,6 +7,7 @@
 #include "kvsim/io/recording.hpp"
 #include "kvsim/model/llama.hpp"
 #include "kvsim/model/policy_attention.hpp"
+#include "kvsim/model/retrieval.hpp"
 
 namespace kvsim::task_detail {
 
@@ -34,12 +35,12 @@ class TrialSource final : public StreamSource {
   RecordingMeta meta_;
 };
 
-/// The negative control: the exact cache without the tokens [begin, end) of the prompt it received
+/// The negative control: the exact cache without the tokens of `evict` (spans of the prompt it received)
 /// (exact attention over every other token, and over every decoded token; a local layer of a
 /// sliding-window model over those of its last sliding_window positions).
 class EvictSpanAttention final : public KVAttention {
  public:
-  EvictSpanAttention(const LlamaConfig& cfg, const PromptTensors& prompt, int64_t begin, int64_t end);
+  EvictSpanAttention(const LlamaConfig& cfg, const PromptTensors& prompt, const std::vector<Span>& evict);
   void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override;
   double mean_cache_tokens() const override;
 

@@ -1,21 +1,22 @@
+// Retrieval tasks (include/kvsim/model/retrieval.hpp): passkey and word, what every kind shares (needles
+// placed in real filler, the scorers, the Wilson interval); the RULER suite's kinds are in ruler.cpp.
 #include "kvsim/model/retrieval.hpp"
 
+#include <algorithm>
 #include <boost/random/uniform_int_distribution.hpp>
 #include <cctype>
 #include <cmath>
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/rng.hpp"
+#include "retrieval_detail.hpp"
 
 namespace kvsim {
 
 namespace {
 
-// SmolLM2-Instruct's chat format (its GGUF's tokenizer.chat_template): a system turn, the user's turn
-// holding the instruction, the filler with the needle and the question, then the assistant's turn.
-constexpr const char* kSystem =
-    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n";
-constexpr const char* kAssistant = "<|im_end|>\n<|im_start|>assistant\n";
+using retrieval_detail::kAssistant;
+using retrieval_detail::kSystem;
 
 // The word task's keys (places the TinyStories filler never names) and values (common nouns).
 const std::vector<std::string> kKeys = {"Lisbon", "Oslo",   "Cairo",  "Lima",   "Dublin", "Vienna", "Prague", "Madrid",
@@ -27,12 +28,6 @@ const std::vector<std::string> kValues = {
     "button", "barrel", "cannon", "teapot", "wallet", "zipper", "tunnel", "basket", "harbor", "glacier", "orchid", "parrot",
     "dolphin", "falcon", "lobster", "penguin", "giraffe", "beetle", "spider", "turtle", "walrus", "salmon", "hornet", "camel"};
 
-std::string fill(std::string s, const std::string& key, const std::string& value) {
-  for (const auto& [name, v] : {std::pair<std::string, std::string>{"{key}", key}, {"{value}", value}})
-    for (size_t at = s.find(name); at != std::string::npos; at = s.find(name, at + v.size())) s.replace(at, name.size(), v);
-  return s;
-}
-
 /// True when the token's text ends a sentence or a line (where a needle may start).
 bool ends_sentence(const Tokenizer& tok, int id) {
   const std::string p = tok.decode(-1, id);
@@ -40,11 +35,110 @@ bool ends_sentence(const Tokenizer& tok, int id) {
   return e != std::string::npos && (p[e] == '.' || p[e] == '!' || p[e] == '?' || p[e] == '\n');
 }
 
-uint64_t kind_tag(const std::string& kind) { return kind == "passkey" ? 0x9a55 : 0x30bd; }
+uint64_t kind_tag(const std::string& kind) {
+  return kind == "passkey" ? 0x9a55 : kind == "word" ? 0x30bd : retrieval_detail::name_tag(kind);
+}
 
 }  // namespace
 
-TaskTemplate default_template(const std::string& kind) {
+namespace retrieval_detail {
+
+uint64_t name_tag(const std::string& kind) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : kind) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+std::string fill(std::string s, const std::string& key, const std::string& value) {
+  for (const auto& [name, v] : {std::pair<std::string, std::string>{"{key}", key}, {"{value}", value}})
+    for (size_t at = s.find(name); at != std::string::npos; at = s.find(name, at + v.size())) s.replace(at, name.size(), v);
+  return s;
+}
+
+void place_needles(const TrialSpec& spec, const Tokenizer& tok, const std::vector<int>& filler, std::vector<int> pre,
+                   const std::vector<Needle>& needles, const std::vector<int>& question, Engine& rng, const std::string& lower,
+                   TaskTrial& tr) {
+  if (tok.add_bos()) pre.insert(pre.begin(), tok.bos_id());  // as the model's tokenizer opens a document (Gemma 3; not SmolLM2)
+  size_t fixed = pre.size() + question.size();
+  for (const auto& n : needles) fixed += n.tokens.size();
+  const int64_t F = int64_t(spec.length) - int64_t(fixed);
+  if (F < 16)
+    throw Error("task.lengths: " + std::to_string(spec.length) + " tokens leave " + std::to_string(F) +
+                " for the filler after the templates' " + std::to_string(fixed) + " (need ≥ 16)" +
+                (lower.empty() ? "" : "; lower " + lower + " or raise the length"));
+  if (int64_t(filler.size()) < F)
+    throw Error("task.filler: the filler text has " + std::to_string(filler.size()) + " tokens; a " +
+                std::to_string(spec.length) + "-token prompt needs " + std::to_string(F));
+  tr.filler_offset = boost::random::uniform_int_distribution<int64_t>(0, int64_t(filler.size()) - F)(rng);
+  const int* f = filler.data() + tr.filler_offset;
+  // A needle's place: its share of the filler before it, moved back to the nearest sentence end within
+  // 64 tokens (so it does not split a word); share 0 puts it first. The move keeps the targets' order.
+  std::vector<std::pair<int64_t, size_t>> at;
+  for (size_t i = 0; i < needles.size(); ++i) {
+    int64_t a = std::llround(std::clamp(needles[i].target, 0.0, 1.0) * double(F));
+    for (int64_t j = a; j > 0 && j > a - 64; --j)
+      if (ends_sentence(tok, f[j - 1])) {
+        a = j;
+        break;
+      }
+    at.push_back({a, i});
+  }
+  std::sort(at.begin(), at.end());
+  tr.tokens = pre;
+  tr.needles.clear(), tr.evidence.clear();
+  tr.depth = NAN;
+  int64_t from = 0;
+  for (const auto& [a, i] : at) {
+    tr.tokens.insert(tr.tokens.end(), f + from, f + a);
+    from = a;
+    const Span sp{int(tr.tokens.size()), int(tr.tokens.size() + needles[i].tokens.size())};
+    tr.tokens.insert(tr.tokens.end(), needles[i].tokens.begin(), needles[i].tokens.end());
+    tr.needles.push_back(sp);
+    if (needles[i].evidence) {
+      if (tr.evidence.empty()) tr.depth = double(a) / double(F);
+      tr.evidence.push_back(sp);
+    }
+  }
+  tr.tokens.insert(tr.tokens.end(), f + from, f + F);
+  tr.question_begin = int(tr.tokens.size());
+  tr.tokens.insert(tr.tokens.end(), question.begin(), question.end());
+  tr.needle_begin = tr.evidence.empty() ? -1 : tr.evidence[0].begin;
+  tr.needle_end = tr.evidence.empty() ? -1 : tr.evidence[0].end;
+}
+
+void place_context(const TrialSpec& spec, const Tokenizer& tok, std::vector<int> pre, const std::vector<int>& context,
+                   const std::vector<Span>& evidence, const std::vector<int>& question, TaskTrial& tr) {
+  if (tok.add_bos()) pre.insert(pre.begin(), tok.bos_id());
+  const int64_t pad = int64_t(spec.length) - int64_t(pre.size() + context.size() + question.size());
+  if (pad < 0)
+    throw Error("task.lengths: " + std::to_string(spec.length) + " tokens cannot hold the templates and the list (" +
+                std::to_string(pre.size() + context.size() + question.size()) + ")");
+  const auto nl = tok.encode("\n", false, false);
+  tr.tokens = pre;
+  tr.tokens.insert(tr.tokens.end(), context.begin(), context.end());
+  for (int64_t i = 0; i < pad; ++i) tr.tokens.push_back(nl.empty() ? tok.eos_id() : nl[0]);  // blank lines up to L
+  tr.question_begin = int(tr.tokens.size());
+  tr.tokens.insert(tr.tokens.end(), question.begin(), question.end());
+  tr.needles.clear(), tr.evidence.clear();
+  for (const Span& e : evidence) tr.evidence.push_back({e.begin + int(pre.size()), e.end + int(pre.size())});
+  tr.needle_begin = tr.evidence.empty() ? -1 : tr.evidence[0].begin;
+  tr.needle_end = tr.evidence.empty() ? -1 : tr.evidence[0].end;
+  tr.depth = NAN;
+  tr.filler_offset = -1;
+}
+
+}  // namespace retrieval_detail
+
+const std::vector<std::string>& task_kinds() {
+  static const std::vector<std::string> kinds = {"passkey",         "word",           "niah_single",       "niah_multikey",
+                                                 "niah_multivalue", "niah_multiquery", "variable_tracking", "common_words",
+                                                 "frequent_words"};
+  return kinds;
+}
+
+bool task_has_needles(const std::string& kind) { return kind != "common_words" && kind != "frequent_words"; }
+
+TaskTemplate default_template(const std::string& kind, const TaskSettings& s) {
   if (kind == "passkey")
     return {std::string(kSystem) +
                 "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you "
@@ -57,7 +151,11 @@ TaskTemplate default_template(const std::string& kind) {
                 "about it.\n\n",
             "\nThe secret word for {key} is \"{value}\". Remember it.\n",
             "\n\nWhat is the secret word for {key}? Answer with the word." + std::string(kAssistant)};
-  throw Error("task.kind must be \"passkey\" or \"word\", not '" + kind + "'");
+  if (std::find(task_kinds().begin(), task_kinds().end(), kind) != task_kinds().end())
+    return retrieval_detail::ruler_template(kind, s);
+  std::string all;
+  for (const auto& k : task_kinds()) all += (all.empty() ? "" : ", ") + k;
+  throw Error("task.kind must be one of " + all + ", not '" + kind + "'");
 }
 
 std::vector<int> encode_template(const Tokenizer& tok, const std::string& text, const std::string& what) {
@@ -85,44 +183,36 @@ TaskTrial make_trial(const TrialSpec& spec, const Tokenizer& tok, const std::vec
   Engine rng = make_engine({spec.seed, kind_tag(spec.kind), uint64_t(spec.length),
                             uint64_t(std::llround(spec.depth * 1e6)), uint64_t(spec.index)});
   TaskTrial tr;
+  if (spec.kind != "passkey" && spec.kind != "word") {
+    retrieval_detail::make_ruler_trial(spec, tok, filler, rng, tr);
+    return tr;
+  }
+  using retrieval_detail::fill;
   if (spec.kind == "passkey") {
     tr.value = std::to_string(boost::random::uniform_int_distribution<int>(10000, 99999)(rng));
   } else {
     tr.key = kKeys[boost::random::uniform_int_distribution<size_t>(0, kKeys.size() - 1)(rng)];
     tr.value = kValues[boost::random::uniform_int_distribution<size_t>(0, kValues.size() - 1)(rng)];
   }
-  auto pre = encode_template(tok, fill(spec.templ.prefix, tr.key, tr.value), "task.prefix");
-  if (tok.add_bos()) pre.insert(pre.begin(), tok.bos_id());  // as the model's tokenizer opens a document (Gemma 3; not SmolLM2)
-  const auto needle = encode_template(tok, fill(spec.templ.needle, tr.key, tr.value), "task.needle");
-  const auto question = encode_template(tok, fill(spec.templ.question, tr.key, tr.value), "task.question");
-  const int64_t F = int64_t(spec.length) - int64_t(pre.size() + needle.size() + question.size());
-  if (F < 16)
-    throw Error("task.lengths: " + std::to_string(spec.length) + " tokens leave " + std::to_string(F) +
-                " for the filler after the templates' " + std::to_string(pre.size() + needle.size() + question.size()) +
-                " (need ≥ 16)");
-  if (int64_t(filler.size()) < F)
-    throw Error("task.filler: the filler text has " + std::to_string(filler.size()) + " tokens; a " +
-                std::to_string(spec.length) + "-token prompt needs " + std::to_string(F));
-  tr.filler_offset = boost::random::uniform_int_distribution<int64_t>(0, int64_t(filler.size()) - F)(rng);
-  const int* f = filler.data() + tr.filler_offset;
-  // Depth: the share of the filler before the needle, moved back to the nearest sentence end within
-  // 64 tokens (so the needle does not split a word); depth 0 puts it first.
-  int64_t at = std::llround(spec.depth * double(F));
-  for (int64_t j = at; j > 0 && j > at - 64; --j)
-    if (ends_sentence(tok, f[j - 1])) {
-      at = j;
-      break;
-    }
-  tr.tokens = pre;
-  tr.tokens.insert(tr.tokens.end(), f, f + at);
-  tr.needle_begin = int(tr.tokens.size());
-  tr.tokens.insert(tr.tokens.end(), needle.begin(), needle.end());
-  tr.needle_end = int(tr.tokens.size());
-  tr.tokens.insert(tr.tokens.end(), f + at, f + F);
-  tr.question_begin = int(tr.tokens.size());
-  tr.tokens.insert(tr.tokens.end(), question.begin(), question.end());
-  tr.depth = double(at) / double(F);
+  tr.answers = {tr.value};
+  const auto pre = encode_template(tok, retrieval_detail::fill(spec.templ.prefix, tr.key, tr.value), "task.prefix");
+  const auto needle = encode_template(tok, retrieval_detail::fill(spec.templ.needle, tr.key, tr.value), "task.needle");
+  const auto question = encode_template(tok, retrieval_detail::fill(spec.templ.question, tr.key, tr.value), "task.question");
+  retrieval_detail::place_needles(spec, tok, filler, pre, {{needle, spec.depth, true}}, question, rng, "", tr);
   return tr;
+}
+
+double answer_score(const std::string& generated, const std::vector<std::string>& answers, const std::string& match) {
+  if (answers.empty()) return 0;
+  auto lower = [](std::string s) {
+    for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  const std::string g = lower(generated);
+  int found = 0;
+  for (const auto& a : answers)
+    found += match == "word" ? answer_matches(generated, a) : (!a.empty() && g.find(lower(a)) != std::string::npos);
+  return double(found) / double(answers.size());
 }
 
 bool answer_matches(const std::string& generated, const std::string& answer) {

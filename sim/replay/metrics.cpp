@@ -135,30 +135,45 @@ namespace {
 double ratio_or_inf(double x, double y) { return y > 0 ? x / y : (x == 0 ? 0 : INFINITY); }
 /// The H2O objective metrics exist only with `[eval] objectives = true`.
 bool objectives_on(const EvalSpec& e) { return e.objectives; }
-bool needle_on(const EvalSpec& e) { return e.needle_begin >= 0; }
+bool needle_on(const EvalSpec& e) { return !e.needle_spans.empty(); }
+
+/// The needle's tokens before step t (the spans clipped to [0, t)): how many there are.
+int64_t needle_tokens(const MetricContext& c) {
+  int64_t n = 0;
+  if (c.needle_spans)
+    for (const auto& [b, e] : *c.needle_spans) n += std::max<int64_t>(0, std::min(e, c.t) - std::max<int64_t>(b, 0));
+  return n;
+}
+
+/// True when token j < t is one of the needle's (binary search over the ascending spans).
+bool in_needle(const MetricContext& c, int64_t j) {
+  const auto& s = *c.needle_spans;
+  auto it = std::upper_bound(s.begin(), s.end(), j, [](int64_t x, const std::pair<int64_t, int64_t>& sp) { return x < sp.first; });
+  return it != s.begin() && j < std::prev(it)->second && j < c.t;
+}
 
 /// Σ a_t(j) over the needle's tokens j < t, all of them or only those the cache kept (`kept_only`);
 /// NaN before the needle is in the stream, and for kept_only when the policy keeps no token subset.
 double needle_mass(const MetricContext& c, bool kept_only) {
-  const int64_t b = c.needle_begin, e = std::min(c.needle_end, c.t);
-  if (b < 0 || b >= e || (kept_only && !c.has_kept())) return NAN;
+  if (needle_tokens(c) == 0 || (kept_only && !c.has_kept())) return NAN;
   double s = 0;
   if (!kept_only) {
-    for (int64_t j = b; j < e; ++j) s += c.probs[j];
+    for (const auto& [b, e] : *c.needle_spans)
+      for (int64_t j = std::max<int64_t>(b, 0); j < std::min(e, c.t); ++j) s += c.probs[j];
   } else {
     for (int64_t j : c.answer->kept)
-      if (j >= b && j < e) s += c.probs[j];
+      if (in_needle(c, j)) s += c.probs[j];
   }
   return s;
 }
 
 /// |kept ∩ needle| / |needle|: the share of the needle's tokens the cache holds.
 double needle_kept(const MetricContext& c) {
-  const int64_t b = c.needle_begin, e = std::min(c.needle_end, c.t);
-  if (b < 0 || b >= e || !c.has_kept()) return NAN;
+  const int64_t n = needle_tokens(c);
+  if (n == 0 || !c.has_kept()) return NAN;
   int64_t k = 0;
-  for (int64_t j : c.answer->kept) k += (j >= b && j < e);
-  return double(k) / double(e - b);
+  for (int64_t j : c.answer->kept) k += in_needle(c, j);
+  return double(k) / double(n);
 }
 
 /// The facility-location metrics apply at objective steps of subset-keeping policies.

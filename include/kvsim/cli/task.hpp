@@ -20,8 +20,9 @@ struct TaskConfig {
   std::string name = "task";
   uint64_t seed = 1;
   std::string checkpoint, tokenizer;
-  std::string kind = "passkey";     ///< "passkey" or "word"
-  TaskTemplate templ;               ///< default_template(kind), with any [task] prefix/needle/question given
+  std::string kind = "passkey";     ///< one of task_kinds()
+  TaskSettings settings;            ///< the kind's draws, format and scoring rule
+  TaskTemplate templ;               ///< default_template(kind, settings), with any [task] prefix/needle/question given
   std::string filler;               ///< the real text the filler is cut from
   std::vector<int> lengths;         ///< prompt lengths L (tokens)
   std::vector<double> depths = {0.1, 0.3, 0.5, 0.7, 0.9};
@@ -34,20 +35,24 @@ struct TaskConfig {
 };
 
 /// TOML: name, seed, [model] checkpoint, tokenizer; [task] kind, filler, lengths, depths, trials,
-/// generate, evict_needle, prefix, needle, question; [eval]; [[policy]]. Throws kvsim::Error
-/// naming FILE:LINE and the key.
+/// generate, evict_needle, prefix, needle, question, format, match and the kind's own settings
+/// (value_type, needles, hops, chains, common, common_repeats, uncommon_repeats, alpha, vocab; a key
+/// that does not apply to the kind is refused); [eval]; [[policy]]. Throws kvsim::Error naming
+/// FILE:LINE and the key.
 TaskConfig load_task(const std::string& path, const std::vector<std::string>& overrides = {});
 
 /// One cache's result on one trial.
 struct TaskRow {
   int length = 0, trial = 0;
   double depth = 0;          ///< the configured depth
-  double needle_depth = 0;   ///< where the needle landed (share of the filler before it)
+  double needle_depth = 0;   ///< where the first evidence needle landed (share of the filler before it; NaN: none)
   int needle_begin = 0, needle_end = 0, question_begin = 0;
   std::string cache;         ///< "exact", a policy label, or "evict_needle"
   std::string policy;        ///< registry name ("exact", "evict_needle" for the control)
-  std::string answer, generated;
-  int correct = 0;
+  std::string answer, generated;  ///< answer: every expected string, joined by ", "
+  int correct = 0;           ///< 1 when every expected string is in the answer (score = 1)
+  double score = 0;          ///< RULER's string_match_all: the share of the expected strings found
+  std::string evidence;      ///< the evidence spans "b-e b-e …" (TaskTrial::evidence)
   /// Open loop at the question's query steps, means over (layer, query head, step): NaN for the
   /// control and where a metric does not apply (needle_kept_share = Σ needle_kept_mass / Σ needle_mass).
   double rel_err = NAN, kept_mass = NAN, needle_mass = NAN, needle_kept_mass = NAN, needle_kept = NAN,

@@ -64,10 +64,11 @@ struct EvalSpec {
   int64_t objectives_every = 16;
   int64_t objectives_max_t = 1024;
   double theorem44_alpha = 0.0, theorem44_beta = 0.0;
-  /// A needle's tokens [needle_begin, needle_end) (0-based positions; −1 = none): retrieval tasks
-  /// (`kvsim task`, docs/tasks.md) set it, and the metrics needle_mass, needle_kept_mass and
-  /// needle_kept then apply.
-  int64_t needle_begin = -1, needle_end = -1;
+  /// The needle's tokens: spans [begin, end) (0-based positions, ascending, disjoint; none = empty).
+  /// Retrieval tasks (`kvsim task`, docs/tasks.md) set them to the tokens that hold the answer (one
+  /// needle, several, a chain of assignments, a word's occurrences), and the metrics needle_mass,
+  /// needle_kept_mass and needle_kept then apply over their union.
+  std::vector<std::pair<int64_t, int64_t>> needle_spans;
 };
 
 struct Experiment {

@@ -37,7 +37,7 @@ class MetricContext {
   double cache_bytes = 0;            ///< the cell's stored vectors × head_dim × 4 bytes (all instances)
   double loaded_bytes = 0;           ///< bytes read to answer the query (all instances; PartialLoad)
   double policy_ns = 0;              ///< mean policy time per step since the last evaluated step
-  int64_t needle_begin = -1, needle_end = -1;  ///< [eval] needle span (0-based tokens; −1 = none)
+  const std::vector<std::pair<int64_t, int64_t>>* needle_spans = nullptr;  ///< EvalSpec::needle_spans
   // H2O objectives (H2O §4.1): on when `objectives`; the facility-location triple only at steps
   // `objectives_due`. `attn_all` is [T_obj, T_obj] full causal attention; `greedy_cache` memoizes
   // (greedy, OPT) per (query head, t, |S|) across policies of a cell.
