@@ -103,7 +103,7 @@ rc=$?
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/killed" --threads 2 --resume > /dev/null 2> "$TMP/resumed.err" || bad "resume"
 grep -q "(checkpointed)" "$TMP/resumed.err" && ok "the resumed run reused a checkpointed trial" || bad "no checkpointed trial reused: $(cat "$TMP/resumed.err")"
 [ -f "$TMP/killed/trials.csv" ] && [ ! -e "$TMP/killed/trials" ] && ok "a finished run leaves no checkpoints" || bad "checkpoints left behind"
-[ -f "$TMP/full/trials.csv" ] && cmp <(cut -d, -f1-20 "$TMP/full/trials.csv") <(cut -d, -f1-20 "$TMP/killed/trials.csv") > /dev/null \
+[ -f "$TMP/full/trials.csv" ] && cmp <(cut -d, -f1-22 "$TMP/full/trials.csv") <(cut -d, -f1-22 "$TMP/killed/trials.csv") > /dev/null \
   && ok "resumed trials.csv = uninterrupted (timings aside)" || bad "resumed trials.csv differs"
 # Bad input: one line naming the key, exit 2.
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/bad" --set task.depth=0.5 > /dev/null 2> "$TMP/bad.err"
@@ -115,5 +115,40 @@ rc=$?
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/oracle" --set policy.1.score=oracle > /dev/null 2> "$TMP/bad.err"
 rc=$?
 [ $rc -eq 2 ] && grep -q "non-causal oracle" "$TMP/bad.err" && [ ! -e "$TMP/oracle/trials" ] && ok "a non-causal oracle refused before any trial" || bad "oracle: rc $rc, $(cat "$TMP/bad.err")"
+# A RULER kind with several needles (niah_multivalue: four values of one key, each its own needle): the
+# control without all four scores nothing, the exact cache scores, and window's needle_kept is the share
+# of the four spans' tokens inside its newest 128 tokens, from the positions in the evidence column.
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/multi" --threads 2 --quiet --set 'task.kind="niah_multivalue"' --set 'task.lengths=[512]' \
+  --set 'task.depths=[0.2]' > /dev/null 2> "$TMP/multi.err" || bad "niah_multivalue run: $(tail -1 "$TMP/multi.err")"
+"$PY" - "$TMP/multi/trials.csv" <<'PY' || fails=$((fails+1))
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+bad = 0
+def check(cond, what):
+    global bad
+    print(("ok: " if cond else "FAIL: ") + what)
+    bad += not cond
+by = lambda cache: [r for r in rows if r["cache"] == cache]
+check(len(by("exact")) == 2 and all(len(r["answer"].split(", ")) == 4 for r in rows), "multivalue: two trials, four values each")
+check(all(len(r["evidence"].split()) == 4 for r in rows), "multivalue: four evidence spans per trial")
+check(sum(float(r["score"]) for r in by("exact")) >= 1, f"multivalue: the exact cache scores {[r['score'] for r in by('exact')]}")
+check(all(float(r["score"]) == 0 for r in by("evict_needle")), "multivalue: the control without the four needles scores 0")
+for r in by("window(memory=0.5)"):
+    spans = [tuple(map(int, s.split("-"))) for s in r["evidence"].split()]
+    q = int(r["question_begin"])
+    shares = []
+    for t in range(q + 1, 513):
+        inside = sum(max(0, min(e, t) - max(b, t - 256)) for b, e in spans)
+        shares.append(inside / sum(min(e, t) - b for b, e in spans))
+    want = sum(shares) / len(shares)
+    check(abs(float(r["needle_kept"]) - want) < 1e-5, f"multivalue: window's needle_kept {r['needle_kept']} = {want:.6f} over four spans")
+sys.exit(1 if bad else 0)
+PY
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/bad" --set task.hops=3 > /dev/null 2> "$TMP/bad.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "task.hops does not apply to task.kind \"passkey\"" "$TMP/bad.err" && ok "a setting of another kind refused" || bad "hops: rc $rc, $(cat "$TMP/bad.err")"
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/bad" --set 'task.kind="niah_multikey"' --set task.needles=40 > /dev/null 2> "$TMP/bad.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "task.lengths: 256 tokens leave .*; lower task.needles" "$TMP/bad.err" && [ ! -e "$TMP/bad/trials" ] && ok "too many needles for L refused by key" || bad "needles: rc $rc, $(cat "$TMP/bad.err")"
 [ $fails -eq 0 ] && echo "task_test: all passed" || echo "task_test: $fails failed"
 exit $((fails > 0))

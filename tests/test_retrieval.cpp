@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 
+#include "byte_tokenizer.hpp"
 #include "helpers.hpp"
 #include "kvsim/io/spec.hpp"
 #include "kvsim/model/retrieval.hpp"
@@ -16,31 +17,10 @@
 
 using namespace kvsim;
 using Catch::Matchers::Contains;
+using test::byte_tokenizer;
+using test::text_of;
 
 namespace {
-
-/// A byte-level tokenizer.bin (259 pieces: <unk>, <s>, </s>, then "<0xHH>" for every byte).
-Tokenizer byte_tokenizer(const test::TempDir& dir) {
-  const std::string path = dir.file("bytes.bin");
-  std::ofstream f(path, std::ios::binary);
-  const int32_t max_len = 6;
-  f.write(reinterpret_cast<const char*>(&max_len), 4);
-  auto piece = [&](const std::string& s) {
-    const float score = 0;
-    const int32_t n = int32_t(s.size());
-    f.write(reinterpret_cast<const char*>(&score), 4);
-    f.write(reinterpret_cast<const char*>(&n), 4);
-    f.write(s.data(), n);
-  };
-  piece("<unk>"), piece("<s>"), piece("</s>");
-  for (int b = 0; b < 256; ++b) {
-    char hex[8];
-    std::snprintf(hex, sizeof hex, "<0x%02X>", b);
-    piece(hex);
-  }
-  f.close();
-  return Tokenizer(path, 259);
-}
 
 const std::string kFiller =
     "Once upon a time there was a little dog. He liked to run in the park! Did he ever stop? No.\n"
@@ -54,12 +34,6 @@ std::vector<int> long_filler(const Tokenizer& tok) {
 }
 
 TaskTemplate plain_template() { return {"Find the key.\n", "\nThe pass key is {value}. {value} is the key.\n", "\nWhat is the key?\n"}; }
-
-std::string text_of(const Tokenizer& tok, const std::vector<int>& ids, int from, int to) {
-  std::string s;
-  for (int i = from; i < to; ++i) s += tok.decode(-1, ids[size_t(i)]);
-  return s;
-}
 
 }  // namespace
 

@@ -341,6 +341,8 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
     PolicyKVAttention(cfg, s, c.lengths[0] + c.generate, c.seed, c.eval.gqa, c.eval.group_agg, c.lengths[0] / 2,
                       c.eval.policy_precision == Precision::float32);
   const std::vector<int> filler = filler_tokens(c, tok);
+  // Settings that cannot fit a length fail now, before any file is written.
+  for (int L : c.lengths) make_trial(TrialSpec{c.kind, c.templ, L, c.depths[0], 0, c.seed, c.settings}, tok, filler);
   const fs::path out(opt.out), ckpt = out / "trials";
   std::error_code ec;
   if (opt.force) fs::remove_all(ckpt, ec);

@@ -96,11 +96,16 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+void make_variable_tracking(const TrialSpec& spec, const Tokenizer& tok, const std::vector<int>& filler, Engine& rng,
+                            TaskTrial& tr, int64_t example_filler = -1);
+void make_common_words(const TrialSpec& spec, const Tokenizer& tok, const std::vector<int>& filler, Engine& rng,
+                       TaskTrial& tr, int64_t example_words = -1);
+
 /// RULER's solved example before variable_tracking's and common_words' task (Appendix B; its generator's
 /// one in-context example): the same kind in plain text, drawn from `seed`, followed by its answer —
-/// variable_tracking's names (RULER's example: 500 tokens; here 256 below L = 4096, else 512),
-/// common_words' numbered list (RULER's: 20 words, 3 and 1 repeats, below 4096; 40 words, 10 and 3,
-/// from 4096; here 256 and 1024 tokens).
+/// variable_tracking's names, with 128 filler tokens below L = 4096 and 384 from 4096 (RULER's example
+/// is 500 tokens); common_words' numbered list of 20 words, 3 and 1 repeats, below 4096, and of 40
+/// words, 10 and 3 repeats, from 4096 (RULER's).
 std::vector<int> example_tokens(const TrialSpec& spec, const Tokenizer& tok, const std::vector<int>& filler, uint64_t seed) {
   TrialSpec ex = spec;
   const bool short_task = spec.length < 4096;
@@ -108,16 +113,15 @@ std::vector<int> example_tokens(const TrialSpec& spec, const Tokenizer& tok, con
   ex.settings.examples = 0;
   ex.templ = ruler_template(spec.kind, ex.settings);
   ex.depth = 0.25;
-  if (spec.kind == "common_words") {
-    ex.length = short_task ? 256 : 1024;
-    ex.settings.common_repeats = short_task ? 3 : 10;
-    ex.settings.uncommon_repeats = short_task ? 1 : 3;
-  } else {
-    ex.length = short_task ? 256 : 512;
-  }
   Engine rng(seed);
   TaskTrial t;
-  make_ruler_trial(ex, tok, filler, rng, t);
+  if (spec.kind == "common_words") {
+    ex.settings.common_repeats = short_task ? 3 : 10;
+    ex.settings.uncommon_repeats = short_task ? 1 : 3;
+    make_common_words(ex, tok, filler, rng, t, short_task ? 20 : 40);
+  } else {
+    make_variable_tracking(ex, tok, filler, rng, t, short_task ? 128 : 384);
+  }
   if (tok.add_bos()) t.tokens.erase(t.tokens.begin());
   std::string answer;
   for (size_t i = 0; i < t.answers.size(); ++i)
@@ -165,8 +169,9 @@ void make_niah(const TrialSpec& spec, const Tokenizer& tok, const std::vector<in
   place_needles(spec, tok, filler, pre, needles, question, rng, mk || mv || mq ? "task.needles" : "", tr);
 }
 
+/// `example_filler` ≥ 0: a prompt of that many filler tokens instead of spec.length (example_tokens).
 void make_variable_tracking(const TrialSpec& spec, const Tokenizer& tok, const std::vector<int>& filler, Engine& rng,
-                            TaskTrial& tr) {
+                            TaskTrial& tr, int64_t example_filler) {
   const TaskSettings& s = spec.settings;
   std::set<std::string> taken;
   const auto names = distinct((s.hops + 1) * s.chains, taken, [&] { return letters(rng, 5, 'A'); });
@@ -192,7 +197,12 @@ void make_variable_tracking(const TrialSpec& spec, const Tokenizer& tok, const s
   tr.value = join(tr.answers);
   const auto pre = encode_prefix(spec, tok, retrieval_detail::fill(spec.templ.prefix, "", values[0]), filler, rng);
   const auto question = encode_template(tok, retrieval_detail::fill(spec.templ.question, "", values[0]), "task.question");
-  place_needles(spec, tok, filler, pre, needles, question, rng, "task.hops or task.chains", tr);
+  TrialSpec fit = spec;
+  if (example_filler >= 0) {
+    fit.length = int(example_filler + int64_t(pre.size() + question.size()) + (tok.add_bos() ? 1 : 0));
+    for (const auto& n : needles) fit.length += int(n.tokens.size());
+  }
+  place_needles(fit, tok, filler, pre, needles, question, rng, "task.hops or task.chains", tr);
   tr.key = values[0];
 }
 
@@ -254,8 +264,9 @@ int64_t largest_fitting(int64_t lo, int64_t hi, F fits) {
   return best;
 }
 
+/// `example_words` > 0: a list of that many distinct words, the prompt as long as it comes out (example_tokens).
 void make_common_words(const TrialSpec& spec, const Tokenizer& tok, const std::vector<int>& filler, Engine& rng,
-                       TaskTrial& tr) {
+                       TaskTrial& tr, int64_t example_words) {
   const TaskSettings& s = spec.settings;
   const int cr = s.common_repeats ? s.common_repeats : spec.length < 4096 ? 6 : 30;
   const int ur = s.uncommon_repeats ? s.uncommon_repeats : spec.length < 4096 ? 1 : 3;
@@ -275,12 +286,14 @@ void make_common_words(const TrialSpec& spec, const Tokenizer& tok, const std::v
   const auto pre = encode_prefix(spec, tok, spec.templ.prefix, filler, rng);
   const auto question = encode_template(tok, spec.templ.question, "task.question");
   const int64_t room = int64_t(spec.length) - int64_t(pre.size() + question.size() + (tok.add_bos() ? 1 : 0));
-  const int64_t n = largest_fitting(s.common, int64_t(pool.size()),
-                                    [&](int64_t k) { return int64_t(lt.build(items(k), true, nullptr).size()) <= room; });
+  const int64_t n = example_words > 0 ? std::min<int64_t>(example_words, int64_t(pool.size()))
+                                     : largest_fitting(s.common, int64_t(pool.size()), [&](int64_t k) {
+                                         return int64_t(lt.build(items(k), true, nullptr).size()) <= room;
+                                       });
   if (n < s.common)
     throw Error("task.lengths: " + std::to_string(spec.length) + " tokens cannot hold " + std::to_string(s.common) +
                 " common words × " + std::to_string(cr) + " repeats; lower task.common or task.common_repeats");
-  if (n == int64_t(pool.size()))
+  if (n == int64_t(pool.size()) && example_words <= 0)
     throw Error("task.filler: its text's " + std::to_string(pool.size()) + " usable words do not fill a " +
                 std::to_string(spec.length) + "-token common_words list");
   const auto list = items(n);
@@ -291,7 +304,9 @@ void make_common_words(const TrialSpec& spec, const Tokenizer& tok, const std::v
     if (common.count(list[i])) evidence.push_back(spans[i]);
   tr.answers.assign(pool.begin(), pool.begin() + s.common);
   tr.value = join(tr.answers);
-  place_context(spec, tok, pre, context, evidence, question, tr);
+  TrialSpec fit = spec;
+  if (example_words > 0) fit.length = int(pre.size() + context.size() + question.size()) + (tok.add_bos() ? 1 : 0);
+  place_context(fit, tok, pre, context, evidence, question, tr);
 }
 
 void make_frequent_words(const TrialSpec& spec, const Tokenizer& tok, Engine& rng, TaskTrial& tr) {
