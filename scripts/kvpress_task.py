@@ -17,7 +17,8 @@ cache. This script checks that setting against kvpress itself, on the same token
    where B is the size of the kvsim entry it stands beside (PRESS_POLICY below). kvpress appends the
    question and the answer to the compressed cache; kvsim's snapkv and expected_attention do the
    same, while its `sink` streams at B tokens.
-3. Each answer is scored by `kvsim task`'s own rule (_kvsim._answer_matches). OUT/trials.csv holds one
+3. Each answer is scored by `kvsim task`'s own rule (_kvsim._answer_score: the share of the expected
+   strings found, RULER's string_match_all or whole words, as the config says; correct = all found). OUT/trials.csv holds one
    row per (trial, cache): the press, its compression_ratio, the budget B it aims at and `kept`, the
    compressed context's size read back from kvpress's cache (mean over layers), `needle_kept` (the
    share of the needle's tokens the press kept, mean over layers and KV heads, read from its scores
@@ -86,18 +87,21 @@ def entries(trial, presses):
     return out
 
 
-def track_needle(press, begin, end):
+def track_needle(press, spans):
     """Wraps a ScorerPress's `score` so that every layer's kept context positions are read as kvpress's
     ScorerPress.compress picks them (the top compute_n_kept(k_len, r) scores per KV head); returns the
-    list that collects, per (layer, KV head), the share of the needle's tokens [begin, end) kept."""
+    list that collects, per (layer, KV head), the share of the needle's tokens (the [begin, end) spans)
+    kept."""
     from kvpress.utils import compute_n_kept
 
     shares, score = [], press.score
+    size = sum(e - b for b, e in spans)
 
     def scored(module, hidden_states, keys, values, attentions, kwargs):
         s = score(module, hidden_states, keys, values, attentions, kwargs)
         kept = s.topk(compute_n_kept(keys.shape[2], press.compression_ratio), dim=-1).indices
-        shares.extend((((kept >= begin) & (kept < end)).sum(-1).float() / (end - begin)).flatten().tolist())
+        inside = sum(((kept >= b) & (kept < e)).sum(-1) for b, e in spans)
+        shares.extend((inside.float() / size).flatten().tolist())
         return s
 
     press.score = scored
@@ -107,10 +111,11 @@ def track_needle(press, begin, end):
 def answer(pipe, torch, transformers, ctx, question, press, trial):
     """kvpress's answer (trial["generate"] tokens), the compressed context's mean size over layers (read
     from the cache, which kvpress truncates back to the compressed context after answering), and the
-    mean share of the needle's tokens [needle_begin, needle_end) the press kept over (layer, KV head)
+    mean share of the needle's tokens (the trial's evidence spans) the press kept over (layer, KV head)
     (nan without a press: kvsim's `needle_kept` of a prompt compressor, which keeps its set through the
     question)."""
-    shares = track_needle(press, trial["needle_begin"], trial["needle_end"]) if press is not None else []
+    spans = trial.get("evidence") or [[trial["needle_begin"], trial["needle_end"]]]
+    shares = track_needle(press, spans) if press is not None and spans[0][0] >= 0 else []
     cache = transformers.DynamicCache()
     with torch.no_grad():
         text = pipe._forward({"context_ids": ctx, "questions_ids": [question]}, max_new_tokens=trial["generate"], press=press,
@@ -189,7 +194,8 @@ def main():
             rows.append({"kind": tr["kind"], "length": tr["length"], "depth": f"{tr['depth']:g}", "trial": tr["trial"],
                          "cache": cache, "press": press_name or "none", "kvsim_cache": label,
                          "compression_ratio": f"{r:.6f}", "budget": B if press_name else C, "kept": kept, "needle_kept": f"{needle_kept:.6g}", "answer": tr["value"],
-                         "generated": text, "correct": int(_kvsim._answer_matches(text, tr["value"]))})
+                         "generated": text, "correct": 0, "score": _kvsim._answer_score(text, tr["answers"], tr["match"])})
+            rows[-1]["correct"] = int(rows[-1]["score"] == 1)
         right = sum(r["correct"] for r in rows[-len(caches):])
         print(f"kvpress_task: trial {i + 1}/{len(trials)} (L={tr['length']}, depth {tr['depth']:g}, #{tr['trial']}): "
               f"{right}/{len(caches)} caches right, {time.time() - t0:.1f} s", file=sys.stderr)

@@ -86,6 +86,7 @@ void bind_models(py::module_& m) {
 
   // `kvsim task`'s scorer, so that another implementation's answers are scored by the same rule.
   m.def("_answer_matches", &answer_matches, py::arg("generated"), py::arg("answer"));
+  m.def("_answer_score", &answer_score, py::arg("generated"), py::arg("answers"), py::arg("match"));
   m.def("_wilson_interval", &wilson_interval, py::arg("k"), py::arg("n"));
   m.def(
       "_gguf_dequantize",

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""The RULER suite's tables (docs/tasks.md, "The RULER suite") from `kvsim task` runs.
+
+Usage: .venv/bin/python plots/ruler.py DIR [DIR ...] [--out-dir OUT] [--resamples 2000]
+
+Each DIR is one `kvsim task` run (finished, or unfinished: its checkpointed trials), e.g. the folders
+scripts/ruler_suite.sh writes (OUT/KIND_L). Writes into OUT (default results/ruler):
+  suite.csv        per (model, kind, L, cache): trials, correct, accuracy with its 95% Wilson interval,
+                   score (RULER's mean share of the expected strings found, Hsieh et al. 2024, App. B),
+                   the exact cache's score, and counts = 1 where the exact cache scores >= 0.8 (only
+                   such cells enter the leaderboard; the others are reported, never averaged);
+  leaderboard.csv  per (model, L, policy, memory): the mean score over the kinds that count (as kvpress's
+                   leaderboard averages RULER's tasks), with a 95% stratified bootstrap interval (trials
+                   resampled within each kind, seeded), the number of kinds averaged, and their names;
+and prints both as markdown tables.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from retrieval import load, wilson  # noqa: E402  (the same reader and interval as the retrieval figures)
+
+COUNTS_AT = 0.8
+
+
+def suite_table(t):
+    """Per (model, kind, length, cache): accuracy with its Wilson interval, mean score, and whether the cell counts."""
+    rows = []
+    for (model, kind, length, cache), g in t.groupby(["model", "kind", "length", "cache"], sort=False):
+        n, k = len(g), int(g.correct.sum())
+        lo, hi = wilson(k, n)
+        rows.append({"model": model, "kind": kind, "length": length, "cache": cache, "policy": g.policy.iloc[0],
+                     "memory": g.memory.iloc[0], "trials": n, "correct": k, "accuracy": k / n, "wilson_low": lo,
+                     "wilson_high": hi, "score": g.score.mean()})
+    s = pd.DataFrame(rows)
+    exact = s[s.cache == "exact"].set_index(["model", "kind", "length"]).score.rename("exact_score")
+    s = s.join(exact, on=["model", "kind", "length"])
+    s["counts"] = (s.exact_score >= COUNTS_AT).astype(int)
+    return s
+
+
+def leaderboard(t, suite, resamples, seed=0):
+    """Per (model, length, cache): the mean over counting kinds of the mean score, with a stratified
+    bootstrap 95% interval."""
+    counting = suite[suite.counts == 1][["model", "kind", "length"]].drop_duplicates()
+    t = t.merge(counting, on=["model", "kind", "length"])
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (model, length, cache), g in t.groupby(["model", "length", "cache"], sort=False):
+        per_kind = [k.score.to_numpy(float) for _, k in g.groupby("kind", sort=True)]
+        kinds = sorted(g.kind.unique())
+        boot = np.zeros(resamples)
+        for s in per_kind:
+            boot += s[rng.integers(0, len(s), size=(resamples, len(s)))].mean(axis=1)
+        boot /= len(per_kind)
+        rows.append({"model": model, "length": length, "cache": cache, "policy": g.policy.iloc[0],
+                     "memory": g.memory.iloc[0], "kinds": len(kinds), "score": float(np.mean([s.mean() for s in per_kind])),
+                     "low": float(np.quantile(boot, 0.025)), "high": float(np.quantile(boot, 0.975)),
+                     "kind_names": " ".join(kinds)})
+    return pd.DataFrame(rows)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--out-dir", default=os.path.join("results", "ruler"))
+    ap.add_argument("--resamples", type=int, default=2000)
+    a = ap.parse_args(argv)
+    if a.resamples < 100:
+        sys.exit("error: --resamples must be >= 100")
+    t = load(a.dirs)
+    if "score" not in t.columns:  # runs from before the suite: one expected string, so score = correct
+        t["score"] = t.correct.astype(float)
+    t["score"] = t.score.fillna(t.correct.astype(float))
+    os.makedirs(a.out_dir, exist_ok=True)
+    suite = suite_table(t)
+    suite.to_csv(os.path.join(a.out_dir, "suite.csv"), index=False, float_format="%.6g")
+    board = leaderboard(t, suite, a.resamples)
+    board.to_csv(os.path.join(a.out_dir, "leaderboard.csv"), index=False, float_format="%.6g")
+    print("| model | kind | L | exact: accuracy [95% Wilson] | exact score | counts |\n|---|---|---:|---|---:|:-:|")
+    for _, r in suite[suite.cache == "exact"].iterrows():
+        print(f"| {r.model} | {r.kind} | {r.length} | {r.correct}/{r.trials} = {r.accuracy:.2f} "
+              f"[{r.wilson_low:.2f}, {r.wilson_high:.2f}] | {r.score:.3f} | {'yes' if r.counts else 'no'} |")
+    if len(board):
+        print("\n| model | L | cache | kinds | mean score [95% bootstrap] |\n|---|---:|---|---:|---|")
+        for _, r in board.iterrows():
+            print(f"| {r.model} | {r.length} | {r.cache} | {r.kinds} | {r.score:.3f} [{r.low:.3f}, {r.high:.3f}] |")
+    else:
+        print("\nno (kind, L) cell counts: the exact cache scores below 0.8 everywhere")
+    print(f"wrote {a.out_dir}/suite.csv and leaderboard.csv")
+
+
+if __name__ == "__main__":
+    main()

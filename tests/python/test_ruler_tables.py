@@ -1,0 +1,68 @@
+"""plots/ruler.py (docs/tasks.md, "The RULER suite"): the suite table and the leaderboard from
+synthetic `kvsim task` folders whose scores are known. A kind whose exact cache scores below 0.8 does
+not count and never enters the leaderboard's mean (the negative control: with it counted, the mean
+would differ); the interval is a seeded stratified bootstrap around the mean."""
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = ("kind,length,depth,trial,needle_depth,needle_begin,needle_end,question_begin,cache,policy,answer,generated,"
+          "correct,score,evidence,rel_err,kept_mass,needle_mass,needle_kept_mass,needle_kept,needle_kept_share,"
+          "cache_tokens,seconds,model").split(",")
+
+
+def write_run(folder, kind, scores):
+    """trials.csv of one run: per cache label, one row per trial with the given scores."""
+    folder.mkdir(parents=True)
+    with open(folder / "trials.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        for cache, values in scores.items():
+            policy = cache.split("(")[0]
+            for i, s in enumerate(values):
+                w.writerow({"kind": kind, "length": 1024, "depth": 0.5, "trial": i, "needle_depth": 0.5, "needle_begin": 10,
+                            "needle_end": 20, "question_begin": 1000, "cache": cache, "policy": policy, "answer": "x",
+                            "generated": f"g{cache}{i}", "correct": int(s == 1), "score": s, "evidence": "10-20",
+                            "rel_err": "nan", "kept_mass": "nan", "needle_mass": "nan", "needle_kept_mass": "nan",
+                            "needle_kept": "nan", "needle_kept_share": "nan", "cache_tokens": 100, "seconds": 1,
+                            "model": "m"})
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ruler")
+    write_run(tmp / "a", "niah_single", {"exact": [1] * 8, "h2o(memory=0.5)": [1, 1, 1, 1, 0, 0, 0, 0]})
+    write_run(tmp / "b", "niah_multivalue", {"exact": [1, 1, 1, 1, 1, 1, 1, 0.5], "h2o(memory=0.5)": [0.5] * 8})
+    write_run(tmp / "c", "common_words", {"exact": [0.1] * 8, "h2o(memory=0.5)": [1.0] * 8})  # does not count
+    out = tmp / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "plots" / "ruler.py"), str(tmp / "a"), str(tmp / "b"), str(tmp / "c"),
+                        "--out-dir", str(out), "--resamples", "500"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return pd.read_csv(out / "suite.csv"), pd.read_csv(out / "leaderboard.csv"), r.stdout
+
+
+def test_suite_table_counts_cells_by_the_exact_score(tables):
+    suite, _, _ = tables
+    exact = suite[suite.cache == "exact"].set_index("kind")
+    assert exact.loc["niah_multivalue", "score"] == pytest.approx(7.5 / 8)
+    assert exact.loc["niah_multivalue", "correct"] == 7  # all-of accuracy beside the partial-credit score
+    assert list(exact.counts) == [1, 1, 0]
+    h2o = suite[suite.cache == "h2o(memory=0.5)"].set_index("kind")
+    assert h2o.loc["niah_single", "accuracy"] == 0.5 and h2o.loc["niah_single", "memory"] == 0.5
+    assert 0.2 < h2o.loc["niah_single", "wilson_low"] < 0.5 < h2o.loc["niah_single", "wilson_high"] < 0.8
+
+
+def test_leaderboard_averages_only_counting_kinds(tables):
+    _, board, _ = tables
+    h2o = board[board.cache == "h2o(memory=0.5)"].iloc[0]
+    assert h2o.kinds == 2 and h2o.kind_names == "niah_multivalue niah_single"
+    assert h2o.score == pytest.approx((0.5 + 0.5) / 2)
+    assert h2o.score != pytest.approx((0.5 + 0.5 + 1.0) / 3)  # what counting common_words would give
+    assert h2o.low < h2o.score < h2o.high and h2o.high - h2o.low < 0.5
+    exact = board[board.cache == "exact"].iloc[0]
+    assert exact.score == pytest.approx((1 + 7.5 / 8) / 2)
