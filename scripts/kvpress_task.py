@@ -146,6 +146,20 @@ def agreement(rows, kvsim_dir):
     return groups
 
 
+def write_accuracy(rows, out, _kvsim):
+    """OUT/accuracy.csv and a markdown table: per (L, cache) the accuracy with its 95% Wilson interval."""
+    acc = {}
+    for r in rows:
+        acc.setdefault((r["length"], r["cache"]), []).append(r["correct"])
+    with open(os.path.join(out, "accuracy.csv"), "w", encoding="utf-8") as f:
+        f.write("length,cache,trials,correct,accuracy,wilson_low,wilson_high\n")
+        print("| L | cache | accuracy [95% Wilson] |\n|---|---|---|")
+        for (L, cache), v in acc.items():
+            lo, hi = _kvsim._wilson_interval(sum(v), len(v))
+            f.write(f"{L},\"{cache}\",{len(v)},{sum(v)},{sum(v) / len(v):.4f},{lo:.4f},{hi:.4f}\n")
+            print(f"| {L} | {cache} | {sum(v)}/{len(v)} = {sum(v) / len(v):.2f} [{lo:.2f}, {hi:.2f}] |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config")
@@ -205,16 +219,7 @@ def main():
         w.writeheader()
         for r in rows:
             w.writerow({**r, "generated": r["generated"].replace("\n", "\\n")})
-    acc = {}
-    for r in rows:
-        acc.setdefault((r["length"], r["cache"]), []).append(r["correct"])
-    with open(os.path.join(out, "accuracy.csv"), "w", encoding="utf-8") as f:
-        f.write("length,cache,trials,correct,accuracy,wilson_low,wilson_high\n")
-        print("| L | cache | accuracy [95% Wilson] |\n|---|---|---|")
-        for (L, cache), v in acc.items():
-            lo, hi = _kvsim._wilson_interval(sum(v), len(v))
-            f.write(f"{L},\"{cache}\",{len(v)},{sum(v)},{sum(v) / len(v):.4f},{lo:.4f},{hi:.4f}\n")
-            print(f"| {L} | {cache} | {sum(v)}/{len(v)} = {sum(v) / len(v):.2f} [{lo:.2f}, {hi:.2f}] |")
+    write_accuracy(rows, out, _kvsim)
     if a.kvsim:
         groups = agreement(rows, a.kvsim)
         with open(os.path.join(out, "agreement.csv"), "w", encoding="utf-8") as f:
