@@ -4,7 +4,8 @@
 # unfinished one continues from its checkpointed trials; stop it at any time and run the same command.
 #   scripts/ruler_suite.sh CONFIG OUT [--lengths "1024 2048"] [--kinds "niah_single …"] [--threads N]
 #                          [--quick] [-- EXTRA kvsim task ARGS (e.g. --set task.trials=5)]
-# --quick: every kind once, at 512 tokens, one depth and one trial (CI's slow tier).
+# --quick: every kind once, at 1024 tokens (common_words' list and example need about 900), one depth,
+# one trial, 16 answer tokens: a check that every kind runs end to end (CI's slow tier), not a score.
 # Then: .venv/bin/python plots/ruler.py OUT [OUT …] --out-dir FIG_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +27,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ "$QUICK" = 1 ]; then
-  LENGTHS=512
-  EXTRA=(--set 'task.depths=[0.5]' --set task.trials=1 "${EXTRA[@]}")
+  LENGTHS=1024
+  EXTRA=(--set 'task.depths=[0.5]' --set task.trials=1 --set task.generate=16 "${EXTRA[@]}")
 fi
 mkdir -p "$OUT"
 start=$(date +%s)
