@@ -59,19 +59,19 @@ void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, c
   ex.policies = specs;
   const RunResult res = run_experiment(ex, src, threads);
   const size_t kRel = metric_index("rel_err"), kKept = metric_index("kept_mass"), kNm = metric_index("needle_mass"),
-               kNkm = metric_index("needle_kept_mass"), kNk = metric_index("needle_kept");
+               kNkm = metric_index("needle_kept_mass"), kNk = metric_index("needle_kept"), kEps = metric_index("eps_spectral");
   for (size_t p = 0; p < specs.size(); ++p) {
-    double sum[5] = {0, 0, 0, 0, 0}, nkm_all = 0, nm_all = 0;
-    int64_t cnt[5] = {0, 0, 0, 0, 0};
+    double sum[6] = {0, 0, 0, 0, 0, 0}, nkm_all = 0, nm_all = 0;
+    int64_t cnt[6] = {0, 0, 0, 0, 0, 0};
     for (const auto& row : res.policies[p].rows) {
-      const size_t idx[5] = {kRel, kKept, kNm, kNkm, kNk};
-      for (int i = 0; i < 5; ++i)
+      const size_t idx[6] = {kRel, kKept, kNm, kNkm, kNk, kEps};
+      for (int i = 0; i < 6; ++i)
         if (!std::isnan(row.value[idx[i]])) sum[i] += row.value[idx[i]], ++cnt[i];
       if (!std::isnan(row.value[kNkm])) nkm_all += row.value[kNkm], nm_all += row.value[kNm];
     }
     auto mean = [&](int i) { return cnt[i] ? sum[i] / double(cnt[i]) : NAN; };
     TaskRow& r = *rows[p];
-    r.rel_err = mean(0), r.kept_mass = mean(1), r.needle_mass = mean(2), r.needle_kept_mass = mean(3), r.needle_kept = mean(4);
+    r.rel_err = mean(0), r.kept_mass = mean(1), r.needle_mass = mean(2), r.needle_kept_mass = mean(3), r.needle_kept = mean(4), r.eps = mean(5);
     r.needle_kept_share = nm_all > 0 ? nkm_all / nm_all : NAN;
   }
 }
@@ -150,7 +150,7 @@ toml::value to_toml(const std::vector<TaskRow>& rows) {
     arr.push_back(toml::table{{"length", r.length}, {"trial", r.trial}, {"depth", r.depth}, {"needle_depth", r.needle_depth},
                               {"needle_begin", r.needle_begin}, {"needle_end", r.needle_end}, {"question_begin", r.question_begin},
                               {"cache", r.cache}, {"policy", r.policy}, {"answer", r.answer}, {"generated", r.generated},
-                              {"correct", r.correct}, {"score", r.score}, {"evidence", r.evidence}, {"rel_err", r.rel_err}, {"kept_mass", r.kept_mass},
+                              {"correct", r.correct}, {"score", r.score}, {"evidence", r.evidence}, {"rel_err", r.rel_err}, {"eps", r.eps}, {"kept_mass", r.kept_mass},
                               {"needle_mass", r.needle_mass}, {"needle_kept_mass", r.needle_kept_mass},
                               {"needle_kept", r.needle_kept}, {"needle_kept_share", r.needle_kept_share},
                               {"cache_tokens", r.cache_tokens}, {"seconds", r.seconds}});
@@ -169,9 +169,12 @@ std::vector<TaskRow> from_toml(const std::string& path) {
       r.needle_begin = i("needle_begin"), r.needle_end = i("needle_end"), r.question_begin = i("question_begin");
       r.cache = toml::find<std::string>(t, "cache"), r.policy = toml::find<std::string>(t, "policy");
       r.answer = toml::find<std::string>(t, "answer"), r.generated = toml::find<std::string>(t, "generated");
-      r.correct = i("correct"), r.score = d("score"), r.evidence = toml::find<std::string>(t, "evidence"), r.rel_err = d("rel_err"), r.kept_mass = d("kept_mass"), r.needle_mass = d("needle_mass");
+      r.correct = i("correct"), r.rel_err = d("rel_err"), r.kept_mass = d("kept_mass"), r.needle_mass = d("needle_mass");
       r.needle_kept_mass = d("needle_kept_mass"), r.needle_kept = d("needle_kept"), r.needle_kept_share = d("needle_kept_share");
       r.cache_tokens = d("cache_tokens"), r.seconds = d("seconds");
+      // Written from the RULER suite on; a checkpoint of an earlier run has one expected string.
+      r.score = toml::find_or<double>(t, "score", double(r.correct)), r.eps = toml::find_or<double>(t, "eps", NAN);
+      r.evidence = toml::find_or<std::string>(t, "evidence", std::string());
       rows.push_back(r);
     }
   } catch (const std::exception& e) {
@@ -196,13 +199,13 @@ std::string one_line_text(const std::string& s) {
 void write_trials_csv(const TaskConfig& c, const std::vector<TaskRow>& rows, const std::string& path) {
   std::ostringstream o;
   o << "kind,length,depth,trial,needle_depth,needle_begin,needle_end,question_begin,cache,policy,answer,generated,correct,"
-       "score,evidence,rel_err,kept_mass,needle_mass,needle_kept_mass,needle_kept,needle_kept_share,cache_tokens,seconds,model\n";
+       "score,evidence,rel_err,eps,kept_mass,needle_mass,needle_kept_mass,needle_kept,needle_kept_share,cache_tokens,seconds,model\n";
   const std::string model = csv_field(fs::path(c.checkpoint).stem().string());
   for (const auto& r : rows)
     o << c.kind << ',' << r.length << ',' << fmt(r.depth) << ',' << r.trial << ',' << fmt(r.needle_depth) << ',' << r.needle_begin
       << ',' << r.needle_end << ',' << r.question_begin << ',' << csv_field(r.cache) << ',' << csv_field(r.policy) << ','
       << csv_field(r.answer) << ',' << csv_field(one_line_text(r.generated)) << ',' << r.correct << ',' << fmt(r.score) << ','
-      << csv_field(r.evidence) << ',' << fmt(r.rel_err) << ','
+      << csv_field(r.evidence) << ',' << fmt(r.rel_err) << ',' << fmt(r.eps) << ','
       << fmt(r.kept_mass) << ',' << fmt(r.needle_mass) << ',' << fmt(r.needle_kept_mass) << ',' << fmt(r.needle_kept) << ','
       << fmt(r.needle_kept_share) << ',' << fmt(r.cache_tokens) << ',' << fmt(r.seconds) << ',' << model << '\n';
   write_file_atomically(path, o.str());

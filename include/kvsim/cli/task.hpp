@@ -5,7 +5,7 @@
 // question) at once, as kvpress compresses a context (kvsim::prefill); the question's tokens then
 // stream through each cache and the answer is decoded greedily, all caches as one batch. Each cache's
 // answer is scored by exact match; beside it, the open-loop metrics of the same policy on the trial's
-// exact tensors at the question's query steps (rel_err, kept_mass, needle_mass, needle_kept_mass,
+// exact tensors at the question's query steps (rel_err, eps (SubGen's ε), kept_mass, needle_mass, needle_kept_mass,
 // needle_kept) link the attention error to the answer.
 #pragma once
 #include <string>
@@ -55,7 +55,7 @@ struct TaskRow {
   std::string evidence;      ///< the evidence spans "b-e b-e …" (TaskTrial::evidence)
   /// Open loop at the question's query steps, means over (layer, query head, step): NaN for the
   /// control and where a metric does not apply (needle_kept_share = Σ needle_kept_mass / Σ needle_mass).
-  double rel_err = NAN, kept_mass = NAN, needle_mass = NAN, needle_kept_mass = NAN, needle_kept = NAN,
+  double rel_err = NAN, eps = NAN, kept_mass = NAN, needle_mass = NAN, needle_kept_mass = NAN, needle_kept = NAN,
          needle_kept_share = NAN;
   double cache_tokens = NAN;  ///< closed loop: mean cached tokens per (layer, cache) after the answer
   double seconds = 0;         ///< the trial's wall time (the same for every cache of the trial)
