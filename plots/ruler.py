@@ -12,7 +12,12 @@ scripts/ruler_suite.sh writes (OUT/KIND_L). Writes into OUT (default results/rul
   leaderboard.csv  per (model, L, policy, memory): the mean score over the kinds that count (as kvpress's
                    leaderboard averages RULER's tasks), with a 95% stratified bootstrap interval (trials
                    resampled within each kind, seeded), the number of kinds averaged, and their names;
-and prints both as markdown tables.
+  link.csv         how well each offline metric the open loop records at the question's steps predicts
+                   the answer across kinds, policies and lengths (counting cells, policy rows): per
+                   predictor (log10 rel_err, log10 eps, kept_mass, needle_kept_share) the trials, the
+                   logistic fit's McFadden R^2 and in-sample ROC AUC, and the leave-one-policy-out AUC
+                   (each policy's trials predicted by the fit on every other policy's; pooled);
+and prints them as markdown tables.
 """
 import argparse
 import os
@@ -22,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from retrieval import load, wilson  # noqa: E402  (the same reader and interval as the retrieval figures)
+from retrieval import auc, load, wilson  # noqa: E402  (the same reader, interval and AUC as the retrieval figures)
 
 COUNTS_AT = 0.8
 
@@ -64,6 +69,44 @@ def leaderboard(t, suite, resamples, seed=0):
     return pd.DataFrame(rows)
 
 
+PREDICTORS = (("log10 rel_err", "rel_err", True), ("log10 eps", "eps", True), ("kept_mass", "kept_mass", False),
+              ("needle_kept_share", "needle_kept_share", False))
+
+
+def link_table(t, suite):
+    """Per predictor: McFadden R^2, in-sample AUC and leave-one-policy-out AUC of `correct`, over the
+    policy rows of counting cells with the predictor finite."""
+    import statsmodels.api as sm
+    counting = suite[suite.counts == 1][["model", "kind", "length"]].drop_duplicates()
+    p = t.merge(counting, on=["model", "kind", "length"])
+    p = p[~p.cache.isin(["exact", "evict_needle"])]
+    rows = []
+    for name, col, log in PREDICTORS:
+        if col not in p.columns:
+            continue
+        g = p[np.isfinite(p[col].astype(float)) & ((p[col] > 0) if log else True)]
+        y = g.correct.to_numpy(int)
+        if len(g) < 10 or y.min() == y.max():
+            rows.append({"predictor": name, "trials": len(g), "policies": g.policy.nunique()})
+            continue
+        x = np.log10(g[col].to_numpy(float)) if log else g[col].to_numpy(float)
+        fit = sm.Logit(y, sm.add_constant(x)).fit(disp=0, warn_convergence=False)
+        sign = np.sign(fit.params[1]) or 1.0
+        held = np.full(len(g), np.nan)
+        pol = g.policy.to_numpy()
+        for q in np.unique(pol):
+            train = pol != q
+            if y[train].min() == y[train].max():
+                continue
+            f = sm.Logit(y[train], sm.add_constant(x[train])).fit(disp=0, warn_convergence=False)
+            held[~train] = f.params[0] + f.params[1] * x[~train]
+        ok = np.isfinite(held)
+        rows.append({"predictor": name, "trials": len(g), "policies": len(np.unique(pol)),
+                     "mcfadden_r2": float(fit.prsquared), "auc": auc(sign * x, y),
+                     "auc_leave_one_policy_out": auc(held[ok], y[ok]) if ok.any() else np.nan})
+    return pd.DataFrame(rows)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dirs", nargs="+")
@@ -91,7 +134,13 @@ def main(argv=None):
             print(f"| {r.model} | {r.length} | {r.cache} | {r.kinds} | {r.score:.3f} [{r.low:.3f}, {r.high:.3f}] |")
     else:
         print("\nno (kind, L) cell counts: the exact cache scores below 0.8 everywhere")
-    print(f"wrote {a.out_dir}/suite.csv and leaderboard.csv")
+    link = link_table(t, suite)
+    link.to_csv(os.path.join(a.out_dir, "link.csv"), index=False, float_format="%.6g")
+    if "auc" in link.columns:
+        print("\n| predictor | trials | policies | McFadden R² | AUC | AUC, leave one policy out |\n|---|---:|---:|---:|---:|---:|")
+        for _, r in link.iterrows():
+            print(f"| {r.predictor} | {r.trials} | {r.policies} | {r.mcfadden_r2:.3f} | {r.auc:.3f} | {r.auc_leave_one_policy_out:.3f} |")
+    print(f"wrote {a.out_dir}/suite.csv, leaderboard.csv and link.csv")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ FIELDS = ("kind,length,depth,trial,needle_depth,needle_begin,needle_end,question
           "cache_tokens,seconds,model").split(",")
 
 
-def write_run(folder, kind, scores):
-    """trials.csv of one run: per cache label, one row per trial with the given scores."""
+def write_run(folder, kind, scores, metrics=None):
+    """trials.csv of one run: per cache label, one row per trial with the given scores (and, per cache
+    label, a column -> values dict of open-loop metrics)."""
     folder.mkdir(parents=True)
     with open(folder / "trials.csv", "w", newline="") as f:
         w = csv.DictWriter(f, FIELDS)
@@ -30,7 +31,7 @@ def write_run(folder, kind, scores):
                             "generated": f"g{cache}{i}", "correct": int(s == 1), "score": s, "evidence": "10-20",
                             "rel_err": "nan", "kept_mass": "nan", "needle_mass": "nan", "needle_kept_mass": "nan",
                             "needle_kept": "nan", "needle_kept_share": "nan", "cache_tokens": 100, "seconds": 1,
-                            "model": "m"})
+                            "model": "m", **{k: v[i] for k, v in (metrics or {}).get(cache, {}).items()}})
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +67,27 @@ def test_leaderboard_averages_only_counting_kinds(tables):
     assert h2o.low < h2o.score < h2o.high and h2o.high - h2o.low < 0.5
     exact = board[board.cache == "exact"].iloc[0]
     assert exact.score == pytest.approx((1 + 7.5 / 8) / 2)
+
+
+def test_link_table_ranks_a_predictive_metric_above_noise(tmp_path):
+    """needle_kept_share separates right from wrong answers (AUC 1, also leaving a policy out); rel_err
+    is noise drawn independently of the answer (AUC near 0.5: the negative control)."""
+    import numpy as np
+    rng = np.random.default_rng(3)
+    n = 60
+    right = rng.integers(0, 2, size=(2, n))
+    metrics = {}
+    for p, label in enumerate(["h2o(memory=0.5)", "sink(memory=0.5)"]):
+        share = np.where(right[p] == 1, rng.uniform(0.7, 1.0, n), rng.uniform(0.0, 0.6, n))
+        metrics[label] = {"needle_kept_share": share, "rel_err": 10 ** rng.uniform(-2, 0, n), "kept_mass": rng.uniform(0, 1, n)}
+    write_run(tmp_path / "a", "niah_single", {"exact": [1] * n, "h2o(memory=0.5)": right[0].astype(float),
+                                              "sink(memory=0.5)": right[1].astype(float)}, metrics)
+    r = subprocess.run([sys.executable, str(ROOT / "plots" / "ruler.py"), str(tmp_path / "a"), "--out-dir", str(tmp_path / "o"),
+                        "--resamples", "200"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    link = pd.read_csv(tmp_path / "o" / "link.csv").set_index("predictor")
+    assert link.loc["needle_kept_share", "trials"] == 2 * n and link.loc["needle_kept_share", "policies"] == 2
+    assert link.loc["needle_kept_share", "auc"] == 1 and link.loc["needle_kept_share", "auc_leave_one_policy_out"] == 1
+    assert link.loc["needle_kept_share", "mcfadden_r2"] > 0.5
+    assert abs(link.loc["log10 rel_err", "auc"] - 0.5) < 0.15
+    assert link.loc["log10 rel_err", "mcfadden_r2"] < 0.05
