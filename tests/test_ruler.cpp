@@ -74,12 +74,11 @@ std::string oracle(const std::string& kind, const std::string& prompt) {
   std::string answer;
   if (kind.rfind("niah", 0) == 0) {
     std::smatch m;
-    std::string keys = question;
     std::regex_search(question, m, std::regex(" for (.*) mentioned in the provided text\\?"));
-    keys = m[1];
+    const std::string keys = " " + m[1].str() + ",";  // " A, B, and C,": a key is asked when " key," is in it
     const std::regex needle("magic [a-z]+ for ([a-z-]+) is: ([0-9a-z-]+)\\.");
     for (auto it = std::sregex_iterator(context.begin(), context.end(), needle); it != std::sregex_iterator(); ++it)
-      if (keys.find((*it)[1].str()) != std::string::npos) answer += (*it)[2].str() + " ";
+      if (keys.find(" " + (*it)[1].str() + ",") != std::string::npos) answer += (*it)[2].str() + " ";
   } else if (kind == "variable_tracking") {
     std::smatch m;
     std::regex_search(question, m, std::regex("assigned the value ([0-9]+) in"));
