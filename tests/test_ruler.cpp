@@ -104,7 +104,7 @@ const std::vector<std::string> kSuite = {"niah_single",       "niah_multikey", "
 
 }  // namespace
 
-TEST_CASE("ruler: every kind is L tokens; an oracle answers it, and cannot once its evidence is removed", "[retrieval][ruler]") {
+TEST_CASE("ruler: every kind is L tokens, and an oracle answers it but not once its evidence is removed", "[retrieval][ruler]") {
   test::TempDir dir;
   const Tokenizer tok = test::byte_tokenizer(dir);
   const std::vector<int> filler = word_filler(tok);
@@ -184,7 +184,7 @@ TEST_CASE("ruler: each kind hides what RULER's does", "[retrieval][ruler]") {
   CHECK(std::set<std::string>(ranked.begin(), ranked.begin() + 3) == std::set<std::string>(fw.answers.begin(), fw.answers.end()));
 }
 
-TEST_CASE("ruler: draws are seeded; settings that cannot fit are refused by key", "[retrieval][ruler]") {
+TEST_CASE("ruler: draws are seeded, and settings that cannot fit are refused by key", "[retrieval][ruler]") {
   test::TempDir dir;
   const Tokenizer tok = test::byte_tokenizer(dir);
   const std::vector<int> filler = word_filler(tok);
@@ -208,7 +208,7 @@ TEST_CASE("ruler: draws are seeded; settings that cannot fit are refused by key"
   CHECK_THROWS_WITH(default_template("haystack"), Contains("task.kind") && Contains("niah_multiquery"));
 }
 
-TEST_CASE("ruler: the score is RULER's string_match_all; a wrong value scores nothing", "[retrieval][ruler]") {
+TEST_CASE("ruler: the score is RULER's string_match_all, and a wrong value scores nothing", "[retrieval][ruler]") {
   const std::vector<std::string> four = {"1234567", "7654321", "1111111", "2222222"};
   CHECK(answer_score("1234567, 7654321, 1111111 and 2222222", four, "substring") == 1);
   CHECK(answer_score("The numbers are 1234567 and 7654321.", four, "substring") == 0.5);
