@@ -5,7 +5,7 @@ Usage: fuzz_inputs.py KVSIM [--count N] [--seed S] [--jobs J] [--timeout SEC] [-
                             [--corpus DIR] [--report FILE]
 
 Feeds a kvsim binary (meant to be built with -DKVSIM_SANITIZE=ON: AddressSanitizer + UBSan) seeded,
-mutated inputs of six kinds and checks every outcome:
+mutated inputs of seven kinds and checks every outcome:
 
   recording-struct  HDF5 recordings changed with h5py: attributes deleted or set to extreme values or
                     wrong types, datasets deleted, replaced (float64/int/string/bool types, wrong
@@ -23,6 +23,9 @@ mutated inputs of six kinds and checks every outcome:
                     Q4_1/Q5_1 tensors, written with llama.cpp's `gguf` package) with header counts,
                     metadata lengths and value types, tensor dimensions, types and offsets set to
                     extreme values, bytes flipped, files cut or extended       → kvsim record
+  task              `kvsim task` configs of every kind (passkey, word, the RULER suite) mutated as
+                    `config`, or --set overrides of the [task] keys (tests/fuzz_task.py)
+                                                                               → kvsim task --prompts
 
 An outcome is accepted when kvsim exits 0, or exits non-zero with every stderr line from kvsim
 itself and the last one a `kvsim: error: ...` line — and, after a failure, no result file or
@@ -45,6 +48,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fuzz_gguf import gguf_cases  # noqa: E402
+from fuzz_task import task_cases  # noqa: E402
 from fuzz_mutators import (RUN_CONFIG, checkpoint_cases, config_cases, recording_cases,  # noqa: E402
                            set_cases)
 
@@ -127,7 +131,7 @@ def main():
     t0 = time.time()
     try:
         share = {"recording-struct": 0.27, "recording-bytes": 0.22, "config": 0.15, "set": 0.12, "checkpoint": 0.12,
-                 "gguf": 0.12}
+                 "gguf": 0.12, "task": 0.08}
         n = {k: max(1, round(a.count * v)) for k, v in share.items()}
         cases, notes = corpus_cases(kvsim, a.corpus, work), []
         for kind in ("recording-struct", "recording-bytes"):
@@ -137,6 +141,7 @@ def main():
         cases += config_cases(kvsim, work, random.Random(rng.random()), n["config"])
         cases += set_cases(kvsim, work, random.Random(rng.random()), n["set"])
         cases += checkpoint_cases(kvsim, work, random.Random(rng.random()), n["checkpoint"])
+        cases += task_cases(kvsim, work, random.Random(rng.random()), n["task"])
         c, note = gguf_cases(kvsim, work, random.Random(rng.random()), n["gguf"])
         cases += c
         notes += [note] if note else []
