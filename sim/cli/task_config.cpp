@@ -86,9 +86,10 @@ void parse_task_table(const TV& t, TaskConfig& c) {
   }
   std::vector<std::string> keys = kCommonKeys, own = kind_keys(c.kind);
   keys.insert(keys.end(), own.begin(), own.end());
-  for (const auto& k : {"value_type", "needles", "hops", "chains", "common", "common_repeats", "uncommon_repeats", "alpha", "vocab", "examples"})
-    if (t.contains(k) && std::find(own.begin(), own.end(), k) == own.end())
-      fail_at(t.at(k), "task." + std::string(k) + " does not apply to task.kind \"" + c.kind + "\"");
+  for (const auto& kind : kinds)  // a key of another kind is named as such, not as an unknown key
+    for (const auto& k : kind_keys(kind))
+      if (t.contains(k) && std::find(own.begin(), own.end(), k) == own.end())
+        fail_at(t.at(k), "task." + k + " does not apply to task.kind \"" + c.kind + "\"");
   check_keys(t, std::set<std::string>(keys.begin(), keys.end()), "[task]");
   parse_settings(t, c);
   c.templ = default_template(c.kind, c.settings);
