@@ -150,5 +150,16 @@ rc=$?
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/bad" --set 'task.kind="niah_multikey"' --set task.needles=40 > /dev/null 2> "$TMP/bad.err"
 rc=$?
 [ $rc -eq 2 ] && grep -q "task.lengths: 256 tokens leave .*; lower task.needles" "$TMP/bad.err" && [ ! -e "$TMP/bad/trials" ] && ok "too many needles for L refused by key" || bad "needles: rc $rc, $(cat "$TMP/bad.err")"
+# The fuzz campaign's findings: a trial count that would run for days, and a count that wraps at 32 bits
+# (4294967297 read as 1), are refused by key, not run.
+"$KVSIM" task "$TMP/t.toml" --prompts "$TMP/p.jsonl" --set task.trials=99999999999 > /dev/null 2> "$TMP/bad.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "task.trials must be in \[1, 10000\]" "$TMP/bad.err" && [ ! -e "$TMP/p.jsonl" ] && ok "task.trials beyond 10000 refused" || bad "trials: rc $rc, $(cat "$TMP/bad.err")"
+"$KVSIM" task "$TMP/t.toml" --prompts "$TMP/p.jsonl" --set task.generate=4294967297 > /dev/null 2> "$TMP/bad.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "task.generate must be in \[1, 256\]" "$TMP/bad.err" && ok "task.generate past 32 bits refused, not wrapped" || bad "generate: rc $rc, $(cat "$TMP/bad.err")"
+"$KVSIM" task "$TMP/t.toml" --prompts "$TMP/p.jsonl" --set 'task.lengths=[4294967552]' > /dev/null 2> "$TMP/bad.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "task.lengths: 4294967552 does not fit in 32 bits" "$TMP/bad.err" && ok "task.lengths past 32 bits refused, not wrapped" || bad "lengths: rc $rc, $(cat "$TMP/bad.err")"
 [ $fails -eq 0 ] && echo "task_test: all passed" || echo "task_test: $fails failed"
 exit $((fails > 0))

@@ -63,10 +63,10 @@ Experiment interpret(const TV& root, const std::string& origin) {
     ex.data.synthetic = true;
     s.preset = get_string(data, "synthetic", "", "data.");
     s.n = get_int(data, "n", s.n, "data.");
-    s.head_dim = int(get_int(data, "d", s.head_dim, "data."));
-    s.n_layers = int(get_int(data, "n_layers", s.n_layers, "data."));
-    s.n_heads = int(get_int(data, "n_heads", s.n_heads, "data."));
-    s.n_kv_heads = int(get_int(data, "n_kv_heads", s.n_heads, "data."));
+    s.head_dim = get_int32(data, "d", s.head_dim, "data.");
+    s.n_layers = get_int32(data, "n_layers", s.n_layers, "data.");
+    s.n_heads = get_int32(data, "n_heads", s.n_heads, "data.");
+    s.n_kv_heads = get_int32(data, "n_kv_heads", s.n_heads, "data.");
     s.seed = ex.seed;
     s.softmax_scale = get_double(data, "softmax_scale", s.softmax_scale, "data.");
     s.q_scale = get_double(data, "q_scale", s.q_scale, "data.");
@@ -77,7 +77,7 @@ Experiment interpret(const TV& root, const std::string& origin) {
     s.cluster_diameter = get_double(data, "cluster_diameter", s.cluster_diameter, "data.");
     s.center_scale = get_double(data, "center_scale", s.center_scale, "data.");
     s.query_norm = get_double(data, "query_norm", s.query_norm, "data.");
-    s.n_heavy = int(get_int(data, "n_heavy", s.n_heavy, "data."));
+    s.n_heavy = get_int32(data, "n_heavy", s.n_heavy, "data.");
     s.heavy_strength = get_double(data, "heavy_strength", s.heavy_strength, "data.");
     s.validate(origin + ": data.");
     const int64_t seqs = get_int(data, "sequences", 1, "data.");
@@ -130,14 +130,14 @@ ClosedLoopConfig load_closed_loop(const std::string& path, const std::vector<std
     c.text = get_string(m, "text", "", "model.");
     if (c.checkpoint.empty() || c.text.empty())
       throw Error(path + ": [model] needs 'checkpoint' and 'text' (and 'tokenizer' for a llama2.c checkpoint)");
-    c.tokens = int(get_int(m, "tokens", c.tokens, "model."));
-    c.windows = int(get_int(m, "windows", c.windows, "model."));
-    c.generate = int(get_int(m, "generate", 0, "model."));
+    c.tokens = get_int32(m, "tokens", c.tokens, "model.");
+    c.windows = get_int32(m, "windows", c.windows, "model.");
+    c.generate = get_int32(m, "generate", 0, "model.");
     if (c.windows < 1) fail_at(m.at("windows"), "model.windows must be ≥ 1");
     c.text_tail = get_double(m, "text_tail", 0.0, "model.");
     if (!(c.text_tail >= 0 && c.text_tail < 1)) fail_at(m.at("text_tail"), "model.text_tail must be in [0, 1)");
     if (c.generate < 0) fail_at(m.at("generate"), "model.generate must be ≥ 0");
-    c.prefill = int(get_int(m, "prefill", 0, "model."));
+    c.prefill = get_int32(m, "prefill", 0, "model.");
     if (c.prefill < 0 || c.prefill >= c.tokens)
       fail_at(m.at("prefill"), "model.prefill must be in [0, model.tokens) (0 = no prompt)");
     parse_eval(root, c.eval);

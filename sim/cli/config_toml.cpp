@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "kvsim/core/error.hpp"
@@ -67,6 +68,13 @@ int64_t get_int(const TV& t, const std::string& key, int64_t def, const std::str
   return v.as_integer();
 }
 
+int get_int32(const TV& t, const std::string& key, int def, const std::string& where) {
+  const int64_t v = get_int(t, key, def, where);
+  if (v < int64_t(std::numeric_limits<int>::min()) || v > int64_t(std::numeric_limits<int>::max()))
+    fail_at(t.at(key), where + key + " = " + std::to_string(v) + " does not fit in 32 bits");
+  return int(v);
+}
+
 double get_double(const TV& t, const std::string& key, double def, const std::string& where) {
   if (!t.contains(key)) return def;
   const TV& v = t.at(key);
@@ -86,12 +94,19 @@ std::vector<int> get_int_list(const TV& t, const std::string& key, const std::st
   std::vector<int> out;
   if (!t.contains(key)) return out;
   const TV& v = t.at(key);
-  if (v.is_integer()) return {static_cast<int>(v.as_integer())};
-  if (!v.is_array()) fail_at(v, where + key + " must be a list of integers");
-  for (const auto& e : v.as_array()) {
+  auto one = [&](const TV& e) {
     if (!e.is_integer()) fail_at(e, where + key + " must be a list of integers");
-    out.push_back(static_cast<int>(e.as_integer()));
+    const int64_t x = e.as_integer();
+    if (x < int64_t(std::numeric_limits<int>::min()) || x > int64_t(std::numeric_limits<int>::max()))
+      fail_at(e, where + key + ": " + std::to_string(x) + " does not fit in 32 bits");
+    out.push_back(int(x));
+  };
+  if (v.is_integer()) {
+    one(v);
+    return out;
   }
+  if (!v.is_array()) fail_at(v, where + key + " must be a list of integers");
+  for (const auto& e : v.as_array()) one(e);
   return out;
 }
 

@@ -25,6 +25,9 @@ Error one_line(const toml::exception& e, const std::string& prefix = "");
 void check_keys(const toml::value& table, const std::set<std::string>& allowed, const std::string& where);
 // Typed getters: `def` when the key is absent, a one-line error naming `where` + key on a wrong type.
 int64_t get_int(const toml::value& t, const std::string& key, int64_t def, const std::string& where);
+/// get_int for a key stored as `int`: a value outside [-2^31, 2^31) is refused in one line instead of wrapping
+/// (4294967297 would otherwise read as 1).
+int get_int32(const toml::value& t, const std::string& key, int def, const std::string& where);
 double get_double(const toml::value& t, const std::string& key, double def, const std::string& where);
 std::string get_string(const toml::value& t, const std::string& key, const std::string& def, const std::string& where);
 std::vector<int> get_int_list(const toml::value& t, const std::string& key, const std::string& where);

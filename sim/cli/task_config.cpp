@@ -111,10 +111,10 @@ void parse_task_table(const TV& t, TaskConfig& c) {
   if (c.depths.empty()) fail_at(t.at("depths"), "task.depths must not be empty");
   for (double d : c.depths)
     if (!(d >= 0 && d <= 1)) fail_at(t.at("depths"), "task.depths must be in [0, 1]");
-  c.trials = int(get_int(t, "trials", c.trials, "task."));
-  if (c.trials < 1) fail_at(t.at("trials"), "task.trials must be ≥ 1");
-  c.generate = int(get_int(t, "generate", default_generate(c.kind, c.settings), "task."));
-  if (c.generate < 1 || c.generate > 256) fail_at(t.at("generate"), "task.generate must be in [1, 256]");
+  // Each trial is a prompt decoded once per cache: 10000 per (length, depth) is far past any interval's need,
+  // and a larger count is a typo that would run for days (or fill the disk with --prompts).
+  c.trials = int_in(t, "trials", c.trials, 1, 10000);
+  c.generate = int_in(t, "generate", default_generate(c.kind, c.settings), 1, 256);
   if (t.contains("evict_needle")) {
     if (!t.at("evict_needle").is_boolean()) fail_at(t.at("evict_needle"), "task.evict_needle must be true or false");
     c.evict_needle = t.at("evict_needle").as_boolean();
