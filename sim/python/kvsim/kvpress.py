@@ -58,6 +58,17 @@ def load_model(gguf_path):
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except Exception as e:  # noqa: BLE001 - any loader failure is a bad input here
         raise Error(f"{gguf_path}: transformers cannot load this GGUF ({type(e).__name__}: {e})") from e
+    # Presses that load the tokenizer by the model's name (KVzip and KVgrad build their reconstruction prompt
+    # with AutoTokenizer.from_pretrained(model.config.name_or_path)) find the GGUF's tokenizer in a folder of
+    # its own, offline; the folder is removed at exit.
+    import atexit
+    import shutil
+    import tempfile
+
+    tok_dir = tempfile.mkdtemp(prefix="kvsim_tokenizer_")
+    atexit.register(shutil.rmtree, tok_dir, ignore_errors=True)
+    tok.save_pretrained(tok_dir)
+    model.config.name_or_path = tok_dir
     return model.eval(), tok
 
 
@@ -83,7 +94,9 @@ _last_full = {}  # the uncompressed keys of the last (model, prompt): one entry,
 def _full_cache(model, ids, torch, transformers):
     """The uncompressed cache's keys per layer, [n_kv_heads, n, head_dim]. Several presses are usually
     captured on one prompt, so the last prompt's keys are kept and the forward pass is not repeated."""
-    prompt = ids.numpy().tobytes()
+    # The attention implementation is part of the key: eager and sdpa round differently, so keys of later
+    # layers differ in their last bits (ObservedAttentionPress runs on eager attention).
+    prompt = ids.numpy().tobytes() + str(getattr(model.config, "_attn_implementation", "")).encode()
     same_model = _last_full.get("model") is not None and _last_full["model"]() is model  # a weak reference
     if not (same_model and _last_full["prompt"] == prompt):
         cache = transformers.DynamicCache()
