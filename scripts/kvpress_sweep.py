@@ -2,14 +2,16 @@
 """kvpress's presses measured by kvsim's metrics on SmolLM2-135M, beside kvsim's own policies.
 
 Usage: .venv/bin/python scripts/kvpress_sweep.py [--models models] [--data ../shared/data]
-           [--prompt 1024] [--decode 256] [--every 16] [--out results/kvpress_sweep]
+           [--prompt 1024] [--decode 256] [--every 16] [--presses A,B,...] [--out results/kvpress_sweep]
 
 1. datasets/export_hf.py records prompt + decode tokens of Tiny Shakespeare from transformers (float32;
    the tensors kvpress's cache holds) into OUT/prompt.h5.
-2. Every press kvpress 0.5.5 can apply to SmolLM2 offline with its defaults (PRESSES below) runs on the
-   prompt at compression ratios 0.25, 0.5 and 0.75; kvsim.kvpress.capture reads back the kept
-   positions and kvsim.kvpress.save writes OUT/presses/NAME_R.h5. A press kvpress refuses is listed
-   with its one-line reason.
+2. Every press of kvsim.kvpress_catalog that runs at prefill (kinds direct and wrapped: 28 of kvpress
+   0.5.5's 47 exports; --presses picks some) runs on the prompt at compression ratios 0.25, 0.5 and
+   0.75, built as the catalogue builds it (wrappers around SnapKVPress); kvsim.kvpress_catalog.capture
+   reads back the kept positions and kvsim.kvpress.save writes OUT/presses/NAME_R.h5. A press kvpress
+   refuses is listed with its one-line reason; OUT/catalog.csv lists every export with its kind and
+   how it was built or why it is not run.
 3. One kvsim run replays the recording with [data] prefill = prompt: every press file through
    `press_replay` (prefill keeps the press's tokens, every decoded token joins), and kvsim's own
    policies at the same prompt budget (snapkv, pyramidkv with kvpress's budgets: the same memory at
@@ -23,30 +25,26 @@ Exit 0; 2 on bad input (missing model or text, unknown press), 3 when torch/tran
 missing.
 """
 import argparse
+import csv
 import os
 import subprocess
 import sys
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RATIOS = (0.25, 0.5, 0.75)
-# Presses that construct from compression_ratio alone and run offline on a Llama-architecture model
-# (the others need a wrapped press, downloaded statistics, eager attention or key merging).
-PRESSES = ("StreamingLLMPress", "SnapKVPress", "PyramidKVPress", "TOVAPress", "KnormPress", "ExpectedAttentionPress",
-           "KeyDiffPress", "LagKVPress", "CURPress", "LeverageScorePress", "CompactorPress", "CapPress",
-           "NonCausalAttnPress", "RandomPress")
 
 
-def capture_all(a, kvpress, bridge, model, ids, folder):
+def capture_all(a, cat, bridge, model, ids, folder):
     """Every press × ratio captured and saved; returns [(press, ratio, file, mean kept)] and refusals."""
     import numpy as np
 
     done, refused = [], []
     os.makedirs(folder, exist_ok=True)
-    for name in PRESSES:
+    for name in a.presses:
         for ratio in RATIOS:
             path = os.path.join(folder, f"{name}_{ratio}.h5")
             try:
-                cap = bridge.capture(getattr(kvpress, name)(compression_ratio=ratio), model, ids)
+                cap = cat.capture(name, ratio, model, ids)
             except Exception as e:  # kvsim.Error: a press kvpress refuses here
                 refused.append((name, ratio, str(e)))
                 print(f"kvpress_sweep: {name} r={ratio}: {e}", file=sys.stderr)
@@ -93,6 +91,8 @@ def main():
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--decode", type=int, default=256)
     ap.add_argument("--every", type=int, default=16)
+    ap.add_argument("--presses", default="", help="comma-separated catalogue names (default: every press that runs "
+                                                   "at prefill)")
     ap.add_argument("--out", default="results/kvpress_sweep")
     a = ap.parse_args()
     gguf = os.path.join(a.models, GGUF)
@@ -102,12 +102,21 @@ def main():
             print(f"kvpress_sweep: {f}: no such file (bash scripts/setup.sh)", file=sys.stderr)
             return 2
     try:
-        import kvpress
+        import kvpress  # noqa: F401
     except ImportError as e:
         print(f"kvpress_sweep: {e}", file=sys.stderr)
         return 3
     import kvsim
     from kvsim import kvpress as bridge
+    from kvsim import kvpress_catalog as cat
+
+    runnable = cat.runnable()
+    a.presses = [p for p in a.presses.split(",") if p] or runnable
+    for p in a.presses:
+        if p not in runnable:
+            why = cat.CATALOG[p].how if p in cat.CATALOG else "not a kvpress export"
+            print(f"kvpress_sweep: --presses {p}: not a press kvsim runs at prefill ({why})", file=sys.stderr)
+            return 2
 
     os.makedirs(a.out, exist_ok=True)
     rec = os.path.join(a.out, "prompt.h5")
@@ -118,7 +127,12 @@ def main():
                        check=True)
     ids = kvsim.Recording(rec).tokens()[: a.prompt]
     model, _ = bridge.load_model(gguf)
-    done, refused = capture_all(a, kvpress, bridge, model, ids, os.path.join(a.out, "presses"))
+    with open(os.path.join(a.out, "catalog.csv"), "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["press", "kind", "how"])
+        for name in cat.exported():
+            w.writerow([name, cat.CATALOG[name].kind, cat.CATALOG[name].how])
+    done, refused = capture_all(a, cat, bridge, model, ids, os.path.join(a.out, "presses"))
     cfg = {"name": "kvpress_sweep", "data": {"path": rec, "prefill": a.prompt},
            "eval": {"every": a.every, "from": a.prompt + 1}, "policy": policies(a, done)}
     res = kvsim.run(cfg, out=os.path.join(a.out, "run"))

@@ -2,7 +2,8 @@
 """A `kvsim task` config's trials answered through kvpress's own pipeline, beside kvsim's answers.
 
 Usage: .venv/bin/python scripts/kvpress_task.py TASK.toml [--set key=value]... [--kvsim DIR]
-           [--presses StreamingLLMPress,SnapKVPress,ExpectedAttentionPress] [--out DIR] [--threads N]
+           [--presses StreamingLLMPress,SnapKVPress,ExpectedAttentionPress | all] [--ratio 0.5]
+           [--out DIR] [--threads N]
 
 kvsim's closed loop compresses the context (the prompt before the question) once, as kvpress's
 KVPressTextGenerationPipeline does, and decodes the question and the answer through the compressed
@@ -16,7 +17,10 @@ cache. This script checks that setting against kvpress itself, on the same token
    compression_ratio r is set so that it keeps int(C·(1 − r)) = B tokens of the C context tokens,
    where B is the size of the kvsim entry it stands beside (PRESS_POLICY below). kvpress appends the
    question and the answer to the compressed cache; kvsim's snapkv and expected_attention do the
-   same, while its `sink` streams at B tokens.
+   same, while its `sink` streams at B tokens. Any other press kvsim.kvpress_catalog runs (built as the
+   catalogue builds it: wrappers around SnapKVPress, the decoding presses through the pipeline's
+   generation; `--presses all` = every one) answers at compression ratio --ratio, with no kvsim entry
+   beside it.
 3. Each answer is scored by `kvsim task`'s own rule (_kvsim._answer_score: the share of the expected
    strings found, RULER's string_match_all or whole words, as the config says; correct = all found). OUT/trials.csv holds one
    row per (trial, cache): the press, its compression_ratio, the budget B it aims at and `kept`, the
@@ -75,15 +79,20 @@ def read_prompts(a, path):
     return trials, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(a.config)), ckpt))
 
 
-def entries(trial, presses):
-    """[(cache label, press name, kvsim label, budget)] for one trial: exact, then each press at the
-    budget of every kvsim entry of its policy."""
+def entries(trial, presses, ratio):
+    """[(cache label, press name, kvsim label, budget)] for one trial: exact, then each press of PRESS_POLICY
+    at the budget of every kvsim entry of its policy, and every other press at compression ratio `ratio`
+    (no kvsim label: budget int(C·(1 − ratio)) of the C context tokens), as is a press of PRESS_POLICY whose
+    policy has no entry in the config."""
     out = [("exact", "", "exact", -1)]
+    C = trial["question_begin"]
     for p in presses:
-        pol = PRESS_POLICY[p]
-        for label, b in trial["budgets"].items():
-            if label.split("(")[0] == pol and b > 0:
-                out.append((f"{p}{label[len(pol):]}", p, label, b))
+        pol = PRESS_POLICY.get(p)
+        beside = [(label, b) for label, b in trial["budgets"].items() if pol and label.split("(")[0] == pol and b > 0]
+        for label, b in beside:
+            out.append((f"{p}{label[len(pol):]}", p, label, b))
+        if not beside:  # no kvsim entry of its policy in the config: the press runs at --ratio alone
+            out.append((f"{p}(ratio={ratio:g})", p, "", int(C * (1 - ratio))))
     return out
 
 
@@ -115,7 +124,12 @@ def answer(pipe, torch, transformers, ctx, question, press, trial):
     (nan without a press: kvsim's `needle_kept` of a prompt compressor, which keeps its set through the
     question)."""
     spans = trial.get("evidence") or [[trial["needle_begin"], trial["needle_end"]]]
-    shares = track_needle(press, spans) if press is not None and spans[0][0] >= 0 else []
+    from kvpress import ScorerPress
+
+    # The needle's kept share is read where the press ranks by its own scores (a ScorerPress); a wrapper
+    # (AdaKV, chunking, decoding-time presses) reports nan.
+    scorer = isinstance(press, ScorerPress) and press.compression_ratio > 0
+    shares = track_needle(press, spans) if scorer and spans and spans[0][0] >= 0 else []
     cache = transformers.DynamicCache()
     with torch.no_grad():
         text = pipe._forward({"context_ids": ctx, "questions_ids": [question]}, max_new_tokens=trial["generate"], press=press,
@@ -150,21 +164,27 @@ def write_accuracy(rows, out, _kvsim):
     """OUT/accuracy.csv and a markdown table: per (L, cache) the accuracy with its 95% Wilson interval."""
     acc = {}
     for r in rows:
-        acc.setdefault((r["length"], r["cache"]), []).append(r["correct"])
+        acc.setdefault((r["length"], r["cache"]), []).append((r["correct"], r["score"]))
     with open(os.path.join(out, "accuracy.csv"), "w", encoding="utf-8") as f:
-        f.write("length,cache,trials,correct,accuracy,wilson_low,wilson_high\n")
-        print("| L | cache | accuracy [95% Wilson] |\n|---|---|---|")
-        for (L, cache), v in acc.items():
+        f.write("length,cache,trials,correct,accuracy,wilson_low,wilson_high,score\n")
+        print("| L | cache | accuracy [95% Wilson] | score |\n|---|---|---|---|")
+        for (L, cache), cs in acc.items():
+            v = [c for c, _ in cs]
+            score = sum(s for _, s in cs) / len(cs)
             lo, hi = _kvsim._wilson_interval(sum(v), len(v))
-            f.write(f"{L},\"{cache}\",{len(v)},{sum(v)},{sum(v) / len(v):.4f},{lo:.4f},{hi:.4f}\n")
-            print(f"| {L} | {cache} | {sum(v)}/{len(v)} = {sum(v) / len(v):.2f} [{lo:.2f}, {hi:.2f}] |")
+            f.write(f"{L},\"{cache}\",{len(v)},{sum(v)},{sum(v) / len(v):.4f},{lo:.4f},{hi:.4f},{score:.4f}\n")
+            print(f"| {L} | {cache} | {sum(v)}/{len(v)} = {sum(v) / len(v):.2f} [{lo:.2f}, {hi:.2f}] | {score:.2f} |")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config")
     ap.add_argument("--set", action="append", default=[], help="a `kvsim task` override (repeatable)")
-    ap.add_argument("--presses", default="StreamingLLMPress,SnapKVPress,ExpectedAttentionPress")
+    ap.add_argument("--presses", default="StreamingLLMPress,SnapKVPress,ExpectedAttentionPress",
+                    help="kvpress presses: those of PRESS_POLICY take the budgets of the config's kvsim entries, any "
+                         "other press kvsim.kvpress_catalog runs (direct, wrapped or pipeline) runs at --ratio; "
+                         "'all' = every such press")
+    ap.add_argument("--ratio", type=float, default=0.5, help="compression ratio of presses without a kvsim entry")
     ap.add_argument("--kvsim", help="a finished `kvsim task` run of the same config, to pair answers with")
     ap.add_argument("--out", default=None, help="output folder (default results/kvpress_<task name>)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
@@ -172,10 +192,6 @@ def main():
     a = ap.parse_args()
     if not os.path.isfile(a.config):
         fail(f"{a.config}: no such task config")
-    presses = [p for p in a.presses.split(",") if p]
-    for p in presses:
-        if p not in PRESS_POLICY:
-            fail(f"--presses: unknown press '{p}' (known: {', '.join(PRESS_POLICY)})")
     try:
         import torch
         import transformers
@@ -184,7 +200,16 @@ def main():
         fail(f"{e} (bash scripts/setup.sh installs torch and kvpress)", 3)
     from kvsim import _kvsim
     from kvsim import kvpress as bridge
+    from kvsim import kvpress_catalog as cat
 
+    runnable = cat.runnable(("direct", "wrapped", "pipeline"))
+    presses = runnable if a.presses == "all" else [p for p in a.presses.split(",") if p]
+    for p in presses:
+        if p not in PRESS_POLICY and p not in runnable:
+            why = f"kvsim does not run it: {cat.CATALOG[p].how}" if p in cat.CATALOG else "not a kvpress export"
+            fail(f"--presses: '{p}': {why}")
+    if not (0 < a.ratio < 1):
+        fail(f"--ratio {a.ratio}: must be in (0, 1)")
     out = a.out or os.path.join("results", "kvpress_" + os.path.splitext(os.path.basename(a.config))[0])
     os.makedirs(out, exist_ok=True)
     trials, gguf = read_prompts(a, os.path.join(out, "prompts.jsonl"))
@@ -198,13 +223,20 @@ def main():
         ids = torch.tensor(tr["tokens"], dtype=torch.long)
         ctx, q = ids[: tr["question_begin"]].unsqueeze(0), ids[tr["question_begin"]:].unsqueeze(0)
         C = tr["question_begin"]
-        caches = entries(tr, presses)
+        caches = entries(tr, presses, a.ratio)
         for cache, press_name, label, B in caches:
             press, r = None, 0.0
             if press_name:
-                r = 1.0 - (B + 0.5) / C  # int(C·(1 − r)) = B
-                press = getattr(kvpress, press_name)(compression_ratio=r)
-            text, kept, needle_kept = answer(pipe, torch, transformers, ctx, q, press, tr)
+                r = 1.0 - (B + 0.5) / C if label else a.ratio  # int(C·(1 − r)) = B
+                press = cat.build(press_name, r)
+            eager = press_name in cat.EAGER  # a press reading the attention weights runs on eager attention
+            if eager:
+                model.set_attn_implementation("eager")
+            try:
+                text, kept, needle_kept = answer(pipe, torch, transformers, ctx, q, press, tr)
+            finally:
+                if eager:
+                    model.set_attn_implementation("sdpa")
             rows.append({"kind": tr["kind"], "length": tr["length"], "depth": f"{tr['depth']:g}", "trial": tr["trial"],
                          "cache": cache, "press": press_name or "none", "kvsim_cache": label,
                          "compression_ratio": f"{r:.6f}", "budget": B if press_name else C, "kept": kept, "needle_kept": f"{needle_kept:.6g}", "answer": tr["value"],
