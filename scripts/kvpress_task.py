@@ -176,6 +176,19 @@ def write_accuracy(rows, out, _kvsim):
             print(f"| {L} | {cache} | {sum(v)}/{len(v)} = {sum(v) / len(v):.2f} [{lo:.2f}, {hi:.2f}] | {score:.2f} |")
 
 
+def choose_presses(a, cat):
+    """The --presses list, checked against the catalogue (exit 2 naming a press kvsim does not run)."""
+    runnable = cat.runnable(("direct", "wrapped", "pipeline"))
+    presses = runnable if a.presses == "all" else [p for p in a.presses.split(",") if p]
+    for p in presses:
+        if p not in PRESS_POLICY and p not in runnable:
+            why = f"kvsim does not run it: {cat.CATALOG[p].how}" if p in cat.CATALOG else "not a kvpress export"
+            fail(f"--presses: '{p}': {why}")
+    if not (0 < a.ratio < 1):
+        fail(f"--ratio {a.ratio}: must be in (0, 1)")
+    return presses
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config")
@@ -202,14 +215,7 @@ def main():
     from kvsim import kvpress as bridge
     from kvsim import kvpress_catalog as cat
 
-    runnable = cat.runnable(("direct", "wrapped", "pipeline"))
-    presses = runnable if a.presses == "all" else [p for p in a.presses.split(",") if p]
-    for p in presses:
-        if p not in PRESS_POLICY and p not in runnable:
-            why = f"kvsim does not run it: {cat.CATALOG[p].how}" if p in cat.CATALOG else "not a kvpress export"
-            fail(f"--presses: '{p}': {why}")
-    if not (0 < a.ratio < 1):
-        fail(f"--ratio {a.ratio}: must be in (0, 1)")
+    presses = choose_presses(a, cat)
     out = a.out or os.path.join("results", "kvpress_" + os.path.splitext(os.path.basename(a.config))[0])
     os.makedirs(out, exist_ok=True)
     trials, gguf = read_prompts(a, os.path.join(out, "prompts.jsonl"))
@@ -229,14 +235,9 @@ def main():
             if press_name:
                 r = 1.0 - (B + 0.5) / C if label else a.ratio  # int(C·(1 − r)) = B
                 press = cat.build(press_name, r)
-            eager = press_name in cat.EAGER  # a press reading the attention weights runs on eager attention
-            if eager:
-                model.set_attn_implementation("eager")
-            try:
-                text, kept, needle_kept = answer(pipe, torch, transformers, ctx, q, press, tr)
-            finally:
-                if eager:
-                    model.set_attn_implementation("sdpa")
+            # A press reading the attention weights (ObservedAttention) runs on eager attention.
+            model.set_attn_implementation("eager" if press_name in cat.EAGER else "sdpa")
+            text, kept, needle_kept = answer(pipe, torch, transformers, ctx, q, press, tr)
             rows.append({"kind": tr["kind"], "length": tr["length"], "depth": f"{tr['depth']:g}", "trial": tr["trial"],
                          "cache": cache, "press": press_name or "none", "kvsim_cache": label,
                          "compression_ratio": f"{r:.6f}", "budget": B if press_name else C, "kept": kept, "needle_kept": f"{needle_kept:.6g}", "answer": tr["value"],
