@@ -1,7 +1,8 @@
 """Every runnable press of kvsim.kvpress_catalog captured on SmolLM2 (a 256-token Tiny Shakespeare prompt, ratio
 0.5): each keeps about half the prompt per (layer, KV head) on average, at valid distinct positions; AdaKV's
 head-wise budgets really differ between heads where SnapKV's do not; and the negative control, a press that acts
-only while decoding (DecodingPress), keeps every prompt token, which the half-the-prompt check would refuse."""
+only while decoding (DecodingPress), keeps every prompt token, which the half-the-prompt check would refuse.
+A press with a random sketch (LeverageScorePress) keeps the same tokens on every capture."""
 import os
 from pathlib import Path
 
@@ -51,6 +52,19 @@ def test_adakv_budgets_differ_by_head(setup):
     spread = lambda cap: max(np.ptp([len(k) for k in layer]) for layer in cap.kept)  # noqa: E731
     assert spread(cat.capture("AdaKVPress", 0.5, model, ids)) > 0
     assert spread(cat.capture("SnapKVPress", 0.5, model, ids)) == 0
+
+
+def test_random_sketches_are_seeded(setup):
+    # LeverageScorePress draws a random sketch: two captures agree (torch seeded per capture), while a sketch
+    # drawn from another seed keeps other tokens (so the agreement is not vacuous).
+    model, ids = setup
+    sets = lambda cap: [k.tolist() for layer in cap.kept for k in layer]  # noqa: E731
+    a, b = (sets(cat.capture("LeverageScorePress", 0.5, model, ids)) for _ in range(2))
+    assert a == b
+    import torch
+
+    torch.manual_seed(1)
+    assert sets(bridge.capture(cat.build("LeverageScorePress", 0.5), model, ids)) != a
 
 
 def test_decoding_press_keeps_the_prompt(setup):

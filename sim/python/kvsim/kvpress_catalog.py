@@ -180,10 +180,15 @@ EAGER = {"ObservedAttentionPress"}  # presses that read the attention weights (o
 
 def capture(name, ratio, model, ids):
     """kvsim.kvpress.capture of the catalogued press `name` at `ratio` on the prompt `ids` through `model` (from
-    kvsim.kvpress.load_model), switching the model to eager attention for the presses in EAGER and back after.
+    kvsim.kvpress.load_model), with torch's generator seeded (0), switching the model to eager attention for
+    the presses in EAGER and back after.
     Returns the PressCapture; raises kvsim.Error naming the press (see build and capture)."""
+    import torch
+
     from . import kvpress as bridge
 
+    # Seeded: LeverageScorePress and CompactorPress draw random sketches from torch's global generator.
+    torch.manual_seed(0)
     press = build(name, ratio)
     if name not in EAGER:
         return bridge.capture(press, model, ids)
