@@ -3,7 +3,7 @@
 
 Usage: .venv/bin/python scripts/kvpress_task.py TASK.toml [--set key=value]... [--kvsim DIR]
            [--presses StreamingLLMPress,SnapKVPress,ExpectedAttentionPress | all] [--ratio 0.5]
-           [--out DIR] [--threads N]
+           [--out DIR] [--threads N] [--stop-after N]
 
 kvsim's closed loop compresses the context (the prompt before the question) once, as kvpress's
 KVPressTextGenerationPipeline does, and decodes the question and the answer through the compressed
@@ -32,11 +32,17 @@ cache. This script checks that setting against kvpress itself, on the same token
    kvpress answer with kvsim's for the same trial and budget: both right, both wrong, only kvsim right,
    only kvpress right, and the share of identical answer texts.
 
+5. Resumable: every finished trial's rows are appended to OUT/trials.partial.jsonl, and a rerun with the
+   same config, --set, --presses and --ratio (the same prompts) skips them; trials.csv is written, and the
+   partial file removed, once every trial is done. A partial file of another run is refused.
+   `--stop-after N` answers at most N new trials and stops, so a long run can be time-boxed.
+
 Exit 0; 2 on bad input (missing config, model or kvsim folder); 3 when torch/transformers/kvpress
 are missing. docs/kvpress.md shows a run.
 """
 import argparse
 import csv
+import hashlib
 import json
 import os
 import subprocess
@@ -176,6 +182,66 @@ def write_accuracy(rows, out, _kvsim):
             print(f"| {L} | {cache} | {sum(v)}/{len(v)} = {sum(v) / len(v):.2f} [{lo:.2f}, {hi:.2f}] | {score:.2f} |")
 
 
+class Checkpoint:
+    """OUT/trials.partial.jsonl: one line per finished trial (its rows), so that a run stopped midway resumes
+    where it stopped. The first line fingerprints the run (config text, --set, presses, ratio, the prompts'
+    tokens); a partial file of another run is refused (exit 2) rather than mixed in."""
+
+    def __init__(self, out, setup):
+        self.path = os.path.join(out, "trials.partial.jsonl")
+        self.setup = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()
+        self.done, self.added = {}, 0
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                lines = [json.loads(line) for line in f if line.endswith("\n")]  # a torn last line is redone
+            if not lines or lines[0].get("setup") != self.setup:
+                fail(f"{self.path}: left by a different run (config, --set, --presses, --ratio or prompts differ); "
+                     "remove it or choose another --out")
+            self.done = {d["trial"]: d["rows"] for d in lines[1:]}
+            print(f"kvpress_task: resuming {self.path}: {len(self.done)} trials done", file=sys.stderr)
+        else:
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.write(json.dumps({"setup": self.setup}) + "\n")
+
+    def rows(self, i):
+        return self.done.get(i)
+
+    def add(self, i, rows):
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"trial": i, "rows": rows}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.added += 1
+
+    def finish(self):
+        os.remove(self.path)
+
+
+def run_trial(tr, presses, ratio, model, pipe, torch, transformers, cat, _kvsim):
+    """One trial's rows: the exact cache and every press entry (see entries) answering through kvpress's
+    pipeline, each scored by kvsim's rule."""
+    ids = torch.tensor(tr["tokens"], dtype=torch.long)
+    ctx, q = ids[: tr["question_begin"]].unsqueeze(0), ids[tr["question_begin"]:].unsqueeze(0)
+    C = tr["question_begin"]
+    rows = []
+    for cache, press_name, label, B in entries(tr, presses, ratio):
+        press, r = None, 0.0
+        if press_name:
+            r = 1.0 - (B + 0.5) / C if label else ratio  # int(C·(1 − r)) = B
+            press = cat.build(press_name, r)
+        # A press reading the attention weights (ObservedAttention) runs on eager attention.
+        model.set_attn_implementation("eager" if press_name in cat.EAGER else "sdpa")
+        torch.manual_seed(0)  # presses with random sketches (LeverageScore, Compactor) give the same answer again
+        text, kept, needle_kept = answer(pipe, torch, transformers, ctx, q, press, tr)
+        score = _kvsim._answer_score(text, tr["answers"], tr["match"])
+        rows.append({"kind": tr["kind"], "length": tr["length"], "depth": f"{tr['depth']:g}", "trial": tr["trial"],
+                     "cache": cache, "press": press_name or "none", "kvsim_cache": label,
+                     "compression_ratio": f"{r:.6f}", "budget": B if press_name else C, "kept": kept,
+                     "needle_kept": f"{needle_kept:.6g}", "answer": tr["value"], "generated": text,
+                     "correct": int(score == 1), "score": score})
+    return rows
+
+
 def choose_presses(a, cat):
     """The --presses list, checked against the catalogue (exit 2 naming a press kvsim does not run)."""
     runnable = cat.runnable(("direct", "wrapped", "pipeline"))
@@ -202,6 +268,8 @@ def main():
     ap.add_argument("--out", default=None, help="output folder (default results/kvpress_<task name>)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     ap.add_argument("--kvsim-bin", default=os.path.join(HERE, "..", "build", "kvsim"))
+    ap.add_argument("--stop-after", type=int, default=0, metavar="N",
+                    help="answer at most N trials not yet in the partial file, then stop (exit 0); rerun to resume")
     a = ap.parse_args()
     if not os.path.isfile(a.config):
         fail(f"{a.config}: no such task config")
@@ -223,35 +291,30 @@ def main():
         torch.set_num_threads(a.threads)
     model, tok = bridge.load_model(gguf)
     pipe = kvpress.KVPressTextGenerationPipeline(model=model, tokenizer=tok)
+    ckpt = Checkpoint(out, {"config": open(a.config, encoding="utf-8").read(), "set": a.set, "presses": presses,
+                            "ratio": a.ratio, "prompts": [t["tokens"] for t in trials]})
     rows = []
     for i, tr in enumerate(trials):
         t0 = time.time()
-        ids = torch.tensor(tr["tokens"], dtype=torch.long)
-        ctx, q = ids[: tr["question_begin"]].unsqueeze(0), ids[tr["question_begin"]:].unsqueeze(0)
-        C = tr["question_begin"]
-        caches = entries(tr, presses, a.ratio)
-        for cache, press_name, label, B in caches:
-            press, r = None, 0.0
-            if press_name:
-                r = 1.0 - (B + 0.5) / C if label else a.ratio  # int(C·(1 − r)) = B
-                press = cat.build(press_name, r)
-            # A press reading the attention weights (ObservedAttention) runs on eager attention.
-            model.set_attn_implementation("eager" if press_name in cat.EAGER else "sdpa")
-            text, kept, needle_kept = answer(pipe, torch, transformers, ctx, q, press, tr)
-            rows.append({"kind": tr["kind"], "length": tr["length"], "depth": f"{tr['depth']:g}", "trial": tr["trial"],
-                         "cache": cache, "press": press_name or "none", "kvsim_cache": label,
-                         "compression_ratio": f"{r:.6f}", "budget": B if press_name else C, "kept": kept, "needle_kept": f"{needle_kept:.6g}", "answer": tr["value"],
-                         "generated": text, "correct": 0, "score": _kvsim._answer_score(text, tr["answers"], tr["match"])})
-            rows[-1]["correct"] = int(rows[-1]["score"] == 1)
-        right = sum(r["correct"] for r in rows[-len(caches):])
+        done = ckpt.rows(i)
+        if done is None:
+            if a.stop_after > 0 and ckpt.added >= a.stop_after:
+                print(f"kvpress_task: stopped after {ckpt.added} new trials ({i} of {len(trials)} done); "
+                      f"rerun the same command to resume from {ckpt.path}", file=sys.stderr)
+                return 0
+            done = run_trial(tr, presses, a.ratio, model, pipe, torch, transformers, cat, _kvsim)
+            ckpt.add(i, done)
+        rows += done
+        right = sum(r["correct"] for r in done)
         print(f"kvpress_task: trial {i + 1}/{len(trials)} (L={tr['length']}, depth {tr['depth']:g}, #{tr['trial']}): "
-              f"{right}/{len(caches)} caches right, {time.time() - t0:.1f} s", file=sys.stderr)
+              f"{right}/{len(done)} caches right, {time.time() - t0:.1f} s", file=sys.stderr)
     fields = list(rows[0])
-    with open(os.path.join(out, "trials.csv"), "w", newline="", encoding="utf-8") as f:
+    with open(os.path.join(out, "trials.csv.tmp"), "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fields)
         w.writeheader()
         for r in rows:
             w.writerow({**r, "generated": r["generated"].replace("\n", "\\n")})
+    os.replace(os.path.join(out, "trials.csv.tmp"), os.path.join(out, "trials.csv"))
     write_accuracy(rows, out, _kvsim)
     if a.kvsim:
         groups = agreement(rows, a.kvsim)
@@ -263,6 +326,7 @@ def main():
                 n = g[0] + g[1] + g[2] + g[3]
                 f.write(f"{L},\"{cache}\",\"{label}\",{n},{g[0]},{g[1]},{g[2]},{g[3]},{g[4]}\n")
                 print(f"| {L} | {cache} | {label} | {n} | {g[0]} | {g[1]} | {g[2]} | {g[3]} | {g[4]} |")
+    ckpt.finish()
     print(f"wrote {out}/trials.csv and accuracy.csv" + (" and agreement.csv" if a.kvsim else ""))
     return 0
 

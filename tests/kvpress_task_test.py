@@ -14,7 +14,9 @@ KVPressTextGenerationPipeline on transformers (the same GGUF, float32, CPU). Che
      depth 0.3 excludes the needle, so it answers none of those trials while the exact cache answers
      all (the press really acted on the cache);
   4. agreement.csv pairs every kvpress answer with kvsim's for the same trial and budget;
-  5. the config names an absent checkpoint, and both tools take the model from `--set model.checkpoint`.
+  5. the config names an absent checkpoint, and both tools take the model from `--set model.checkpoint`;
+  6. a run stopped after one trial (--stop-after 1) resumes to the same trials.csv; another run's partial
+     file is refused.
 Exit 0 passed, 1 failed, 77 SKIPPED (torch/transformers/kvpress or the model file absent).
 """
 import csv
@@ -101,6 +103,23 @@ def main():
               "agreement.csv pairs 2 trials for each of exact and the 3 presses")
         ex = [a for a in agree if a["cache"] == "exact"]
         check(len(ex) == 1 and ex[0]["both_right"] == "2", "exact: both implementations right on 2/2")
+        # Resumption: stopped after one trial, the partial file holds it and no trials.csv exists; rerun, the
+        # second trial is answered and trials.csv equals the uninterrupted run's; a partial file of another run
+        # (other presses) is refused by name.
+        again = os.path.join(tmp, "again")
+        cmd = [sys.executable, os.path.join(src, "scripts", "kvpress_task.py"), cfg, "--out", again, "--threads", "2",
+               "--kvsim-bin", kvsim_bin, "--set", ckpt]
+        r1 = subprocess.run(cmd + ["--stop-after", "1"], capture_output=True, text=True)
+        partial = os.path.join(again, "trials.partial.jsonl")
+        check(r1.returncode == 0 and os.path.exists(partial) and not os.path.exists(os.path.join(again, "trials.csv"))
+              and sum(1 for _ in open(partial, encoding="utf-8")) == 2, "--stop-after 1 left one trial in the partial file")
+        r2 = subprocess.run(cmd + ["--presses", "SnapKVPress"], capture_output=True, text=True)
+        check(r2.returncode == 2 and "left by a different run" in r2.stderr, "a partial file of another run is refused")
+        r3 = subprocess.run(cmd, capture_output=True, text=True)
+        same_csv = r3.returncode == 0 and open(os.path.join(again, "trials.csv"), encoding="utf-8").read() == \
+            open(os.path.join(theirs, "trials.csv"), encoding="utf-8").read()
+        check(same_csv and "resuming" in r3.stderr and not os.path.exists(partial),
+              "the resumed run's trials.csv equals the uninterrupted run's")
     print("kvpress_task_test: " + ("all passed" if not failures else f"{len(failures)} failed"))
     return 1 if failures else 0
 
