@@ -19,8 +19,8 @@ cache. This script checks that setting against kvpress itself, on the same token
    question and the answer to the compressed cache; kvsim's snapkv and expected_attention do the
    same, while its `sink` streams at B tokens. Any other press kvsim.kvpress_catalog runs (built as the
    catalogue builds it: wrappers around SnapKVPress, the decoding presses through the pipeline's
-   generation; `--presses all` = every one) answers at compression ratio --ratio, with no kvsim entry
-   beside it.
+   generation; `--presses all` = every one but PyramidKV and PerLayerCompression, which kvpress decodes
+   with flash attention only) answers at compression ratio --ratio, with no kvsim entry beside it.
 3. Each answer is scored by `kvsim task`'s own rule (_kvsim._answer_score: the share of the expected
    strings found, RULER's string_match_all or whole words, as the config says; correct = all found). OUT/trials.csv holds one
    row per (trial, cache): the press, its compression_ratio, the budget B it aims at and `kept`, the
@@ -50,8 +50,9 @@ import sys
 import time
 
 # kvpress press → the kvsim policy whose budget it takes (kvsim's label "policy(memory=…)").
+# (PyramidKVPress is not among them: kvpress decodes its per-layer budgets with flash attention only.)
 PRESS_POLICY = {"StreamingLLMPress": "sink", "SnapKVPress": "snapkv", "ExpectedAttentionPress": "expected_attention",
-                "TOVAPress": "tova", "KnormPress": "knorm", "PyramidKVPress": "pyramidkv"}
+                "TOVAPress": "tova", "KnormPress": "knorm"}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -244,10 +245,12 @@ def run_trial(tr, presses, ratio, model, pipe, torch, transformers, cat, _kvsim)
 
 def choose_presses(a, cat):
     """The --presses list, checked against the catalogue (exit 2 naming a press kvsim does not run)."""
-    runnable = cat.runnable(("direct", "wrapped", "pipeline"))
+    runnable = cat.pipeline_runnable()
     presses = runnable if a.presses == "all" else [p for p in a.presses.split(",") if p]
     for p in presses:
-        if p not in PRESS_POLICY and p not in runnable:
+        if p in cat.NO_CPU_PIPELINE:
+            fail(f"--presses: '{p}': {cat.NO_CPU_PIPELINE[p]}")
+        if p not in runnable:
             why = f"kvsim does not run it: {cat.CATALOG[p].how}" if p in cat.CATALOG else "not a kvpress export"
             fail(f"--presses: '{p}': {why}")
     if not (0 < a.ratio < 1):

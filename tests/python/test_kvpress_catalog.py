@@ -62,3 +62,12 @@ def test_refused_entries_raise_their_reason():
         cat.build("BrandNewPress", 0.5)
     with pytest.raises(kvsim.Error, match="outside"):
         cat.build("SnapKVPress", 1.0)
+
+
+def test_cpu_pipeline_excludes_per_layer_budgets():
+    # kvpress decodes per-layer cache sizes with flash attention only: those presses are captured at prefill but
+    # left out of the CPU pipeline's list, and every other runnable press stays in it.
+    pipe = cat.pipeline_runnable()
+    assert set(cat.NO_CPU_PIPELINE) <= set(cat.runnable())
+    assert not set(cat.NO_CPU_PIPELINE) & set(pipe)
+    assert set(pipe) | set(cat.NO_CPU_PIPELINE) == set(cat.runnable(("direct", "wrapped", "pipeline")))

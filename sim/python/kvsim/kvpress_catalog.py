@@ -177,6 +177,22 @@ def build(name, ratio):
 
 EAGER = {"ObservedAttentionPress"}  # presses that read the attention weights (output_attentions)
 
+# Presses whose prefill can be captured but whose answers kvpress's pipeline cannot decode on the CPU: their
+# layers keep different numbers of tokens, which kvpress supports with flash attention only (a GPU kernel); with
+# sdpa or eager attention the mask takes layer 0's length and decoding fails (measured: "size of tensor a (930)
+# must match the size of tensor b (960)").
+NO_CPU_PIPELINE = {
+    "PyramidKVPress": "its layers keep different numbers of tokens: kvpress decodes that with flash attention only "
+                      "(GPU); on the CPU its pipeline fails at the first decoded token",
+    "PerLayerCompressionPress": "as PyramidKVPress (kvpress: 'only works with flash attention')",
+}
+
+
+def pipeline_runnable():
+    """Catalogued presses kvpress's pipeline can answer with on the CPU (direct, wrapped and pipeline kinds,
+    less NO_CPU_PIPELINE)."""
+    return [n for n in runnable(("direct", "wrapped", "pipeline")) if n not in NO_CPU_PIPELINE]
+
 
 def capture(name, ratio, model, ids):
     """kvsim.kvpress.capture of the catalogued press `name` at `ratio` on the prompt `ids` through `model` (from
