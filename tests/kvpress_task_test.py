@@ -31,6 +31,26 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
 
 
+def check_resume(src, kvsim_bin, cfg, ckpt, tmp, theirs):
+    """Resumption: stopped after one trial, the partial file holds it and no trials.csv exists; rerun, the
+    second trial is answered and trials.csv equals the uninterrupted run's (`theirs`); a partial file of another
+    run (other presses) is refused by name."""
+    again = os.path.join(tmp, "again")
+    cmd = [sys.executable, os.path.join(src, "scripts", "kvpress_task.py"), cfg, "--out", again, "--threads", "2",
+           "--kvsim-bin", kvsim_bin, "--set", ckpt]
+    r1 = subprocess.run(cmd + ["--stop-after", "1"], capture_output=True, text=True)
+    partial = os.path.join(again, "trials.partial.jsonl")
+    check(r1.returncode == 0 and os.path.exists(partial) and not os.path.exists(os.path.join(again, "trials.csv"))
+          and sum(1 for _ in open(partial, encoding="utf-8")) == 2, "--stop-after 1 left one trial in the partial file")
+    r2 = subprocess.run(cmd + ["--presses", "SnapKVPress"], capture_output=True, text=True)
+    check(r2.returncode == 2 and "left by a different run" in r2.stderr, "a partial file of another run is refused")
+    r3 = subprocess.run(cmd, capture_output=True, text=True)
+    same_csv = r3.returncode == 0 and open(os.path.join(again, "trials.csv"), encoding="utf-8").read() == \
+        open(os.path.join(theirs, "trials.csv"), encoding="utf-8").read()
+    check(same_csv and "resuming" in r3.stderr and not os.path.exists(partial),
+          "the resumed run's trials.csv equals the uninterrupted run's")
+
+
 def main():
     kvsim_bin, src, models, data = sys.argv[1:5]
     gguf = os.path.abspath(os.path.join(models, GGUF))
@@ -103,23 +123,7 @@ def main():
               "agreement.csv pairs 2 trials for each of exact and the 3 presses")
         ex = [a for a in agree if a["cache"] == "exact"]
         check(len(ex) == 1 and ex[0]["both_right"] == "2", "exact: both implementations right on 2/2")
-        # Resumption: stopped after one trial, the partial file holds it and no trials.csv exists; rerun, the
-        # second trial is answered and trials.csv equals the uninterrupted run's; a partial file of another run
-        # (other presses) is refused by name.
-        again = os.path.join(tmp, "again")
-        cmd = [sys.executable, os.path.join(src, "scripts", "kvpress_task.py"), cfg, "--out", again, "--threads", "2",
-               "--kvsim-bin", kvsim_bin, "--set", ckpt]
-        r1 = subprocess.run(cmd + ["--stop-after", "1"], capture_output=True, text=True)
-        partial = os.path.join(again, "trials.partial.jsonl")
-        check(r1.returncode == 0 and os.path.exists(partial) and not os.path.exists(os.path.join(again, "trials.csv"))
-              and sum(1 for _ in open(partial, encoding="utf-8")) == 2, "--stop-after 1 left one trial in the partial file")
-        r2 = subprocess.run(cmd + ["--presses", "SnapKVPress"], capture_output=True, text=True)
-        check(r2.returncode == 2 and "left by a different run" in r2.stderr, "a partial file of another run is refused")
-        r3 = subprocess.run(cmd, capture_output=True, text=True)
-        same_csv = r3.returncode == 0 and open(os.path.join(again, "trials.csv"), encoding="utf-8").read() == \
-            open(os.path.join(theirs, "trials.csv"), encoding="utf-8").read()
-        check(same_csv and "resuming" in r3.stderr and not os.path.exists(partial),
-              "the resumed run's trials.csv equals the uninterrupted run's")
+        check_resume(src, kvsim_bin, cfg, ckpt, tmp, theirs)
     print("kvpress_task_test: " + ("all passed" if not failures else f"{len(failures)} failed"))
     return 1 if failures else 0
 
