@@ -68,11 +68,18 @@ int64_t get_int(const TV& t, const std::string& key, int64_t def, const std::str
   return v.as_integer();
 }
 
+namespace {
+// x as an int, or a one-line error at v: "<what> does not fit in 32 bits".
+int fit_int32(const TV& v, int64_t x, const std::string& what) {
+  if (x < int64_t(std::numeric_limits<int>::min()) || x > int64_t(std::numeric_limits<int>::max()))
+    fail_at(v, what + " does not fit in 32 bits");
+  return int(x);
+}
+}  // namespace
+
 int get_int32(const TV& t, const std::string& key, int def, const std::string& where) {
   const int64_t v = get_int(t, key, def, where);
-  if (v < int64_t(std::numeric_limits<int>::min()) || v > int64_t(std::numeric_limits<int>::max()))
-    fail_at(t.at(key), where + key + " = " + std::to_string(v) + " does not fit in 32 bits");
-  return int(v);
+  return t.contains(key) ? fit_int32(t.at(key), v, where + key + " = " + std::to_string(v)) : int(v);
 }
 
 double get_double(const TV& t, const std::string& key, double def, const std::string& where) {
@@ -97,9 +104,7 @@ std::vector<int> get_int_list(const TV& t, const std::string& key, const std::st
   auto one = [&](const TV& e) {
     if (!e.is_integer()) fail_at(e, where + key + " must be a list of integers");
     const int64_t x = e.as_integer();
-    if (x < int64_t(std::numeric_limits<int>::min()) || x > int64_t(std::numeric_limits<int>::max()))
-      fail_at(e, where + key + ": " + std::to_string(x) + " does not fit in 32 bits");
-    out.push_back(int(x));
+    out.push_back(fit_int32(e, x, where + key + ": " + std::to_string(x)));
   };
   if (v.is_integer()) {
     one(v);
