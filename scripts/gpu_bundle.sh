@@ -27,7 +27,7 @@ cmake --build "$B" -j "$(nproc)" --target kvsim kvsim_cuda kvsim_cuda_tests
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib .gpu/data
 cp "$B/kvsim" "$B/libkvsim_cuda.so" "$(find "$B" -name kvsim_cuda_tests -type f | head -1)" .gpu/bin/
-# kvsim keeps its symbol table (a stack taken on the device, e.g. by scripts/gpu_diag_hang.sh, then
+# kvsim keeps its symbol table (a stack taken on the device, e.g. by cuda-gdb -p PID, then
 # names functions); the others go without.
 strip --strip-unneeded .gpu/bin/libkvsim_cuda.so .gpu/bin/kvsim_cuda_tests 2>/dev/null || true
 strip --strip-debug .gpu/bin/kvsim 2>/dev/null || true

@@ -6,8 +6,10 @@
 # data in .gpu/data):
 #   bash scripts/gpu_check.sh [BIN] [LOG_DIR] [STEPS]
 # BIN: the folder with kvsim, libkvsim_cuda.so and kvsim_cuda_tests (default .gpu/bin); LOG_DIR: where logs go (default $OUT, else /tmp/gpu_check);
-# STEPS: a comma list of env,parity,sanitizer,quickstart,e2e_layer,smollm2,e2e_floor,bench_quick,bench (default:
-# all but e2e_floor and bench_quick, in that order).
+# STEPS: a comma list of env,parity,sanitizer,quickstart,e2e_layer,smollm2,gemma3,deadline,e2e_32,scale32k,
+# e2e_floor,bench_quick,bench (default: all but gemma3, deadline, e2e_32, scale32k, e2e_floor and bench_quick,
+# in that order). scale32k needs no file; gemma3 needs results/recordings/gemma3_tinystories_4096_global.h5
+# carried (experiments/gemma3_gpu_4096.toml says how it is made).
 # Each step runs under its own time limit, so one hang cannot eat the others' time; the summary at the
 # end lists each step's exit status and seconds. Everything is appended to LOG_DIR/gpu.log.
 set -u
@@ -96,6 +98,48 @@ if has smollm2; then
   step smollm2_compare_per_cell 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py /tmp/smollm2_cuda /tmp/smollm2_cuda_pc
   cp /tmp/smollm2_cuda/summary.csv "$LOG/smollm2_cuda_summary.csv" 2>/dev/null
   cp /tmp/smollm2_cpu/summary.csv "$LOG/smollm2_cpu_summary.csv" 2>/dev/null
+fi
+if has gemma3; then  # Gemma 3 270M's global layers at 4096 tokens (head_dim 256), GPU beside CPU
+  cfg=experiments/gemma3_gpu_4096.toml
+  step gemma3_cuda 120 "$B/kvsim" run "$cfg" --device cuda --out /tmp/gemma3_cuda --quiet
+  step gemma3_cpu 150 "$B/kvsim" run "$cfg" --out /tmp/gemma3_cpu --quiet
+  step gemma3_compare 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-4 --rtol 1e-4 /tmp/gemma3_cpu /tmp/gemma3_cuda
+fi
+if has deadline; then
+  # KVSIM_CUDA_DEADLINE: a wait for the device past it fails the run in one line naming the cell; here
+  # every wait is past a deadline of 1 ns. The step passes when the run fails that way, promptly.
+  step deadline 60 bash -c "KVSIM_CUDA_DEADLINE=1e-9 $B/kvsim run experiments/gpu_e2e_layer.toml --set data.n=1024 \
+      --device cuda --out /tmp/gpu_deadline --quiet > /tmp/gpu_deadline.txt 2>&1; rc=\$?; cat /tmp/gpu_deadline.txt;
+    KVSIM_CUDA_DEADLINE=soon $B/kvsim run experiments/gpu_e2e_layer.toml --set data.n=1024 --device cuda \
+      --out /tmp/gpu_deadline2 --quiet > /tmp/gpu_deadline2.txt 2>&1; rc2=\$?; cat /tmp/gpu_deadline2.txt;
+    [ \$rc -ne 0 ] && [ \$rc2 -ne 0 ] && grep -q 'did not finish within 1e-09 s' /tmp/gpu_deadline.txt &&
+      grep -q 'layer 0, KV head' /tmp/gpu_deadline.txt && [ \$(wc -l < /tmp/gpu_deadline.txt) -eq 1 ] &&
+      grep -q \"KVSIM_CUDA_DEADLINE = 'soon'\" /tmp/gpu_deadline2.txt && echo 'deadline: both runs failed as expected'"
+fi
+if has e2e_32; then  # the 7B-shaped end-to-end run (the bench's), with the phase profile
+  step e2e_32_cuda 180 env KVSIM_PROFILE=1 "$B/kvsim" run experiments/gpu_e2e_layer.toml --set data.n_layers=32 \
+    --device cuda --out /tmp/e2e_32 --quiet
+fi
+if has scale32k; then
+  # One layer of the Llama-3-8B-shaped sequence at n = 32768 (experiments/gpu_8b_32k.toml: 8 GPU
+  # policies at 3 memories), with the phase profile and the device memory in use every 200 ms; its first
+  # KV head (query heads 0-3) on the CPU path meanwhile, in the background on one core, and on the GPU,
+  # then the two compared.
+  cfg=experiments/gpu_8b_32k.toml
+  timeout -k 5 400 "$B/kvsim" run "$cfg" --set 'data.layers=[0]' --set 'data.heads=[0,1,2,3]' --out /tmp/s32_cpu \
+    --quiet --threads 1 > "$LOG/scale32k_cpu.txt" 2>&1 &
+  CPU32=$!
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$LOG/scale32k_mem.txt" 2>&1 &
+  MEM=$!
+  step scale32k_cuda 300 env KVSIM_PROFILE=1 "$B/kvsim" run "$cfg" --set 'data.layers=[0]' --device cuda --out /tmp/s32_cuda --quiet
+  kill "$MEM" 2>/dev/null
+  step scale32k_mem 10 bash -c "sort -n $LOG/scale32k_mem.txt | awk 'NR==1{lo=\$1} {hi=\$1} END{print \"device memory used: lowest sample \" lo \" MiB, peak \" hi \" MiB\"}'"
+  step scale32k_cuda_kv0 120 "$B/kvsim" run "$cfg" --set 'data.layers=[0]' --set 'data.heads=[0,1,2,3]' --device cuda \
+    --out /tmp/s32_cuda_kv0 --quiet
+  wait "$CPU32"  # bounded by its own timeout above
+  step scale32k_cpu 5 bash -c "echo 'CPU path, first KV head, in the background: exit status $?'; cat $LOG/scale32k_cpu.txt; ls /tmp/s32_cpu/results.h5"
+  step scale32k_compare 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-4 --rtol 1e-4 /tmp/s32_cpu /tmp/s32_cuda_kv0
+  cp /tmp/s32_cuda/summary.csv "$LOG/scale32k_cuda_summary.csv" 2>/dev/null
 fi
 if has bench_quick; then
   step bench_quick 90 "$B/kvsim" bench --device cuda --quick

@@ -154,107 +154,29 @@ TEST_CASE("gpu layer batch: a layer's results are freed after its last running c
   CHECK(calls == 1);  // the layer's replay was tried once
 }
 
-TEST_CASE("gpu layer batch: a producer runs the layers' replays ahead of the cells, at most `ahead` layers", "[replay][cuda]") {
-  Setup s;
-  auto wait_for = [](const cell::GpuLayerBatch& b, int replays) {
-    for (int i = 0; i < 2000 && b.replays() < replays; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    return b.replays();
-  };
-  cell::GpuLayerBatch batch(s.ex, *s.src, s.cells, std::vector<bool>(s.cells.size(), true), s.n, naming_stand_in);
-  batch.start_producer(1);
-  // Layer 0's two policies are replayed with no cell asking; layer 1's wait until layer 0's cells
-  // have taken their results (one layer ahead).
-  REQUIRE(wait_for(batch, 2) == 2);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  CHECK(batch.replays() == 2);
-  std::vector<std::vector<Setup::Out>> got(2);
-  got[0].push_back(s.batched(batch, s.cells[0], 0));  // layer 0's cells, all but the last result
-  got[1].push_back(s.batched(batch, s.cells[0], 1));
-  got[0].push_back(s.batched(batch, s.cells[1], 0));
-  CHECK(batch.replays() == 2);  // the cells found them done, and layer 0 still holds the look-ahead
-  got[1].push_back(s.batched(batch, s.cells[1], 1));  // the last one: layer 1 may start now
-  REQUIRE(wait_for(batch, 4) == 4);
-  for (size_t i = 2; i < 4; ++i)
-    for (size_t p = 0; p < 2; ++p) got[p].push_back(s.batched(batch, s.cells[i], p));
-  CHECK(batch.replays() == 4);  // 2 layers × 2 policies, as without the producer
-  for (size_t p = 0; p < 2; ++p)
-    for (size_t i = 0; i < s.cells.size(); ++i) {
-      INFO("policy " << p << " layer " << s.cells[i].layer << " KV head " << s.cells[i].kv_head);
-      CHECK(got[p][i] == s.alone(s.cells[i], p));
-    }
-}
-
-TEST_CASE("gpu layer batch: a producer's failed replay reaches the cells, and the batch stops it", "[replay][cuda]") {
-  Setup s;
-  std::atomic<int> calls{0};
-  auto failing = [&](const cuda::PolicyReplay&, const float*, const float*, const float*, int, int, int64_t, int, double,
-                     const std::vector<int64_t>&, std::vector<float>&, std::vector<double>&, std::vector<int64_t>&, int64_t&) {
-    ++calls;
-    throw Error("CUDA: out of memory (stand-in)");
-  };
-  {
-    cell::GpuLayerBatch bad(s.ex, *s.src, s.cells, std::vector<bool>(s.cells.size(), true), s.n, failing);
-    bad.start_producer(1);
-    CHECK_THROWS_WITH(s.batched(bad, s.cells[0], 0), Catch::Matchers::Contains("out of memory (stand-in)"));
-    CHECK_THROWS_WITH(s.batched(bad, s.cells[1], 1), Catch::Matchers::Contains("out of memory (stand-in)"));
-  }  // layer 0 is never fully taken: the destructor must stop the producer waiting for room
-  CHECK(calls == 2);  // layer 0's two policies, once each; layer 1 never started
-}
-
-TEST_CASE("gpu layer batch: the cells' own streams come from their layer's copy, read once for cells and replays", "[replay][cuda]") {
-  Setup s;
-  cell::GpuLayerBatch batch(s.ex, *s.src, s.cells, std::vector<bool>(s.cells.size(), true), s.n, naming_stand_in);
-  SynthSource plain(s.ex.data.synth);  // the same streams, not counted
-  for (const Cell& c : s.cells) {
-    INFO("layer " << c.layer << " KV head " << c.kv_head);
-    const std::unique_ptr<StreamSource> own = batch.cell_source(c);
-    REQUIRE(own);
-    CHECK(own->read(c.layer, Tensor::k, c.kv_head) == plain.read(c.layer, Tensor::k, c.kv_head).topRows(s.n));
-    CHECK(own->read(c.layer, Tensor::v, c.kv_head) == plain.read(c.layer, Tensor::v, c.kv_head).topRows(s.n));
-    for (int h : c.heads) CHECK(own->read(c.layer, Tensor::q, h) == plain.read(c.layer, Tensor::q, h).topRows(s.n));
-    // Negative control: the other KV head's keys differ, so a wrong slice would show.
-    CHECK_FALSE(own->read(c.layer, Tensor::k, c.kv_head) == plain.read(c.layer, Tensor::k, 1 - c.kv_head).topRows(s.n));
-  }
-  CHECK(s.src->reads == 16);  // each layer's 2 cells × (2 query heads, k, v), once
-  // The replays use the same copy: no more reads.
-  for (size_t p = 0; p < 2; ++p)
-    for (const Cell& c : s.cells) CHECK(s.batched(batch, c, p) == s.alone(c, p));
-  CHECK(s.src->reads == 16 + 8 * 4);  // + alone()'s own reads only (8 calls, 4 reads each)
-  CHECK(batch.replays() == 4);
-
-  // A run whose policies have no GPU replay gets no copy.
-  Setup cpu;
-  cpu.ex.policies = {{"exact", "exact", Params{}}};
-  cell::GpuLayerBatch none(cpu.ex, *cpu.src, cpu.cells, std::vector<bool>(cpu.cells.size(), true), cpu.n, naming_stand_in);
-  CHECK_FALSE(none.cell_source(cpu.cells[0]));
-  CHECK(cpu.src->reads == 0);
-}
-
-TEST_CASE("gpu layer batch: cells on worker threads behind a producer get their own answers", "[replay][cuda]") {
-  for (int ahead : {1, 2, 3}) {
-    INFO("ahead " << ahead);
+TEST_CASE("gpu layer batch: cells on worker threads get their own answers from one replay per layer and policy", "[replay][cuda]") {
+  for (int workers : {2, 3, 5}) {
+    INFO(workers << " workers");
     Setup s;
     cell::GpuLayerBatch batch(s.ex, *s.src, s.cells, std::vector<bool>(s.cells.size(), true), s.n, naming_stand_in);
-    batch.start_producer(ahead);
-    // As run_cells does: each worker takes the next cell in layer order, builds its streams from the
-    // layer's copy, then takes each policy's replay.
+    // As run_cells does: each worker takes the next cell, then each policy's replay (the first cell of a
+    // layer to ask runs it, the others wait for it).
     std::atomic<size_t> next{0};
     std::vector<std::vector<Setup::Out>> got(s.cells.size(), std::vector<Setup::Out>(2));
-    std::vector<MatF> keys(s.cells.size());
     auto worker = [&] {
-      for (size_t i; (i = next++) < s.cells.size();) {
-        if (auto own = batch.cell_source(s.cells[i])) keys[i] = own->read(s.cells[i].layer, Tensor::k, s.cells[i].kv_head);
+      for (size_t i; (i = next++) < s.cells.size();)
         for (size_t p = 0; p < 2; ++p) got[i][p] = s.batched(batch, s.cells[i], p);
-      }
     };
     std::vector<std::thread> pool;
-    for (int w = 0; w < 3; ++w) pool.emplace_back(worker);
+    for (int w = 0; w < workers; ++w) pool.emplace_back(worker);
     for (auto& t : pool) t.join();
-    CHECK(batch.replays() == 4);
-    SynthSource plain(s.ex.data.synth);
-    for (size_t i = 0; i < s.cells.size(); ++i) {
-      CHECK(keys[i] == plain.read(s.cells[i].layer, Tensor::k, s.cells[i].kv_head).topRows(s.n));
-      for (size_t p = 0; p < 2; ++p) CHECK(got[i][p] == s.alone(s.cells[i], p));
-    }
+    CHECK(batch.replays() == 4);  // 2 layers × 2 policies
+    for (size_t i = 0; i < s.cells.size(); ++i)
+      for (size_t p = 0; p < 2; ++p) {
+        INFO("policy " << p << " layer " << s.cells[i].layer << " KV head " << s.cells[i].kv_head);
+        CHECK(got[i][p] == s.alone(s.cells[i], p));
+        // Negative control: another cell's answer differs, so a wrong slice would show.
+        CHECK_FALSE(got[i][p] == s.alone(s.cells[(i + 1) % s.cells.size()], p));
+      }
   }
 }

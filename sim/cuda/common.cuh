@@ -2,8 +2,14 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvsim/cuda/cuda.hpp"
@@ -17,9 +23,57 @@ inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
+/// Set once a wait for the device ran past its deadline (sync below): the device may be hung, so no
+/// later call waits for it (sync fails at once) and device memory is no longer freed (cudaFree waits
+/// for the whole device); the run fails and the process lets the memory go with it.
+inline std::atomic<bool>& device_hung() {
+  static std::atomic<bool> hung{false};
+  return hung;
+}
+
+/// Seconds one wait for the device may take (KVSIM_CUDA_DEADLINE, default 1800): a kernel that runs
+/// longer fails the run in one line instead of waiting forever. Read once; a value that is not a
+/// positive number of seconds is refused by name.
+inline double deadline_seconds() {
+  static const double s = [] {
+    const char* e = std::getenv("KVSIM_CUDA_DEADLINE");
+    if (!e || !*e) return 1800.0;
+    char* end = nullptr;
+    const double v = std::strtod(e, &end);
+    if (end == e || *end != '\0' || !(v > 0) || !std::isfinite(v))
+      throw Error(std::string("KVSIM_CUDA_DEADLINE = '") + e + "': not a positive number of seconds");
+    return v;
+  }();
+  return s;
+}
+
+/// "did not finish within N s (KVSIM_CUDA_DEADLINE); the device may be hung".
+inline std::string deadline_text() {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", deadline_seconds());
+  return std::string("did not finish within ") + buf + " s (KVSIM_CUDA_DEADLINE); the device may be hung";
+}
+
 /// Waits for this host thread's stream (the module is built with --default-stream=per-thread:
-/// kernels and copies of one thread never wait for another's; cudaDeviceSynchronize would).
-inline void sync(const char* what) { check(cudaStreamSynchronize(cudaStreamPerThread), what); }
+/// kernels and copies of one thread never wait for another's; cudaDeviceSynchronize would), at most
+/// deadline_seconds(): polls cudaStreamQuery (yielding, then sleeping 50 µs between polls, as the
+/// runtime's own blocking sync spins or yields) and fails naming `what` past the deadline.
+inline void sync(const char* what) {
+  if (device_hung())
+    throw Error(std::string("CUDA: ") + what + ": not started: an earlier wait for the device " + deadline_text());
+  const double limit = deadline_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  cudaError_t e;
+  for (int polls = 0; (e = cudaStreamQuery(cudaStreamPerThread)) == cudaErrorNotReady; ++polls) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit) {
+      device_hung() = true;
+      throw Error(std::string("CUDA: ") + what + " " + deadline_text());
+    }
+    if (polls < 2000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  check(e, what);
+}
 
 /// Device memory from the stream-ordered allocator of this thread's stream (cudaMallocAsync: no
 /// device-wide synchronization at free, unlike cudaFree), or cudaMalloc where pools are unsupported.
@@ -38,13 +92,20 @@ struct DeviceBuffer {
     }
   }
   ~DeviceBuffer() {
+    if (device_hung()) return;  // a free could wait forever: the memory goes with the process
     if (async) cudaFreeAsync(p, cudaStreamPerThread);
     else cudaFree(p);
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void upload(const T* h, size_t n, const char* what) { check(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice), what); }
+  // Both wait for this thread's stream first (sync: within the deadline), so the copy itself never
+  // waits for a kernel.
+  void upload(const T* h, size_t n, const char* what) {
+    sync(what);
+    check(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice), what);
+  }
   void download(T* h, size_t n, const char* what) const {
+    sync(what);
     check(cudaMemcpy(h, p, n * sizeof(T), cudaMemcpyDeviceToHost), what);
   }
 };

@@ -21,9 +21,7 @@ void replay_cell(const Experiment& ex, const StreamSource& src, const Cell& cell
   const double scale = src.meta().softmax_scale;
   const cell::Streams streams = [&] {
     phase::Scope ps(phase::streams);
-    // With the layer batch's producer, from the layer's copy read for its GPU replays (once a layer).
-    const std::unique_ptr<StreamSource> copy = batch && batch->producing() ? batch->cell_source(cell) : nullptr;
-    return cell::Streams(copy ? *copy : src, cell, n, scale);
+    return cell::Streams(src, cell, n, scale);
   }();
   // A local layer (data.local_layers = "replay") is measured against window attention.
   const int64_t window = src.meta().is_local(cell.layer) ? src.meta().layer_window(cell.layer) : 0;

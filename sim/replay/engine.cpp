@@ -107,29 +107,13 @@ std::vector<Cell> plan_cells(const DataSpec& data, const RecordingMeta& meta, st
 }
 
 /// Workers for run_cells.
-int worker_count(bool batch, int ahead, int threads) {
-  // With the batch and no producer, a cell spends much of its time waiting for its layer's GPU
-  // replays, with no host work to do: twice as many workers as threads keep the cores busy with other
-  // cells' streams, references and metrics meanwhile. KVSIM_CUDA_WORKERS=N sets the count (no number
-  // depends on it).
-  int workers = batch && ahead == 0 ? 2 * threads : threads;
+int worker_count(bool batch, int threads) {
+  // With the batch, a cell spends much of its time waiting for its layer's GPU replays, with no host
+  // work to do: twice as many workers as threads keep the cores busy with other cells' streams,
+  // references and metrics meanwhile. KVSIM_CUDA_WORKERS=N sets the count (no number depends on it).
+  int workers = batch ? 2 * threads : threads;
   if (const char* w = std::getenv("KVSIM_CUDA_WORKERS"); batch && w && *w) workers = std::max(1, std::atoi(w));
   return workers;
-}
-
-/// The layer batch's producer, when asked for; returns its look-ahead (0: none).
-int start_batch_producer(cell::GpuLayerBatch& batch) {
-  // KVSIM_CUDA_AHEAD=N > 0 (opt-in, docs/performance.md): with the batch, a producer thread runs the
-  // layers' replays at most N layers ahead of the cells (GpuLayerBatch::start_producer; 0.4 GB of
-  // streams a layer at 32 heads × 8192 × 128, on the host and on the device), the cells' own streams
-  // come from the layer's copy (cell_source), and the workers take the cells in layer order behind
-  // it. On an H100: one 32-head layer 3.4 s instead of 5.5 s, 32 layers no faster (44.2 s), and one
-  // of two SmolLM2 runs hung (cause not found; scripts/gpu_diag_hang.sh takes the stacks). Default
-  // 0: the cells start the replays themselves.
-  int ahead = 0;
-  if (const char* a = std::getenv("KVSIM_CUDA_AHEAD"); a && *a) ahead = std::max(0, std::atoi(a));
-  if (ahead > 0) batch.start_producer(ahead);
-  return ahead;
 }
 
 /// Runs every cell on `threads` workers (cells are independent: results do not depend on the
@@ -157,14 +141,13 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
     const bool on = env && *env ? std::string(env) != "0" : to_run > size_t(std::max(1, threads));
     if (on) batch = std::make_unique<cell::GpuLayerBatch>(ex, src, cells, will_run, n);
   }
-  const int ahead = batch ? start_batch_producer(*batch) : 0;
   // The order workers take cells in (results are stored by cell, so it changes no number): by layer,
-  // except with a batch and no producer, where the layers take turns (each layer's first KV head, then
+  // except with a batch, where the layers take turns (each layer's first KV head, then
   // each second…) so that the workers start the replays of several layers at once and the GPU runs
   // them side by side.
   std::vector<size_t> order(cells.size());
   std::iota(order.begin(), order.end(), size_t(0));
-  if (batch && ahead == 0) {
+  if (batch) {
     std::map<int, int> seen;
     std::vector<int> rank(cells.size());
     for (size_t i = 0; i < cells.size(); ++i) rank[i] = seen[cells[i].layer]++;
@@ -191,6 +174,15 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
                                               std::to_string(ex.policies.size()) + " policy caches of one cell did not fit)"));
         failed = true;
         return;
+      } catch (const Error& e) {  // a device error (e.g. KVSIM_CUDA_DEADLINE) also names the cell that met it
+        const std::string what = e.what();
+        std::lock_guard<std::mutex> lk(mu);
+        if (!err)
+          err = what.rfind("CUDA: ", 0) == 0 ? std::make_exception_ptr(Error("layer " + std::to_string(cells[i].layer) + ", KV head " +
+                                                                              std::to_string(cells[i].kv_head) + ": " + what))
+                                             : std::current_exception();
+        failed = true;
+        return;
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu);
         if (!err) err = std::current_exception();
@@ -203,7 +195,7 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
     }
   };
   std::vector<std::thread> pool;
-  const int workers = worker_count(batch != nullptr, ahead, threads);
+  const int workers = worker_count(batch != nullptr, threads);
   int nt = std::min<int>(workers, std::max<size_t>(1, cells.size()));
   for (int i = 1; i < nt; ++i) pool.emplace_back(worker);
   worker();

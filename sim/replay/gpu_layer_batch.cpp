@@ -36,12 +36,6 @@ void drop_device_streams(uint64_t id) noexcept {
 }  // namespace
 
 GpuLayerBatch::~GpuLayerBatch() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stopping_ = true;
-  }
-  room_.notify_all();
-  if (producer_.joinable()) producer_.join();
   if (!on_device_) return;
   for (const auto& [key, in] : inputs_) drop_device_streams(in->streams_id);  // layers left unfinished (an error)
 }
@@ -51,9 +45,8 @@ int GpuLayerBatch::replays() const {
   return replays_;
 }
 
-std::shared_ptr<GpuLayerBatch::Entry> GpuLayerBatch::entry(const Key& key, bool again) {
+std::shared_ptr<GpuLayerBatch::Entry> GpuLayerBatch::entry(const Key& key) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!again && finished_.count(key)) return nullptr;
   auto& e = entries_[key];
   if (!e) {
     e = std::make_shared<Entry>();
@@ -73,15 +66,6 @@ std::shared_ptr<GpuLayerBatch::Inputs> GpuLayerBatch::inputs(const Key& key, con
       // As many releases as the layer has policies with a GPU replay (an instance of each, as built
       // for its first cell, tells).
       slot->remaining = int(gpu_policies(*group.front()).size());
-      // With the producer (whose cells take their streams from cell_source), kept until each running
-      // cell of the layer has taken them.
-      if (producing_) {
-        Held& h = held_[{key.layer, key.group}];
-        if (!h.in) {
-          h.in = slot;
-          h.left = running_cells(key.layer, key.group);
-        }
-      }
     }
     in = slot;
   }
@@ -160,66 +144,6 @@ void GpuLayerBatch::fill(Inputs& in_ref, const Key& key, const std::vector<const
   if (in->err) std::rethrow_exception(in->err);
 }
 
-namespace {
-/// One cell's streams served from its layer's copy (GpuLayerBatch::cell_source); `done` runs when it goes.
-class LayerCopySource final : public StreamSource {
- public:
-  LayerCopySource(const StreamSource& src, const Cell& cell, std::shared_ptr<const void> keep, const float* q,
-                  const float* k, const float* v, int64_t n, std::function<void()> done)
-      : src_(src), cell_(cell), keep_(std::move(keep)), q_(q), k_(k), v_(v), n_(n), done_(std::move(done)) {}
-  ~LayerCopySource() override { done_(); }
-  const RecordingMeta& meta() const override { return src_.meta(); }
-  std::string describe() const override { return src_.describe(); }
-  MatF read(int layer, Tensor which, int head) const override {
-    const int d = src_.meta().head_dim;
-    const auto slice = [&](const float* p) { return MatF(Eigen::Map<const MatF>(p, Eigen::Index(n_), d)); };
-    if (layer == cell_.layer) {
-      if ((which == Tensor::k || which == Tensor::v) && head == cell_.kv_head) return slice(which == Tensor::k ? k_ : v_);
-      if (which == Tensor::q)
-        for (size_t g = 0; g < cell_.heads.size(); ++g)
-          if (cell_.heads[g] == head) return slice(q_ + g * size_t(n_) * d);
-    }
-    return src_.read(layer, which, head);
-  }
-
- private:
-  const StreamSource& src_;
-  const Cell& cell_;
-  std::shared_ptr<const void> keep_;
-  const float *q_, *k_, *v_;
-  int64_t n_;
-  std::function<void()> done_;
-};
-}  // namespace
-
-std::unique_ptr<StreamSource> GpuLayerBatch::cell_source(const Cell& cell) {
-  const std::pair<int, size_t> lg{cell.layer, cell.heads.size()};
-  const std::vector<const Cell*> group = layer_group(cell.layer, cell.heads.size());
-  size_t c = 0;
-  while (c < group.size() && group[c]->kv_head != cell.kv_head) ++c;
-  if (c == group.size()) throw Error("internal: GpuLayerBatch: a cell outside the planned cells");
-  std::shared_ptr<Inputs> in;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    const auto it = held_.find(lg);
-    if (it != held_.end()) in = it->second.in;
-  }
-  if (in) {
-    fill(*in, Key{cell.layer, 0, cell.heads.size()}, group);
-  } else {
-    if (gpu_policies(cell).empty()) return nullptr;
-    in = inputs(Key{cell.layer, 0, cell.heads.size()}, group);
-  }
-  const size_t nd = size_t(n_) * src_.meta().head_dim, G = cell.heads.size();
-  auto done = [this, lg] {
-    std::lock_guard<std::mutex> lk(mu_);
-    const auto it = held_.find(lg);
-    if (it != held_.end() && --it->second.left <= 0) held_.erase(it);
-  };
-  return std::make_unique<LayerCopySource>(src_, cell, in, in->Q.data() + c * G * nd, in->K.data() + c * nd,
-                                           in->V.data() + c * nd, n_, done);
-}
-
 void GpuLayerBatch::release(const Key& key) {
   uint64_t id = 0;
   {
@@ -282,7 +206,7 @@ PolicyReplayFn GpuLayerBatch::replay_fn(const Cell& cell, size_t p) {
                                         int64_t& kept_cap) {
     if (kv_heads != 1 || size_t(group) != key.group || n != n_)
       throw Error("internal: GpuLayerBatch: a cell's replay differs from its layer's");
-    std::shared_ptr<Entry> e = entry(key, true);
+    std::shared_ptr<Entry> e = entry(key);
     ensure_run(key, *e);
     if (e->err) std::rethrow_exception(e->err);
     const auto it = std::find(e->kv_heads.begin(), e->kv_heads.end(), kv);
@@ -296,15 +220,7 @@ PolicyReplayFn GpuLayerBatch::replay_fn(const Cell& cell, size_t p) {
     kept.assign(e->kept.begin() + c * kn, e->kept.begin() + (c + 1) * kn);
     kept_cap = e->cap;
     std::lock_guard<std::mutex> lk(mu_);
-    if (--e->remaining == 0) {  // the last cell of the layer: the results go
-      entries_.erase(key);
-      finished_.insert(key);
-      const auto it = live_.find(key.layer);
-      if (it != live_.end() && --it->second == 0) {
-        live_.erase(it);
-        room_.notify_all();
-      }
-    }
+    if (--e->remaining == 0) entries_.erase(key);  // the last cell of the layer: the results go
   };
 }
 
@@ -316,51 +232,6 @@ void GpuLayerBatch::ensure_run(const Key& key, Entry& e) {
       e.err = std::current_exception();
     }
   });
-}
-
-void GpuLayerBatch::start_producer(int ahead) {
-  if (producer_.joinable()) throw Error("internal: GpuLayerBatch: start_producer called twice");
-  producing_ = true;
-  producer_ = std::thread([this, ahead] { produce(std::max(1, ahead)); });
-}
-
-void GpuLayerBatch::produce(int ahead) {
-  try {
-    produce_layers(ahead);
-  } catch (...) {
-    // Nothing is lost: a cell whose replay the producer did not run runs it itself (ensure_run) and
-    // reports any error there.
-  }
-}
-
-void GpuLayerBatch::produce_layers(int ahead) {
-  // The keys of each layer with cells to run here: its GPU policies at each group size.
-  std::map<int, std::set<Key>> plan;
-  std::map<std::pair<int, size_t>, std::vector<size_t>> by_shape;  // GPU policies by (layer, group size)
-  for (size_t i = 0; i < cells_.size(); ++i) {
-    if (!will_run_[i]) continue;
-    const Cell& c = cells_[i];
-    auto [it, fresh] = by_shape.try_emplace({c.layer, c.heads.size()});
-    if (fresh) it->second = gpu_policies(c);
-    for (size_t p : it->second) plan[c.layer].insert(Key{c.layer, p, c.heads.size()});
-  }
-  for (const auto& [layer, keys] : plan) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      room_.wait(lk, [&] { return stopping_ || int(live_.size()) < ahead; });
-      if (stopping_) return;
-      int open = 0;
-      for (const Key& k : keys) open += !finished_.count(k);
-      if (open == 0) continue;
-      live_[layer] = open;
-    }
-    std::vector<std::thread> side_by_side;
-    for (const Key& k : keys)
-      side_by_side.emplace_back([this, k] {
-        if (const std::shared_ptr<Entry> e = entry(k, false)) ensure_run(k, *e);  // an error waits for its cells
-      });
-    for (auto& t : side_by_side) t.join();
-  }
 }
 
 }  // namespace kvsim::cell

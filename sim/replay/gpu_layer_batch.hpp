@@ -3,12 +3,9 @@
 // of one launch per cell (a sequential policy kernel such as h2o's occupies one multiprocessor per
 // KV head, so a launch per cell leaves the rest of the GPU to whatever other cells run at the time).
 #pragma once
-#include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -40,22 +37,6 @@ class GpuLayerBatch {
   PolicyReplayFn replay_fn(const Cell& cell, size_t p);
   /// Calls of the replay function so far (one per layer, policy and group size): for tests.
   int replays() const;
-  /// A source serving `cell`'s own queries, keys and values from its layer's copy (the one read for
-  /// the layer's GPU replays), so a layer's streams are read (a synthetic one generated) once, not
-  /// once for the cells and again for the replays; null when the layer has no GPU policy. Reads of
-  /// other heads go to the run's source. With the producer the copy is kept until every running cell
-  /// of the layer has dropped its source; without it, only while the layer's replays need it.
-  std::unique_ptr<StreamSource> cell_source(const Cell& cell);
-  /// Runs the layers' replays ahead of the cells, in a background thread: the layers with cells to
-  /// run here in order, each layer's GPU policies side by side (a thread each, so their kernels share
-  /// the device), at most `ahead` layers whose results some cell has yet to take. A cell then waits
-  /// only for a replay that is not done yet, and the workers spend the device's time on other cells'
-  /// host work (streams, references, metrics) instead of waiting. Call at most once; numbers are the
-  /// same with or without it.
-  void start_producer(int ahead);
-  /// Whether start_producer was called (the engine then also takes the cells' streams from cell_source).
-  bool producing() const { return producing_; }
-
  private:
   struct Key {
     int layer;
@@ -81,13 +62,11 @@ class GpuLayerBatch {
     int remaining = 0;  // cells still to take their slice
   };
   void run(const Key& key, Entry& e);
-  /// The key's entry, created on first use; `again` false (the producer): null once every cell has
-  /// taken its slice (a cell asking after that, one not counted to run, gets a fresh replay).
-  std::shared_ptr<Entry> entry(const Key& key, bool again);
-  /// Runs the key's replay once (whoever comes first: a cell or the producer).
+  /// The key's entry, created on first use (a cell asking after every cell has taken its slice, one
+  /// not counted to run, gets a fresh replay).
+  std::shared_ptr<Entry> entry(const Key& key);
+  /// Runs the key's replay once (whichever cell comes first).
   void ensure_run(const Key& key, Entry& e);
-  void produce(int ahead);
-  void produce_layers(int ahead);
   /// The layer's streams (read on first use), and the release after one policy's replay.
   std::shared_ptr<Inputs> inputs(const Key& key, const std::vector<const Cell*>& group);
   /// Reads them into `in` once (whoever comes first waits for nobody; the others wait for it).
@@ -111,21 +90,6 @@ class GpuLayerBatch {
   std::map<Key, std::shared_ptr<Entry>> entries_;
   std::map<std::pair<int, size_t>, std::shared_ptr<Inputs>> inputs_;  // by (layer, group size)
   int replays_ = 0;
-  // The producer (start_producer): the keys every cell has taken (never replayed again), the layers
-  // produced with keys still to take (their count of such keys), and the stop flag, under mu_.
-  std::set<Key> finished_;
-  // The layers' stream copies kept for their cells' own streams (cell_source): the copy and the
-  // running cells still to take it, by (layer, group size), under mu_.
-  struct Held {
-    std::shared_ptr<Inputs> in;
-    int left = 0;
-  };
-  std::map<std::pair<int, size_t>, Held> held_;
-  std::map<int, int> live_;
-  bool stopping_ = false;
-  std::condition_variable room_;
-  std::thread producer_;
-  std::atomic<bool> producing_{false};
 };
 
 }  // namespace kvsim::cell
