@@ -116,6 +116,24 @@ int worker_count(bool batch, int threads) {
   return workers;
 }
 
+/// The error a cell's replay is throwing (call inside a catch block), named: out of memory says what
+/// was being allocated (never "internal error"), a device error (e.g. KVSIM_CUDA_DEADLINE) gets the
+/// layer and KV head of the cell that met it; others pass unchanged.
+std::exception_ptr cell_error(const Experiment& ex, const Cell& c) {
+  const std::string cell = "layer " + std::to_string(c.layer) + ", KV head " + std::to_string(c.kv_head);
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return std::make_exception_ptr(Error("out of memory replaying " + cell + " (the stream, exact reference and " +
+                                         std::to_string(ex.policies.size()) + " policy caches of one cell did not fit)"));
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    return what.rfind("CUDA: ", 0) == 0 ? std::make_exception_ptr(Error(cell + ": " + what)) : std::current_exception();
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
 /// Runs every cell on `threads` workers (cells are independent: results do not depend on the
 /// schedule). A spilled cell's rows go to disk and are freed; the first error stops the others.
 void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<Cell>& cells, int64_t n, int threads,
@@ -166,26 +184,9 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
           spill->write_cell(i, cell_out[i]);
           std::vector<std::vector<MetricRow>>().swap(cell_out[i]);
         }
-      } catch (const std::bad_alloc&) {  // name what was being allocated, never "internal error"
-        std::lock_guard<std::mutex> lk(mu);
-        if (!err)
-          err = std::make_exception_ptr(Error("out of memory replaying layer " + std::to_string(cells[i].layer) + ", KV head " +
-                                              std::to_string(cells[i].kv_head) + " (the stream, exact reference and " +
-                                              std::to_string(ex.policies.size()) + " policy caches of one cell did not fit)"));
-        failed = true;
-        return;
-      } catch (const Error& e) {  // a device error (e.g. KVSIM_CUDA_DEADLINE) also names the cell that met it
-        const std::string what = e.what();
-        std::lock_guard<std::mutex> lk(mu);
-        if (!err)
-          err = what.rfind("CUDA: ", 0) == 0 ? std::make_exception_ptr(Error("layer " + std::to_string(cells[i].layer) + ", KV head " +
-                                                                              std::to_string(cells[i].kv_head) + ": " + what))
-                                             : std::current_exception();
-        failed = true;
-        return;
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu);
-        if (!err) err = std::current_exception();
+        if (!err) err = cell_error(ex, cells[i]);
         failed = true;
         return;
       }
