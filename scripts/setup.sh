@@ -13,3 +13,10 @@ bash scripts/setup-venv.sh
 # shellcheck disable=SC2046  # word-split on purpose: cublas.sh prints separate -D arguments (or none)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSIM_PYTHON="$PWD/.venv/bin/python" $(bash scripts/cublas.sh) "$@"
 cmake --build build -j "$(nproc)"
+# `import kvsim` in .venv (`source .venv/bin/activate`, then plain `python`) finds the module just
+# built: a .pth file naming build/python, read at start-up and appended to sys.path after
+# site-packages (so a `pip install .` into .venv, as for other environments, would take precedence).
+.venv/bin/python - "$PWD/build/python" <<'EOF'
+import pathlib, sys, sysconfig
+pathlib.Path(sysconfig.get_paths()["purelib"], "kvsim_build.pth").write_text(sys.argv[1] + "\n")
+EOF

@@ -1,6 +1,8 @@
 """The environment scripts/setup.sh promises, checked: every package of requirements.txt installed in
 this interpreter at its pinned version (so the torch, transformers, kvpress and gguf tests run, not
-skip), and every model file of scripts/models.tsv in place with its pinned sha256.
+skip), every model file of scripts/models.tsv in place with its pinned sha256, and, when this interpreter
+is the checkout's .venv, `import kvsim` working there without PYTHONPATH (setup.sh's .pth file naming
+build/python), from a folder outside the checkout.
 
 Usage: setup_check.py REPO_ROOT      exit 0 when all hold, 1 naming each difference
        setup_check.py --self-test    the checker on a planted wrong pin and a planted bad model file
@@ -42,6 +44,23 @@ def model_problems(root, dest=None):
     return [] if r.returncode == 0 else [r.stderr.strip()]
 
 
+def module_problems(root):
+    """[] unless this interpreter is ROOT/.venv's and `import kvsim` there (no PYTHONPATH, another cwd)
+    fails or finds a module outside ROOT/build/python."""
+    if os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(root, ".venv")):
+        return []
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run([sys.executable, "-c", "import kvsim; print(kvsim.__file__)"], capture_output=True, text=True,
+                           env=env, cwd=tmp)
+    if r.returncode != 0:
+        return [f"`import kvsim` in {sys.executable} without PYTHONPATH: {r.stderr.strip().splitlines()[-1:]}"]
+    want = os.path.realpath(os.path.join(root, "build", "python"))
+    if not os.path.realpath(r.stdout.strip()).startswith(want + os.sep):
+        return [f"`import kvsim` in {sys.executable} found {r.stdout.strip()}, not the build's {want}"]
+    return []
+
+
 def self_test(root):
     with tempfile.TemporaryDirectory() as tmp:
         req = os.path.join(tmp, "requirements.txt")
@@ -61,7 +80,7 @@ def main():
     if sys.argv[1] == "--self-test":
         return self_test(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     root = sys.argv[1]
-    problems = pin_problems(os.path.join(root, "requirements.txt")) + model_problems(root)
+    problems = pin_problems(os.path.join(root, "requirements.txt")) + model_problems(root) + module_problems(root)
     for p in problems:
         print(f"FAIL: {p}")
     if problems:

@@ -270,7 +270,7 @@ std::string run_bench(const BenchOptions& o) {
   const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   if (!o.model.empty() && !std::filesystem::exists(o.model))
     throw Error(o.model + ": no such checkpoint (kvsim bench --model)");
-  if (o.device == "cuda") {  // printed as each part ends: the end-to-end part takes minutes
+  if (o.device == Device::cuda) {  // printed as each part ends: the end-to-end part takes minutes
     std::cout << cuda::bench(o.quick) << std::flush;
     return e2e_bench(o, N);
   }

@@ -226,9 +226,13 @@ void add_bench(CLI::App& app) {
   bench->add_option("--threads", bo.threads, "N for the 1-vs-N threads comparison (default: all cores)");
   bench->add_option("--json", bo.json, "also write the figures as JSON");
   bench->add_option("--model", bo.model, "checkpoint of the `model` section (default models/SmolLM2-135M-Instruct.Q4_1.gguf)");
-  bench->add_option("--device", bo.device, "cpu (default) or cuda")->check(CLI::IsMember(choice_list<Device>()));
+  static std::string device = "cpu";  // parsed once, into bo.device, as `run` parses eval.device
+  bench->add_option("--device", device, "cpu (default) or cuda")->check(CLI::IsMember(choice_list<Device>()));
 
-  bench->callback([] { std::cout << run_bench(bo); });
+  bench->callback([] {
+    bo.device = *parse_choice<Device>(device);
+    std::cout << run_bench(bo);
+  });
 }
 
 void add_inspect(CLI::App& app) {

@@ -2,13 +2,15 @@
 #pragma once
 #include <string>
 
+#include "kvsim/core/choices.hpp"
+
 namespace kvsim {
 
 struct BenchOptions {
   bool quick = false;        ///< smaller sizes (used by the test); the default runs the full set
   int threads = 0;           ///< N for the 1-vs-N comparison (0 = all cores)
   std::string json;          ///< also write the figures as JSON here (atomically)
-  std::string device = "cpu";  ///< "cuda": the GPU figures of include/kvsim/cuda/cuda.hpp instead
+  Device device = Device::cpu;  ///< cuda: the GPU figures of include/kvsim/cuda/cuda.hpp instead
   /// GGUF or llama2.c checkpoint of section `model` (empty: models/SmolLM2-135M-Instruct.Q4_1.gguf
   /// beside the build folder; the section is SKIPPED when the file is absent)
   std::string model;
