@@ -10,6 +10,7 @@
 #include <map>
 
 #include "helpers.hpp"
+#include "registry_examples.hpp"
 #include "kvsim/cuda/cuda.hpp"
 #include "kvsim/core/hd.hpp"
 #include "kvsim/policies/policy.hpp"
@@ -92,6 +93,8 @@ TEST_CASE("cuda: exact attention matches the CPU reference on synthetic GQA head
 }
 
 TEST_CASE("cuda: a replay with the GPU reference matches the CPU replay for every policy", "[cuda]") {
+  // Every registered example whose instance has a GPU twin (tests/registry_examples.hpp), so a new
+  // policy with a twin is compared here without editing a list.
   const char* cfg = R"(
 [data]
 synthetic = "heavy_hitter"
@@ -103,32 +106,23 @@ n_kv_heads = 2
 every = 7
 policy_precision = "float32"  # h2o on the GPU mirrors the CPU's float32 products
 [[policy]]
-name = "window"
-budget = 0.2
-[[policy]]
-name = "sink"
-budget = 0.2
-[[policy]]
-name = "h2o"
-budget = 0.2
-[[policy]]
-name = "buzz"
-memory = 0.2
-[[policy]]
-name = "uniform"
-budget = 0.2
-[[policy]]
-name = "oracle_topk"
-budget = 0.2
-[[policy]]
-name = "subgen"
-memory = 0.3
-[[policy]]
-name = "subgen_kcenter"
-memory = 0.2
+name = "exact"
 )";
   Experiment cpu = parse_experiment(cfg, "parity.toml");
   Experiment gpu = parse_experiment(cfg, "parity.toml", {"eval.device=\"cuda\""});
+  StreamInfo s;
+  s.n = 512;
+  s.head_dim = 64;
+  s.n_queries = 2;
+  s.policy_f32 = true;
+  int twins = 0;
+  for (const auto& x : test::registry_examples(s))
+    if (x.gpu) {
+      cpu.policies.push_back(x.spec);
+      gpu.policies.push_back(x.spec);
+      ++twins;
+    }
+  REQUIRE(twins >= 8);  // window, sink, h2o, buzz, uniform, oracle_topk, subgen, subgen_kcenter when written
   auto src = open_source(cpu.data);
   RunResult a = run_experiment(cpu, *src, 2);
   // The GPU replays once per cell and once batched per layer (sim/replay/gpu_layer_batch.hpp): the
