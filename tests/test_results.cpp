@@ -79,6 +79,10 @@ TEST_CASE("sequences: recordings are taken in order, synthetic seeds differ and 
 
 #include "kvsim/cli/config.hpp"
 #include "kvsim/replay/engine.hpp"
+#include "helpers.hpp"
+#include "kvsim/io/h5.hpp"
+#include "kvsim/io/results.hpp"
+#include <cstdlib>
 
 TEST_CASE("resolved config: defaults filled in, parses back to the same run, and is a fixed point", "[results]") {
   const std::string text = R"(name = "r"
@@ -134,4 +138,35 @@ threshold = 16
   for (size_t i = 0; i < rc.policies.back().rows.size(); ++i)
     differs |= metric_of(rc.policies.back().rows[i], "rel_err") != metric_of(ra.policies.back().rows[i], "rel_err");
   CHECK(differs);
+}
+
+TEST_CASE("results: runtime_env records the KVSIM_* variables the run saw, and only those", "[results]") {
+  const char* cfg = R"(
+name = "runtime_env"
+[data]
+synthetic = "gaussian"
+n = 40
+d = 8
+n_layers = 1
+n_heads = 2
+[[policy]]
+name = "window"
+budget = 8
+)";
+  test::TempDir dir;
+  Experiment ex = parse_experiment(cfg, "inline");
+  auto src = open_source(ex.data);
+  auto env_of = [&](const std::string& sub) {
+    write_results(run_experiment(ex, *src, 1), ex, dir.file(sub));
+    return h5::File::open_read(dir.file(sub) + "/results.h5").attr_string("runtime_env");
+  };
+  ::setenv("KVSIM_TEST_RUNTIME_MARK", "on", 1);
+  ::setenv("NOT_KVSIM_TEST_MARK", "x", 1);
+  const std::string with = env_of("with");
+  ::unsetenv("KVSIM_TEST_RUNTIME_MARK");
+  const std::string without = env_of("without");
+  ::unsetenv("NOT_KVSIM_TEST_MARK");
+  CHECK(with.find("KVSIM_TEST_RUNTIME_MARK=on\n") != std::string::npos);
+  CHECK(with.find("NOT_KVSIM") == std::string::npos);  // only the KVSIM_ prefix
+  CHECK(without.find("KVSIM_TEST_RUNTIME_MARK") == std::string::npos);  // negative control: not a constant
 }

@@ -2,7 +2,11 @@
 
 #include <openssl/evp.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <string_view>
 #include <memory>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +25,16 @@ namespace kvsim {
 
 std::string kvsim_version() { return KVSIM_VERSION; }
 std::string kvsim_git_commit() { return KVSIM_GIT_COMMIT; }
+
+std::string runtime_environment() {
+  std::vector<std::string> vars;
+  for (char** e = environ; e && *e; ++e)
+    if (std::string_view(*e).starts_with("KVSIM_")) vars.emplace_back(*e);
+  std::sort(vars.begin(), vars.end());
+  std::string out;
+  for (const auto& v : vars) out += v + "\n";
+  return out;
+}
 
 FileFingerprint fingerprint_file(const std::string& path) {
   namespace fs = std::filesystem;

@@ -11,6 +11,12 @@ std::string kvsim_version();
 /// work tree had changes at configure time.
 std::string kvsim_git_commit();
 
+/// The `KVSIM_*` environment variables set in this process, sorted by name, as "NAME=value" lines
+/// (empty when none): the switches outside a config that choose a run's schedule, kernels or files
+/// (KVSIM_CUDA_LAYER_BATCH, KVSIM_CUDA_EXACT, KVSIM_CUDA_DEADLINE, KVSIM_SHARED_DATA, ... : docs/cli.md).
+/// results.h5 keeps it as the root attribute `runtime_env`, so a result says how it was produced.
+std::string runtime_environment();
+
 /// A file's absolute path, size in bytes and SHA-1 of its contents (OpenSSL; hex, as `sha1sum`).
 struct FileFingerprint {
   std::string path;
