@@ -134,7 +134,7 @@ if has scale32k; then
   step scale32k_cuda 300 env KVSIM_PROFILE=1 "$B/kvsim" run "$cfg" --set 'data.layers=[0]' --device cuda --out /tmp/s32_cuda --quiet
   kill "$MEM" 2>/dev/null
   step scale32k_mem 10 bash -c "sort -n $LOG/scale32k_mem.txt | awk 'NR==1{lo=\$1} {hi=\$1} END{print \"device memory used: lowest sample \" lo \" MiB, peak \" hi \" MiB\"}'"
-  step scale32k_cuda_kv0 120 "$B/kvsim" run "$cfg" --set 'data.layers=[0]' --set 'data.heads=[0,1,2,3]' --device cuda \
+  step scale32k_cuda_kv0 240 "$B/kvsim" run "$cfg" --set 'data.layers=[0]' --set 'data.heads=[0,1,2,3]' --device cuda \
     --out /tmp/s32_cuda_kv0 --quiet
   wait "$CPU32"  # bounded by its own timeout above
   step scale32k_cpu 5 bash -c "echo 'CPU path, first KV head, in the background: exit status $?'; cat $LOG/scale32k_cpu.txt; ls /tmp/s32_cpu/results.h5"
