@@ -39,34 +39,52 @@ def main(argv=None):
         fail("--layers: no layer given")
     if not os.path.exists(a.input):
         fail(f"{a.input}: no such file")
-    with h5py.File(a.input, "r") as src:
-        if "kvsim_schema" not in src.attrs or "n_layers" not in src.attrs:
-            fail(f"{a.input}: not a kvsim recording (no kvsim_schema / n_layers attribute)")
-        n_layers = int(src.attrs["n_layers"])
-        for l in layers:
-            if not 0 <= l < n_layers:
-                fail(f"--layers: layer {l} is out of range [0, {n_layers}) of {a.input}")
-        tmp = a.output + ".tmp"
-        with h5py.File(tmp, "w") as dst:
-            for k, v in src.attrs.items():
-                dst.attrs[k] = v
-            dst.attrs["n_layers"] = np.int64(len(layers))
-            if "layer_windows" in src.attrs:
-                w = np.asarray(src.attrs["layer_windows"])[layers]
-                if w.any():
-                    dst.attrs["layer_windows"] = w.astype(np.int64)
-                else:
-                    del dst.attrs["layer_windows"]
-            dst.attrs["subset_of"] = os.path.basename(a.input)
-            dst.attrs["subset_layers"] = np.asarray(layers, dtype=np.int64)
-            for i, l in enumerate(layers):
-                g = dst.create_group(f"layer_{i:03d}")
-                for t in ("q", "k", "v"):
-                    x = src[f"layer_{l:03d}/{t}"][()]
-                    g.create_dataset(t, data=x.astype(a.dtype), chunks=(1, min(x.shape[1], 1024), x.shape[2]),
-                                     shuffle=True, compression="gzip", compression_opts=4)
+    try:
+        src = h5py.File(a.input, "r")
+    except OSError as e:
+        fail(f"{a.input}: not an HDF5 file ({e})")
+    tmp = a.output + ".tmp"
+    try:
+        copy(src, a, layers, tmp, fail)
+    except (KeyError, OSError, ValueError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        fail(f"{a.input}: {e}")
+    finally:
+        src.close()
     os.replace(tmp, a.output)
     print(f"{a.output}: layers {layers} of {a.input} as {a.dtype}")
+
+
+def copy(src, a, layers, tmp, fail):
+    """The chosen layers of the open recording `src` into the new file `tmp`."""
+    import h5py
+    import numpy as np
+
+    if "kvsim_schema" not in src.attrs or "n_layers" not in src.attrs:
+        fail(f"{a.input}: not a kvsim recording (no kvsim_schema / n_layers attribute)")
+    n_layers = int(src.attrs["n_layers"])
+    for l in layers:
+        if not 0 <= l < n_layers:
+            fail(f"--layers: layer {l} is out of range [0, {n_layers}) of {a.input}")
+    with h5py.File(tmp, "w") as dst:
+        for k, v in src.attrs.items():
+            dst.attrs[k] = v
+        dst.attrs["n_layers"] = np.int64(len(layers))
+        if "layer_windows" in src.attrs:
+            w = np.asarray(src.attrs["layer_windows"])[layers]
+            if w.any():
+                dst.attrs["layer_windows"] = w.astype(np.int64)
+            else:
+                del dst.attrs["layer_windows"]
+        dst.attrs["subset_of"] = os.path.basename(a.input)
+        dst.attrs["subset_layers"] = np.asarray(layers, dtype=np.int64)
+        for i, l in enumerate(layers):
+            g = dst.create_group(f"layer_{i:03d}")
+            for t in ("q", "k", "v"):
+                x = src[f"layer_{l:03d}/{t}"][()]
+                g.create_dataset(t, data=x.astype(a.dtype), chunks=(1, min(x.shape[1], 1024), x.shape[2]),
+                                 shuffle=True, compression="gzip", compression_opts=4)
 
 
 if __name__ == "__main__":
