@@ -13,11 +13,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <filesystem>
-#include <unistd.h>
 
 #include "kvsim/core/error.hpp"
-#include "kvsim/io/h5.hpp"
 #include "kvsim/cli/config.hpp"
 #include "kvsim/io/spec.hpp"
 #include "kvsim/policies/registry.hpp"
@@ -29,7 +26,7 @@ using namespace kvsim;
 
 namespace {
 
-constexpr int64_t kPrompt = 32;
+constexpr int64_t kPrompt = test::kPressPrompt;  // press_replay's example needs its press file's prompt
 
 const char* kBase = R"(
 name = "contract"
@@ -46,30 +43,6 @@ every = 3
 [[policy]]
 name = "exact"
 )";
-
-/// press_replay's `file`: a press file for the stream's prompt (every layer and KV head: its even
-/// positions), written once.
-Params with_files(const Params& ex) {
-  if (!ex.has("file")) return ex;
-  static const std::string path = [] {
-    const std::string p =
-        (std::filesystem::temp_directory_path() / ("kvsim_contract_press_" + std::to_string(::getpid()) + ".h5")).string();
-    h5::File f = h5::File::create(p);
-    f.set_attr("/", "kvsim_press", int64_t(1));
-    f.set_attr("/", "prompt", int64_t(kPrompt));
-    std::vector<int64_t> even;
-    for (int64_t j = 0; j < kPrompt; j += 2) even.push_back(j);
-    for (int l = 0; l < 2; ++l) {
-      const std::string g = "/layer_00" + std::to_string(l);
-      f.create_group(g);
-      for (int kv = 0; kv < 2; ++kv) f.write_vector(g + "/kv_head_0" + std::to_string(kv), even);
-    }
-    return p;
-  }();
-  Params out = ex;
-  out.set("file", path, "test");
-  return out;
-}
 
 bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
 
@@ -142,9 +115,9 @@ TEST_CASE("contract: every registered policy and example keeps the cache-policy 
   for (const auto* info : policy_registry()) {
     for (size_t e = 0; e < info->examples.size(); ++e) {
       ++examples;
-      const PolicySpec spec{info->name, info->name + "#" + std::to_string(e), with_files(info->examples[e])};
+      const PolicySpec spec{info->name, info->name + "#" + std::to_string(e), test::with_files(info->examples[e])};
       INFO(spec.label);
-      if (info->name != "press_replay" && !run_and_check(spec, false, seen)) ++seen.refused_without_prompt;
+      if (!run_and_check(spec, false, seen)) ++seen.refused_without_prompt;
       run_and_check(spec, true, seen);
     }
   }
@@ -177,7 +150,7 @@ TEST_CASE("contract: a policy's GPU twin is what the registry says, for every ex
         (x.gpu ? with : without)++;
       }
     twins += with;
-    if (info->name == "exact" || info->name == "press_replay") {
+    if (info->name == "exact") {
       CHECK(with == 0);
     } else if (info->gpu == "no") {
       CHECK(with == 0);

@@ -5,13 +5,11 @@
 #include <fstream>
 #include <regex>
 #include <set>
-#include <unistd.h>
-
-#include "kvsim/io/h5.hpp"
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/policies/registry.hpp"
 #include "kvsim/replay/metrics.hpp"
+#include "registry_examples.hpp"
 
 using namespace kvsim;
 
@@ -22,28 +20,8 @@ StreamInfo small_stream() {
   s.n = 64;
   s.head_dim = 8;
   s.n_queries = 2;
-  s.prefill = 32;  // a prompt, for the prefill policies (snapkv, pyramidkv)
+  s.prefill = test::kPressPrompt;  // a prompt, for the prefill policies (snapkv, pyramidkv, press_replay)
   return s;
-}
-
-/// A policy's example with its input files made: press_replay's `file` becomes a press file for
-/// small_stream() (layer 0, KV head 0: the prompt's even positions), written once.
-Params with_files(const Params& ex) {
-  if (!ex.has("file")) return ex;
-  static const std::string path = [] {
-    const std::string p = (std::filesystem::temp_directory_path() / ("kvsim_registry_press_" + std::to_string(::getpid()) + ".h5")).string();
-    h5::File f = h5::File::create(p);
-    f.set_attr("/", "kvsim_press", int64_t(1));
-    f.set_attr("/", "prompt", int64_t(32));
-    f.create_group("/layer_000");
-    std::vector<int64_t> even;
-    for (int64_t j = 0; j < 32; j += 2) even.push_back(j);
-    f.write_vector("/layer_000/kv_head_00", even);
-    return p;
-  }();
-  Params out = ex;
-  out.set("file", path, "test");
-  return out;
 }
 
 /// Distinct disagreements between `info`'s documented parameters and what its factory reads, over its examples.
@@ -52,7 +30,7 @@ std::set<std::string> doc_mismatches(const PolicyInfo& info) {
   std::set<std::string> documented, asked_somewhere;
   for (const auto& p : info.params) documented.insert(p.name);
   for (const Params& ex : info.examples) {
-    const Params given = with_files(ex);
+    const Params given = test::with_files(ex);
     ParamReader params(given);
     info.make(params, small_stream());
     for (const auto& [key, def] : params.asked()) {
@@ -83,7 +61,7 @@ TEST_CASE("registry: every policy's documented parameters and defaults are the o
     for (const auto& b : bad) UNSCOPED_INFO(b);
     CHECK(bad.empty());
     // The registry is the one way in: make_policy finds it by name.
-    CHECK(make_policy(info->name, with_files(info->examples.front()), small_stream()) != nullptr);
+    CHECK(make_policy(info->name, test::with_files(info->examples.front()), small_stream()) != nullptr);
   }
 }
 
