@@ -9,7 +9,10 @@
      not include each other);
   4. a plain policy does not compile against CUDA: the headers every policy file sees
      (include/kvsim/policies/policy.hpp and registry.hpp, sim/policies/factories.hpp and scorer.hpp)
-     never reach include/kvsim/cuda/ through their includes; only gpu_replay.hpp does.
+     never reach include/kvsim/cuda/ through their includes; only gpu_replay.hpp does;
+  5. a KVSIM_* environment variable that steers a run is read in one place: C++ sources call
+     getenv("KVSIM_…") only in include/kvsim/core/runtime.hpp (the [runtime] table's overrides), except
+     the variables that locate files (ENV_LOCATORS), which change nothing about a run.
 
 Usage: layout_test.py REPO_ROOT  (exit 1 listing every violation)
        layout_test.py --self-test (the checks flag a planted long function and a bad include)
@@ -24,6 +27,8 @@ MAX_FILE, MAX_README, MAX_FUNC = 450, 250, 80
 RANK = {"core": 0, "io": 1, "cuda": 1, "analysis": 2, "policies": 3, "replay": 4, "model": 4, "cli": 5, "python": 6}
 SOURCE_DIRS = ("sim", "include", "tests", "plots", "scripts", "datasets")
 EXTS = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".py", ".sh")
+RUNTIME_HEADER = "include/kvsim/core/runtime.hpp"
+ENV_LOCATORS = {"KVSIM_CUDA_MODULE", "KVSIM_PYTHON"}  # where the CUDA module and the Python are
 
 
 def strip_cpp(text):
@@ -127,6 +132,10 @@ def check_file(root, rel, problems):
     for name, first, count in funcs:
         if count > MAX_FUNC:
             problems.append(f"{rel}:{first}: function {name} is {count} lines (> {MAX_FUNC})")
+    if rel.startswith(("sim/", "include/")) and rel.endswith((".cpp", ".hpp", ".cu", ".cuh", ".h")) and rel != RUNTIME_HEADER:
+        for m in re.finditer(r'getenv\(\s*"(KVSIM_\w+)"', text):
+            if m.group(1) not in ENV_LOCATORS:
+                problems.append(f"{rel}: reads {m.group(1)} itself (runtime switches are [runtime] keys, read in {RUNTIME_HEADER})")
     layer = layer_of(rel)
     if layer in RANK:
         for m in re.finditer(r'#include\s+"kvsim/(\w+)/', text):
@@ -197,8 +206,11 @@ def self_test():
         with open(os.path.join(root, "sim", "io", "bad.cpp"), "w") as f:
             f.write('#include "kvsim/replay/engine.hpp"\n' + long_fn)
         with open(os.path.join(root, "sim", "io", "good.cpp"), "w") as f:
-            f.write('#include "kvsim/core/error.hpp"\n' + short_fn)
+            f.write('#include "kvsim/core/error.hpp"\n' + short_fn + 'const char* m = std::getenv("KVSIM_PYTHON");\n')
+        with open(os.path.join(root, "sim", "io", "env.cpp"), "w") as f:
+            f.write('const char* e = std::getenv("KVSIM_CUDA_WORKERS");\n')
         problems = check_tree(root)
+    assert any("env.cpp: reads KVSIM_CUDA_WORKERS itself" in p for p in problems), problems
     assert any("function f is 88 lines" in p for p in problems), problems
     assert any("includes kvsim/replay/" in p for p in problems), problems
     assert not any("good.cpp" in p for p in problems), problems
@@ -215,7 +227,7 @@ def self_test():
             f.write('// #include "kvsim/cuda/cuda.hpp"\n')
         assert reaches_cuda(root, "include/kvsim/policies/policy.hpp") is None
     print("layout_test: self-test flags a long function, an upward include and a policy header reaching CUDA, "
-          "and nothing else")
+          "a runtime variable read outside runtime.hpp, and nothing else")
 
 
 def main():

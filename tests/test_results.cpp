@@ -170,3 +170,100 @@ budget = 8
   CHECK(with.find("NOT_KVSIM") == std::string::npos);  // only the KVSIM_ prefix
   CHECK(without.find("KVSIM_TEST_RUNTIME_MARK") == std::string::npos);  // negative control: not a constant
 }
+
+TEST_CASE("results: the [runtime] table is read, overridden by its environment variables, and recorded", "[results]") {
+  const char* cfg = R"(
+name = "runtime_table"
+[data]
+synthetic = "gaussian"
+n = 40
+d = 8
+n_layers = 1
+n_heads = 2
+[runtime]
+cuda_exact = "gemm"
+cuda_exact_rows = 32
+cuda_deadline_s = 90
+[[policy]]
+name = "window"
+budget = 8
+)";
+  const Experiment ex = parse_experiment(cfg, "inline");
+  CHECK(ex.runtime.cuda_exact == "gemm");
+  CHECK(ex.runtime.cuda_exact_rows == 32);
+  CHECK(ex.runtime.cuda_deadline_s == 90.0);
+  CHECK(ex.runtime.cuda_layer_batch == "auto");  // absent keys keep their defaults
+  // The resolved config carries the table: parsing it gives the same runtime.
+  const Experiment back = parse_experiment(ex.resolved_text, "resolved");
+  CHECK(runtime_toml(back.runtime) == runtime_toml(ex.runtime));
+  // The environment overrides the config; without the variable the config's value holds (negative control).
+  ::setenv("KVSIM_CUDA_EXACT_ROWS", "7", 1);
+  const Experiment env = parse_experiment(cfg, "inline");
+  ::unsetenv("KVSIM_CUDA_EXACT_ROWS");
+  CHECK(env.runtime.cuda_exact_rows == 7);
+  CHECK(parse_experiment(cfg, "inline").runtime.cuda_exact_rows == 32);
+  // results.h5 keeps the resolved table, and no number depends on it.
+  test::TempDir dir;
+  auto src = open_source(ex.data);
+  const RunResult a = run_experiment(ex, *src, 1), b = run_experiment(env, *src, 1);
+  write_results(a, ex, dir.file("a"));
+  const std::string attr = h5::File::open_read(dir.file("a") + "/results.h5").attr_string("runtime");
+  CHECK(attr == runtime_toml(ex.runtime));
+  CHECK(attr.find("cuda_exact_rows = 32\n") != std::string::npos);
+  REQUIRE(a.policies[0].rows.size() == b.policies[0].rows.size());
+  for (size_t i = 0; i < a.policies[0].rows.size(); ++i)
+    CHECK(metric_of(a.policies[0].rows[i], "rel_err") == metric_of(b.policies[0].rows[i], "rel_err"));
+}
+
+TEST_CASE("results: a bad [runtime] key or value is refused in one line naming it", "[results]") {
+  const std::string base = "name = \"r\"\n[data]\nsynthetic = \"gaussian\"\nn = 40\nd = 8\nn_layers = 1\nn_heads = 2\n[[policy]]\nname = \"window\"\nbudget = 8\n[runtime]\n";
+  auto error_of = [&](const std::string& line) {
+    try {
+      parse_experiment(base + line + "\n", "cfg.toml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(error_of("cuda_exact = \"flsh\""), Catch::Matchers::Contains("runtime.cuda_exact = 'flsh': not one of"));
+  CHECK_THAT(error_of("cuda_exact_rows = 0"), Catch::Matchers::Contains("runtime.cuda_exact_rows = '0'"));
+  CHECK_THAT(error_of("cuda_deadline_s = -1"), Catch::Matchers::Contains("not a positive number of seconds"));
+  CHECK_THAT(error_of("profile = 1"), Catch::Matchers::Contains("runtime.profile must be a boolean"));
+  CHECK_THAT(error_of("cuda_workrs = 2"), Catch::Matchers::Contains("unknown key 'cuda_workrs' in [runtime]"));
+  CHECK(error_of("cuda_workers = 2").empty());  // negative control: a good value passes
+  for (const std::string& e : {error_of("cuda_exact = \"flsh\""), error_of("cuda_workrs = 2")}) {
+    CHECK(e.rfind("cfg.toml:", 0) == 0);  // FILE:LINE first
+    CHECK(e.find('\n') == std::string::npos);
+  }
+  ::setenv("KVSIM_CUDA_DEADLINE", "soon", 1);
+  const std::string env = error_of("");
+  ::unsetenv("KVSIM_CUDA_DEADLINE");
+  CHECK(env == "KVSIM_CUDA_DEADLINE = 'soon': not a positive number of seconds");
+}
+
+TEST_CASE("results: every [runtime] key of the table is read, written and overridden by its own variable", "[results]") {
+  std::set<std::string> envs;
+  for (const auto& k : runtime_keys()) {
+    INFO(k.key);
+    CHECK(std::string(k.env).rfind("KVSIM_", 0) == 0);
+    CHECK(envs.insert(k.env).second);  // one variable per key
+    Runtime r;
+    std::string text = runtime_value_toml(r, k.key);
+    if (text.front() == '"') text = text.substr(1, text.size() - 2);
+    set_runtime_key(r, k.key, text, k.key);  // the default's own text reads back
+    CHECK(runtime_value_toml(r, k.key) == runtime_value_toml(Runtime{}, k.key));
+    // The variable moves the value (a non-default value of each type), and only while it is set.
+    const std::string type = k.type;
+    const std::string other = type == "boolean" ? (text == "true" ? "false" : "true")
+                              : type == "string" ? (text == "auto" ? "off" : "auto") : "3";
+    std::string value = other;
+    if (std::string(k.key) == "cuda_exact") value = "gemm";
+    ::setenv(k.env, value.c_str(), 1);
+    const Runtime moved = runtime_from_environment();
+    ::unsetenv(k.env);
+    CHECK(runtime_value_toml(moved, k.key) != runtime_value_toml(Runtime{}, k.key));
+    CHECK(runtime_toml(runtime_from_environment()) == runtime_toml(Runtime{}));
+  }
+  Runtime r;
+  CHECK_THROWS_WITH(set_runtime_key(r, "cuda_workerz", "1", "x"), Catch::Matchers::Contains("unknown [runtime] key 'cuda_workerz'"));
+}

@@ -24,7 +24,7 @@ using namespace config_detail;
 
 Experiment interpret(const TV& root, const std::string& origin) {
   Experiment ex;
-  check_keys(root, {"name", "seed", "data", "eval", "policy"}, origin + " (top level)");
+  check_keys(root, {"name", "seed", "data", "eval", "policy", "runtime"}, origin + " (top level)");
   ex.name = get_string(root, "name", "experiment", "");
   int64_t seed = get_int(root, "seed", 1, "");
   if (seed < 0) fail_at(root.at("seed"), "seed must be ≥ 0");
@@ -87,6 +87,8 @@ Experiment interpret(const TV& root, const std::string& origin) {
 
   parse_eval(root, ex.eval);
   eval_after_prompt(root, ex.data.prefill, "data.prefill", ex.eval);
+  parse_runtime(root, ex.runtime);
+  apply_runtime_environment(ex.runtime);  // the environment overrides the config (named in runtime_keys())
   ex.policies = parse_policies(root, origin);
   return ex;
 }

@@ -61,6 +61,31 @@ void check_keys(const TV& table, const std::set<std::string>& allowed, const std
   }
 }
 
+void parse_runtime(const TV& root, Runtime& r) {
+  if (!root.contains("runtime")) return;
+  const TV& t = root.at("runtime");
+  if (!t.is_table()) fail_at(t, "runtime must be a table ([runtime])");
+  std::set<std::string> allowed;
+  for (const auto& k : runtime_keys()) allowed.insert(k.key);
+  check_keys(t, allowed, "[runtime]");
+  for (const auto& k : runtime_keys()) {
+    if (!t.contains(k.key)) continue;
+    const TV& v = t.at(k.key);
+    const std::string type = k.type, who = std::string("runtime.") + k.key;
+    std::string text;
+    if (type == "string" && v.is_string()) text = v.as_string();
+    else if (type == "integer" && v.is_integer()) text = std::to_string(v.as_integer());
+    else if (type == "boolean" && v.is_boolean()) text = v.as_boolean() ? "true" : "false";
+    else if (type == "float" && (v.is_floating() || v.is_integer())) text = toml::format(v);
+    else fail_at(v, who + " must be a " + (type == "float" ? std::string("number") : type));
+    try {
+      set_runtime_key(r, k.key, text, who);
+    } catch (const Error& e) {
+      fail_at(v, e.what());
+    }
+  }
+}
+
 int64_t get_int(const TV& t, const std::string& key, int64_t def, const std::string& where) {
   if (!t.contains(key)) return def;
   const TV& v = t.at(key);

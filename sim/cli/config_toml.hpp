@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvsim/core/params.hpp"
+#include "kvsim/core/runtime.hpp"
 #include "kvsim/io/spec.hpp"
 
 namespace kvsim::config_detail {
@@ -41,6 +42,9 @@ std::string where_of(const toml::value& v);
 /// With a prompt of P tokens the prompt's steps are not decoded: eval.from defaults to P + 1 and a
 /// given one must be > P.
 void eval_after_prompt(const toml::value& root, int64_t P, const std::string& key, EvalSpec& e);
+/// The [runtime] table into `r` (absent keys keep their values; include/kvsim/core/runtime.hpp): a
+/// key outside runtime_keys(), a value of the wrong TOML type or out of range fails at its line.
+void parse_runtime(const toml::value& root, Runtime& r);
 /// The [eval] table into `e` (absent keys keep their defaults).
 void parse_eval(const toml::value& root, EvalSpec& e);
 /// Every [[policy]] entry, list-valued parameters expanded (cartesian product, in key order), labels

@@ -86,6 +86,8 @@ std::string resolved_config(const Experiment& ex) {
   o << "# resolved by kvsim: every default filled in\nname = " << quoted(ex.name) << "\nseed = " << ex.seed << "\n\n";
   write_data(o, ex.data);
   write_eval(o, ex.eval);
+  o << "\n[runtime]   # how the run was carried out (no number depends on it); the environment's overrides applied\n"
+    << runtime_toml(ex.runtime);
   for (const auto& p : ex.policies) {
     o << "\n[[policy]]\nname = " << quoted(p.name) << "\nlabel = " << quoted(p.label) << "\n";
     std::map<std::string, std::string> lines;  // key order, given and default alike

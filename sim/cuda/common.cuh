@@ -16,6 +16,7 @@
 
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/hd.hpp"
+#include "kvsim/core/runtime.hpp"
 
 namespace kvsim::cuda_impl {
 
@@ -31,27 +32,40 @@ inline std::atomic<bool>& device_hung() {
   return hung;
 }
 
-/// Seconds one wait for the device may take (KVSIM_CUDA_DEADLINE, default 1800): a kernel that runs
-/// longer fails the run in one line instead of waiting forever. Read once; a value that is not a
-/// positive number of seconds is refused by name.
-inline double deadline_seconds() {
-  static const double s = [] {
-    const char* e = std::getenv("KVSIM_CUDA_DEADLINE");
-    if (!e || !*e) return 1800.0;
-    char* end = nullptr;
-    const double v = std::strtod(e, &end);
-    if (end == e || *end != '\0' || !(v > 0) || !std::isfinite(v))
-      throw Error(std::string("KVSIM_CUDA_DEADLINE = '") + e + "': not a positive number of seconds");
-    return v;
+/// The module's [runtime] settings (include/kvsim/core/runtime.hpp): the environment's
+/// (runtime_from_environment) until the host calls configure() with a run's resolved [runtime]
+/// table. Atomics: sync() reads the deadline on every wait.
+struct ModuleSettings {
+  std::atomic<double> deadline_s{1800};
+  std::atomic<int> exact_rows{64};
+  std::atomic<int> exact{0};  ///< 0 auto, 1 flash, 2 gemm, 3 kernel
+  std::atomic<bool> state_smem{true};
+  void set(const Runtime& r) {
+    deadline_s = r.cuda_deadline_s;
+    exact_rows = r.cuda_exact_rows;
+    exact = r.cuda_exact == "flash" ? 1 : r.cuda_exact == "gemm" ? 2 : r.cuda_exact == "kernel" ? 3 : 0;
+    state_smem = r.cuda_state_in_shared_memory;
+  }
+};
+/// The settings; the first call reads the environment (a bad value throws kvsim::Error naming the variable).
+inline ModuleSettings& settings() {
+  static ModuleSettings* s = [] {
+    auto* m = new ModuleSettings;  // never freed: read by sync() until the process ends
+    m->set(runtime_from_environment());
+    return m;
   }();
-  return s;
+  return *s;
 }
 
-/// "did not finish within N s (KVSIM_CUDA_DEADLINE); the device may be hung".
+/// Seconds one wait for the device may take (runtime.cuda_deadline_s / KVSIM_CUDA_DEADLINE, default
+/// 1800): a kernel that runs longer fails the run in one line instead of waiting forever.
+inline double deadline_seconds() { return settings().deadline_s.load(std::memory_order_relaxed); }
+
+/// "did not finish within N s (runtime.cuda_deadline_s, KVSIM_CUDA_DEADLINE); the device may be hung".
 inline std::string deadline_text() {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%g", deadline_seconds());
-  return std::string("did not finish within ") + buf + " s (KVSIM_CUDA_DEADLINE); the device may be hung";
+  return std::string("did not finish within ") + buf + " s (runtime.cuda_deadline_s, KVSIM_CUDA_DEADLINE); the device may be hung";
 }
 
 /// Waits for this host thread's stream (the module is built with --default-stream=per-thread:
@@ -217,10 +231,10 @@ __device__ inline void block_argmin_warp(double my_d, int64_t my_i, double* sd, 
 
 /// The exact pass's implementation: the fused flash kernel (sim/cuda/flash.cu; head_dim 64 or 128),
 /// cuBLAS SGEMMs around a softmax kernel per chunk of rows (gemm, sim/cuda/exact.cu), or the first
-/// version's one block per (step, query head). KVSIM_CUDA_EXACT=flash|gemm|kernel; unset: flash
-/// where it supports the head dimension, else gemm. flash with another head_dim is refused.
+/// version's one block per (step, query head). runtime.cuda_exact (KVSIM_CUDA_EXACT) = flash, gemm or
+/// kernel; auto: flash where it supports the head dimension, else gemm. flash with another head_dim is refused.
 enum class ExactImpl { gemm, kernel, flash };
-ExactImpl exact_impl_from_env(int d);
+ExactImpl exact_impl_for(int d);
 const char* to_string(ExactImpl impl);
 
 /// A layer's exact pass on the device: inputs, outputs and the evaluated steps (increasing, ≤ n).
@@ -244,7 +258,7 @@ struct ExactDevice {
 enum ExactPhase : unsigned { kPhaseLogits = 1, kPhaseSoftmax = 2, kPhasePV = 4, kPhaseAll = 7 };
 
 /// Runs the pass on this thread's stream (asynchronous: sync() before reading the outputs). `chunk`:
-/// query rows per KV head and chunk for gemm (0: KVSIM_CUDA_EXACT_ROWS, default 64);
+/// query rows per KV head and chunk for gemm (0: runtime.cuda_exact_rows, default 64);
 /// `phases`: the parts to run (all but for the bench's breakdown).
 void exact_on_device(ExactDevice& x, float scale, ExactImpl impl, int chunk = 0, unsigned phases = kPhaseAll);
 

@@ -1,5 +1,5 @@
 // kvsim CUDA path: exact causal attention for evaluated steps, all query heads of a layer at once.
-// Three implementations of the same function (KVSIM_CUDA_EXACT=flash|gemm|kernel picks one; the
+// Three implementations of the same function (runtime.cuda_exact = flash|gemm|kernel, or KVSIM_CUDA_EXACT, picks one; the
 // default is flash, in sim/cuda/flash.cu, where it supports head_dim, else gemm). Two more were measured slower and removed: several chunks per grouped-batched SGEMM (on the H200),
 // and 3xTF32 logits on tensor cores (on the H100; docs/performance.md):
 //  - gemm: the evaluated steps in chunks of about 64 query rows per KV head (the rows of its query
@@ -8,7 +8,7 @@
 //    masks each row at its own step t (causal) and normalizes it in place (hd::OnlineSoftmax, the CPU
 //    tests' code), and a second SGEMM forms P V. The masked triangle inside a chunk is the only
 //    arithmetic spent on tokens a row does not attend (about 64·stride/2 tokens per row).
-//    KVSIM_CUDA_EXACT_ROWS sets the rows per chunk (default 64).
+//    runtime.cuda_exact_rows (KVSIM_CUDA_EXACT_ROWS) sets the rows per chunk (default 64).
 //  - kernel: one thread block per (evaluated step, query head): the logits of the t cached keys (one
 //    key per thread) into a scratch row with each thread's online-softmax state, a block merge, then
 //    the output with one thread per output dimension — a matrix-vector pass per row (the first
@@ -146,34 +146,22 @@ std::string device_description() {
          std::to_string(p.totalGlobalMem >> 30) + " GiB)";
 }
 
-ExactImpl exact_impl_from_env(int d) {
-  const char* e = std::getenv("KVSIM_CUDA_EXACT");
-  if (!e || !*e) return flash_supports(d) ? ExactImpl::flash : ExactImpl::gemm;
-  const std::string s = e;
-  if (s == "gemm") return ExactImpl::gemm;
-  if (s == "kernel") return ExactImpl::kernel;
-  if (s == "flash") {
-    if (!flash_supports(d)) throw Error("KVSIM_CUDA_EXACT=flash: head_dim " + std::to_string(d) + " is not 64 or 128 (use gemm)");
-    return ExactImpl::flash;
+ExactImpl exact_impl_for(int d) {
+  switch (settings().exact.load()) {
+    case 1:
+      if (!flash_supports(d))
+        throw Error("runtime.cuda_exact = flash (KVSIM_CUDA_EXACT): head_dim " + std::to_string(d) + " is not 64 or 128 (use gemm)");
+      return ExactImpl::flash;
+    case 2: return ExactImpl::gemm;
+    case 3: return ExactImpl::kernel;
+    default: return flash_supports(d) ? ExactImpl::flash : ExactImpl::gemm;
   }
-  throw Error("KVSIM_CUDA_EXACT: '" + s + "' is not flash, gemm or kernel");
 }
 
 const char* to_string(ExactImpl impl) {
   return impl == ExactImpl::gemm ? "gemm" : impl == ExactImpl::kernel ? "kernel" : "flash";
 }
 
-namespace {
-/// KVSIM_CUDA_EXACT_ROWS: query rows per KV head and chunk (default 64, 1..4096).
-int chunk_rows_from_env() {
-  const char* e = std::getenv("KVSIM_CUDA_EXACT_ROWS");
-  if (!e || !*e) return 64;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  if (*end || v < 1 || v > 4096) throw Error(std::string("KVSIM_CUDA_EXACT_ROWS: '") + e + "' is not a row count in 1..4096");
-  return int(v);
-}
-}  // namespace
 
 ExactDevice::ExactDevice(int heads_, int kv_heads_, int64_t n_, int d_, const std::vector<int64_t>& steps_, bool want_probs)
     : heads(heads_), kv_heads(kv_heads_), group(heads_ / kv_heads_), rows(int(steps_.size())), n(n_), d(d_),
@@ -200,7 +188,7 @@ void exact_on_device(ExactDevice& x, float scale, ExactImpl impl, int chunk, uns
     return;
   }
   // Chunks of C rows: M = C·G query rows per KV head (about `chunk`), keys 0..t_c−1 with t_c the chunk's last step.
-  const int C = std::max(1, (chunk > 0 ? chunk : chunk_rows_from_env()) / G), Mmax = C * G;
+  const int C = std::max(1, (chunk > 0 ? chunk : settings().exact_rows.load()) / G), Mmax = C * G;
   DeviceBuffer<float> S(size_t(x.kv_heads) * Mmax * x.t_max);
   cublasHandle_t h = thread_handle();
   const float one = 1.f, zero = 0.f;
@@ -234,7 +222,7 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
   require_device();
   check_shapes_and_steps(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0 && d >= 1, steps, n,
                          "cuda::exact_attention");
-  const ExactImpl impl = exact_impl_from_env(d);
+  const ExactImpl impl = exact_impl_for(d);
   ExactDevice x(heads, kv_heads, n, d, steps, probs != nullptr);
   const int rows = x.rows, G = x.group;
   // Only the evaluated query rows travel to the device, as [kv head][row][group member][d].
@@ -302,9 +290,11 @@ std::string api_release_streams(uint64_t streams_id) {
   return guarded([&] { kvsim::cuda_impl::release_streams(streams_id); });
 }
 std::string api_bench(bool quick, std::string* out) { return guarded([&] { *out = kvsim::cuda_impl::bench(quick); }); }
+std::string api_configure(const kvsim::Runtime& r) { return guarded([&] { kvsim::cuda_impl::settings().set(r); }); }
 
 const kvsim::cuda::ModuleApi kApi{kvsim::cuda::ModuleApi::kAbiVersion, api_device_count, api_device_description,
-                                  api_exact_attention, api_replay_policy, api_release_streams, api_bench};
+                                  api_exact_attention, api_replay_policy, api_release_streams, api_bench,
+                                  api_configure};
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const kvsim::cuda::ModuleApi* kvsim_cuda_module_api() { return &kApi; }

@@ -1,4 +1,4 @@
-// kvsim CUDA path: the exact pass fused in one kernel (KVSIM_CUDA_EXACT=flash, the default for
+// kvsim CUDA path: the exact pass fused in one kernel (runtime.cuda_exact = flash, the default for
 // head_dim 64 and 128). The flash-attention recurrence (Dao et al. 2022, Algorithm 1; Milakov &
 // Gimelshein 2018's online softmax) in fp32 on the CUDA cores, so the logits never leave the chip,
 // with the key range of each row tile split in chunks (split-K, "flash-decoding") so the causal
@@ -308,10 +308,10 @@ void launch(ExactDevice& x, float scale, int chunk_keys, bool async, unsigned ph
 bool flash_supports(int d) { return d == 64 || d == 128; }
 
 void flash_on_device(ExactDevice& x, float scale, int chunk_keys, bool async, unsigned phases) {
-  if (x.t_max > (1LL << 30)) throw Error("KVSIM_CUDA_EXACT=flash: more than 2^30 tokens");
+  if (x.t_max > (1LL << 30)) throw Error("runtime.cuda_exact = flash: more than 2^30 tokens");
   if (x.d == 64) launch<64>(x, scale, chunk_keys, async, phases);
   else if (x.d == 128) launch<128>(x, scale, chunk_keys, async, phases);
-  else throw Error("KVSIM_CUDA_EXACT=flash: head_dim " + std::to_string(x.d) + " is not 64 or 128 (use gemm)");
+  else throw Error("runtime.cuda_exact = flash: head_dim " + std::to_string(x.d) + " is not 64 or 128 (use gemm)");
 }
 
 }  // namespace kvsim::cuda_impl

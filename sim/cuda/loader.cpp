@@ -146,6 +146,11 @@ void release_shared_streams(uint64_t streams_id) {
   if (l.api) rethrow(l.api->release_streams(streams_id));
 }
 
+void configure(const Runtime& r) {
+  require_device();
+  rethrow(api_or_throw().configure(r));
+}
+
 std::string bench(bool quick) {
   require_device();
   std::string out;

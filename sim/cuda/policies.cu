@@ -103,27 +103,17 @@ struct ReplayBuffers {
         d_log_sum(size_t(H) * rows), d_kept(size_t(kv_heads) * rows * cap), d_steps(size_t(rows)) {}
 };
 
-std::atomic<int> g_state_smem{-1};  // -1: from KVSIM_CUDA_STATE_SMEM on first use
-
 }  // namespace
 
-bool state_in_shared_memory() {
-  int v = g_state_smem.load();
-  if (v < 0) {
-    const char* e = std::getenv("KVSIM_CUDA_STATE_SMEM");
-    v = e && std::string(e) == "0" ? 0 : 1;
-    g_state_smem.store(v);
-  }
-  return v == 1;
-}
-void set_state_in_shared_memory(bool on) { g_state_smem.store(on ? 1 : 0); }
+bool state_in_shared_memory() { return settings().state_smem.load(); }
+void set_state_in_shared_memory(bool on) { settings().state_smem.store(on); }
 
 namespace {
 
 /// Whether `dyn` bytes of dynamic shared memory fit beside kernel f's static ones on this device;
 /// the first call raises f's limit to all the device allows a block (once, so replays on other
-/// threads never see it change between their check and their launch). KVSIM_CUDA_STATE_SMEM=0 keeps
-/// the state kernels' state in global memory (the measured before of docs/performance.md).
+/// threads never see it change between their check and their launch). runtime.cuda_state_in_shared_memory
+/// = false (KVSIM_CUDA_STATE_SMEM=0) keeps the state kernels' state in global memory (the measured before of docs/performance.md).
 template <class F>
 bool dynamic_smem_fits(F* f, long long dyn) {
   if (!state_in_shared_memory()) return false;

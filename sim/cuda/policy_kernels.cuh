@@ -12,7 +12,7 @@ constexpr int kPolicyThreads = 128;
 constexpr int kKcenterThreads = 512;
 
 /// Whether h2o_kernel and buzz_kernel keep their state in shared memory where it fits (default; the
-/// environment's KVSIM_CUDA_STATE_SMEM=0 turns it off; the bench sets it to time both).
+/// runtime.cuda_state_in_shared_memory = false (KVSIM_CUDA_STATE_SMEM=0) turns it off; the bench sets it to time both).
 bool state_in_shared_memory();
 void set_state_in_shared_memory(bool on);
 

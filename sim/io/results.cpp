@@ -78,6 +78,7 @@ void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
   f.set_attr("/", "kvsim_version", kvsim_version());
   f.set_attr("/", "git_commit", kvsim_git_commit());
   f.set_attr("/", "runtime_env", runtime_environment());
+  f.set_attr("/", "runtime", runtime_toml(ex.runtime));  // the resolved [runtime] table (environment applied)
   if (!ex.data.synthetic && !ex.data.path.empty()) {  // the recording, by absolute path, size and content hash
     const FileFingerprint fp = fingerprint_file(ex.data.path);
     f.set_attr("/", "recording_path", fp.path);

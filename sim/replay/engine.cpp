@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "kvsim/core/error.hpp"
+#include "kvsim/cuda/cuda.hpp"
 #include "kvsim/io/results.hpp"
 #include "gpu_layer_batch.hpp"
 #include "phase_clock.hpp"
@@ -107,13 +108,12 @@ std::vector<Cell> plan_cells(const DataSpec& data, const RecordingMeta& meta, st
 }
 
 /// Workers for run_cells.
-int worker_count(bool batch, int threads) {
+int worker_count(bool batch, int threads, const Runtime& rt) {
   // With the batch, a cell spends much of its time waiting for its layer's GPU replays, with no host
   // work to do: twice as many workers as threads keep the cores busy with other cells' streams,
-  // references and metrics meanwhile. KVSIM_CUDA_WORKERS=N sets the count (no number depends on it).
-  int workers = batch ? 2 * threads : threads;
-  if (const char* w = std::getenv("KVSIM_CUDA_WORKERS"); batch && w && *w) workers = std::max(1, std::atoi(w));
-  return workers;
+  // references and metrics meanwhile. runtime.cuda_workers = N sets the count (no number depends on it).
+  if (batch && rt.cuda_workers > 0) return rt.cuda_workers;
+  return batch ? 2 * threads : threads;
 }
 
 /// The error a cell's replay is throwing (call inside a catch block), named: out of memory says what
@@ -149,14 +149,14 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
   // when there are more cells to run than workers: with fewer, every cell's own launch runs at once
   // anyway and batching only adds waiting (on the H200: SmolLM2, 9 cells on 16 threads, 13.1 s per
   // cell vs 17.0 s batched; 32 × 32 synthetic cells, over 231 s per cell vs 91 s batched).
-  // KVSIM_CUDA_LAYER_BATCH=0 or 1 decides instead (the numbers are the same either way).
+  // runtime.cuda_layer_batch = "on" or "off" decides instead (the numbers are the same either way).
   std::unique_ptr<cell::GpuLayerBatch> batch;
   if (ex.eval.device == Device::cuda && ex.eval.gqa == GqaMode::kv_head) {
     std::vector<bool> will_run(cells.size());
     size_t to_run = 0;
     for (size_t i = 0; i < cells.size(); ++i) to_run += will_run[i] = !(spill && spill->cell_done(i));
-    const char* env = std::getenv("KVSIM_CUDA_LAYER_BATCH");
-    const bool on = env && *env ? std::string(env) != "0" : to_run > size_t(std::max(1, threads));
+    const std::string& choice = ex.runtime.cuda_layer_batch;
+    const bool on = choice == "auto" ? to_run > size_t(std::max(1, threads)) : choice == "on";
     if (on) batch = std::make_unique<cell::GpuLayerBatch>(ex, src, cells, will_run, n);
   }
   // The order workers take cells in (results are stored by cell, so it changes no number): by layer,
@@ -196,7 +196,7 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
     }
   };
   std::vector<std::thread> pool;
-  const int workers = worker_count(batch != nullptr, threads);
+  const int workers = worker_count(batch != nullptr, threads, ex.runtime);
   int nt = std::min<int>(workers, std::max<size_t>(1, cells.size()));
   for (int i = 1; i < nt; ++i) pool.emplace_back(worker);
   worker();
@@ -222,6 +222,8 @@ RunResult run_experiment(const Experiment& ex, const StreamSource& src, int thre
     throw Error("eval.from (" + std::to_string(ex.eval.from) + ") must be > data.prefill (" +
                 std::to_string(ex.data.prefill) + "): the prompt's steps are not decoded");
   res.metrics = metric_columns(ex.eval);
+  phase::set_enabled(ex.runtime.profile);
+  if (ex.eval.device == Device::cuda) cuda::configure(ex.runtime);  // the exact pass, kernels' state, deadline
   check_objective_steps(ex.eval, res.n_tokens);
   const std::vector<Cell> cells = plan_cells(ex.data, meta, res.layers);
   if (ex.eval.device == Device::cuda)

@@ -319,10 +319,9 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
       }
     }
   };
-  // KVSIM_MPI_COORDINATOR_ONLY=1: rank 0 hands out cells but computes none (tests use it to make a
-  // worker rank meet a failing cell).
-  const char* only = std::getenv("KVSIM_MPI_COORDINATOR_ONLY");
-  const int local_threads = only && std::string(only) == "1" ? 0 : std::max(1, threads);
+  // runtime.mpi_coordinator_only (KVSIM_MPI_COORDINATOR_ONLY=1): rank 0 hands out cells but computes
+  // none (tests use it to make a worker rank meet a failing cell).
+  const int local_threads = ex.runtime.mpi_coordinator_only ? 0 : std::max(1, threads);
   std::vector<std::thread> pool;
   for (int t = 0; t < local_threads; ++t) pool.emplace_back(local);
   serve(take, deliver, finished, to_compute, failed, [&] {

@@ -7,21 +7,27 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kvsim/core/runtime.hpp"
+
 namespace kvsim::phase {
 namespace {
 std::array<std::atomic<long long>, kCount> g_ns{};
 std::array<std::atomic<long long>, kCount> g_calls{};
 constexpr const char* kNames[kCount] = {"streams", "reference", "opnorm", "global", "policies", "metrics",
                                         "batch_inputs", "batch_replay"};
+std::atomic<int> g_on{-1};  // -1: from the environment (runtime_from_environment) on first use
 }  // namespace
 
 bool enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KVSIM_PROFILE");
-    return e && *e && std::strcmp(e, "0") != 0;
-  }();
-  return on;
+  int v = g_on.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = runtime_from_environment().profile ? 1 : 0;
+    g_on.store(v);
+  }
+  return v == 1;
 }
+
+void set_enabled(bool on) { g_on.store(on ? 1 : 0); }
 
 void add(Phase p, double ns) {
   g_ns[p].fetch_add((long long)ns, std::memory_order_relaxed);

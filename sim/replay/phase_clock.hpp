@@ -1,5 +1,5 @@
-// Internal to the replay: where a run's thread-time goes, by phase, when the environment sets
-// KVSIM_PROFILE=1 (off otherwise: one relaxed load per scope). run_experiment prints the totals to
+// Internal to the replay: where a run's thread-time goes, by phase, when the config's [runtime]
+// profile = true (or KVSIM_PROFILE=1; off otherwise: one relaxed load per scope). run_experiment prints the totals to
 // stderr after the cells, as thread-seconds summed over the worker threads (so they may exceed the
 // wall time) — the breakdown used to find the host's share of a `--device cuda` run, where no
 // sampling profiler is at hand (docs/performance.md).
@@ -22,6 +22,8 @@ enum Phase : int {
 };
 
 bool enabled();
+/// Turns profiling on or off (run_experiment: the run's runtime.profile); until called, as the environment says.
+void set_enabled(bool on);
 void add(Phase p, double ns);
 /// The totals so far as a table ("" when profiling is off), and resets them.
 std::string report_and_reset();

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+namespace kvsim {
+struct Runtime;
+}
 
 namespace kvsim::cuda {
 
@@ -115,6 +118,12 @@ void replay_policy_shared(uint64_t streams_id, const PolicyReplay& p, const floa
                           int64_t& kept_cap);
 /// Drops the device copies uploaded under `streams_id` (nothing when none are, or the module is not loaded).
 void release_shared_streams(uint64_t streams_id);
+
+/// Sets the module's [runtime] choices (include/kvsim/core/runtime.hpp: the exact pass, its rows per
+/// chunk, the policy kernels' state in shared memory, the deadline of a wait) for the calls that
+/// follow; until called, the module takes them from the environment. run_experiment calls it with the
+/// run's resolved table. Throws kvsim::Error without a device.
+void configure(const Runtime& r);
 
 /// `kvsim bench --device cuda`: the device, cuBLAS SGEMM rates (fp32 and TF32 tensor cores, 8192³)
 /// as rooflines, and the exact causal pass (32 heads, head_dim 128, every 16th step evaluated) at

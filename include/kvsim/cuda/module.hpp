@@ -16,12 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/core/runtime.hpp"
 #include "kvsim/cuda/cuda.hpp"
 
 namespace kvsim::cuda {
 
 struct ModuleApi {
-  static constexpr int kAbiVersion = 4;
+  static constexpr int kAbiVersion = 5;
   int abi_version;
   /// Usable CUDA devices; 0 with `why` set otherwise. Never fails.
   int (*device_count)(std::string* why);
@@ -41,6 +42,8 @@ struct ModuleApi {
   std::string (*release_streams)(uint64_t streams_id);
   /// See kvsim::cuda::bench; the figures into `out`.
   std::string (*bench)(bool quick, std::string* out);
+  /// See kvsim::cuda::configure.
+  std::string (*configure)(const Runtime& r);
 };
 
 }  // namespace kvsim::cuda

@@ -7,6 +7,7 @@
 
 #include "kvsim/core/choices.hpp"
 #include "kvsim/core/params.hpp"
+#include "kvsim/core/runtime.hpp"
 #include "kvsim/io/synth.hpp"
 
 namespace kvsim {
@@ -77,6 +78,8 @@ struct Experiment {
   DataSpec data;
   EvalSpec eval;
   std::vector<PolicySpec> policies;
+  /// How the run is carried out ([runtime], environment applied); changes no number (core/runtime.hpp).
+  Runtime runtime = runtime_from_environment();
   std::string config_text;       ///< the configuration as given (with --set overrides), stored with the results
   /// The configuration with every default filled in (data, eval, each policy's documented literal
   /// defaults), as TOML: results.h5's `resolved_config` attribute (sim/cli/resolved.cpp).
