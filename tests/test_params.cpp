@@ -33,6 +33,44 @@ TEST_CASE("params: a reader records what a factory asked, and the unused-key che
   CHECK(memory_target_tokens(p, 100) == -1);
 }
 
+TEST_CASE("params: with declarations, the reader applies the declared default and checks the declared range", "[config]") {
+  const std::vector<ParamDecl> decls = {{"budget", "tokens", "required", "cache size"},
+                                        {"ratio", "float", "0.5", "a share", "(0, 1)"},
+                                        {"stride", "int", "5", "a count", "[2, 2^31]"},
+                                        {"score", "string", "accumulated", "a rule", "accumulated|oracle"},
+                                        {"window", "int", "min(32, budget / 2)", "a rule's default"}};
+  Params none;
+  ParamReader d(none, &decls);
+  CHECK(d.get_double("ratio") == 0.5);
+  CHECK(d.get_int("stride") == 5);
+  CHECK(d.get_string("score") == "accumulated");
+  CHECK_THROWS_WITH(d.get_budget("budget", 100), Contains("missing parameter 'budget'"));
+  CHECK_THROWS_WITH(d.get_int("window"), Contains("is a rule, not a value"));  // the factory computes it
+  CHECK(d.get_int("window", 7) == 7);
+  CHECK_THROWS_WITH(d.get_int("undeclared", 1), Contains("reads parameter 'undeclared', which it does not declare"));
+  Params bad;
+  bad.set("ratio", 1.0, "c.toml:2");
+  bad.set("stride", int64_t(1) << 32, "c.toml:3");
+  bad.set("score", std::string("oracel"), "c.toml:4");
+  ParamReader b(bad, &decls);
+  CHECK_THROWS_WITH(b.get_double("ratio"), Contains("parameter 'ratio' = 1 must be in (0, 1)") && Contains("c.toml:2"));
+  CHECK_THROWS_WITH(b.get_int("stride"), Contains("must be in [2, 2^31]") && Contains("c.toml:3"));
+  CHECK_THROWS_WITH(b.get_string("score"), Contains("must be one of accumulated,oracle, not \"oracel\""));
+  Params good;  // negative control: the bounds themselves pass
+  good.set("ratio", 0.999, "c.toml:2");
+  good.set("stride", int64_t(1) << 31, "c.toml:3");
+  good.set("score", std::string("oracle"), "c.toml:4");
+  ParamReader g(good, &decls);
+  CHECK(g.get_double("ratio") == 0.999);
+  CHECK(g.get_int("stride") == (int64_t(1) << 31));
+  CHECK(g.get_string("score") == "oracle");
+  // A real policy's declared range is checked when the config is read, naming the line.
+  const std::string cfg = "[data]\npath='/nonexistent/rec.h5'\n[[policy]]\nname='h2o'\nbudget=8\n";
+  CHECK_THROWS_WITH(parse_experiment(cfg + "heavy_ratio=1.5\n", "c.toml"),
+                    Contains("parameter 'heavy_ratio' = 1.5 must be in (0, 1)") && Contains("c.toml:6"));
+  CHECK_NOTHROW(parse_experiment(cfg + "heavy_ratio=0.25\n", "c.toml"));
+}
+
 TEST_CASE("config: a policy's names, keys and kinds are checked at load, its values once against the real stream", "[config]") {
   // At load, before any data is read (the recording does not exist): one line naming policy, key and line.
   const std::string head = "[data]\npath='/nonexistent/rec.h5'\n[[policy]]\n";

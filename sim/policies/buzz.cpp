@@ -152,30 +152,25 @@ class BuzzPolicy final : public Policy, public GpuReplayable {
   static const std::vector<int64_t>& history_of(const Policy& p) { return static_cast<const BuzzPolicy&>(p).history_; }
 };
 
-/// sink and stride as integers in [lo, 2^31] (larger ones would overflow Theorem 3.1's s² and the
-/// capacity sums; they are token counts, so 2^31 is far beyond any stream).
-int64_t token_count(ParamReader& p, const char* key, int64_t def, int64_t lo) {
-  const int64_t v = p.get_int(key, def);
-  if (v < lo || v > (int64_t(1) << 31))
-    throw Error(std::string("parameter '") + key + "' must be in [" + std::to_string(lo) + ", 2^31]" + p.where(key));
-  return v;
-}
+const std::vector<ParamInfo>& buzz_params();
 
+// sink and stride are integers up to 2^31 (declared ranges): larger ones would overflow Theorem 3.1's
+// s² and the capacity sums; they are token counts, so 2^31 is far beyond any stream.
 std::unique_ptr<Policy> make_buzz(ParamReader& p, const StreamInfo& s) {
-  const int64_t sink = token_count(p, "sink", 4, 0);
+  const int64_t sink = p.get_int("sink");
   const int64_t window = p.get_budget("window", s.n);
   const int64_t T = p.get_budget("threshold", s.n);
-  const int64_t stride = token_count(p, "stride", 5, 2);
+  const int64_t stride = p.get_int("stride");
   if (window < 1) throw Error("parameter 'window' must be ≥ 1" + p.where("window"));
   if (T < stride) throw Error("parameter 'threshold' must be ≥ stride" + p.where("threshold"));
-  return std::make_unique<BuzzPolicy>(sink, window, T, stride, p.get_bool("log_scale", false), s);
+  return std::make_unique<BuzzPolicy>(sink, window, T, stride, p.get_bool("log_scale"), s);
 }
 
 /// Capacity sink + window + T = M, with T/w at Theorem 3.1's value for the stride.
 void buzz_memory(int64_t M, const Params& given, Params& out, const std::string& where) {
-  ParamReader probe(given);  // typed reads with the usual errors
-  const int64_t sink = token_count(probe, "sink", 4, 0);
-  const int64_t s = token_count(probe, "stride", 5, 2);
+  ParamReader probe(given, &buzz_params());  // typed reads with the usual errors and the declared defaults
+  const int64_t sink = probe.get_int("sink");
+  const int64_t s = probe.get_int("stride");
   const double r = buzz_predicted_T_over_w(s);
   int64_t w = std::max<int64_t>(1, std::llround(double(M - sink) / (1 + r)));
   const int64_t T = std::max<int64_t>(s, M - sink - w);
@@ -192,6 +187,18 @@ void buzz_memory(int64_t M, const Params& given, Params& out, const std::string&
 
 const std::vector<int64_t>& buzz_body_history(const Policy& p) { return BuzzPolicy::history_of(p); }
 
+namespace {
+const std::vector<ParamInfo>& buzz_params() {
+  static const std::vector<ParamInfo> v{
+      {"sink", "int", "4", "attention-sink tokens kept from the start", "[0, 2^31]"},
+      {"window", "tokens", "required", "sliding window w of the most recent tokens"},
+      {"threshold", "tokens", "required", "body size T that triggers an eviction round (≥ stride)"},
+      {"stride", "int", "5", "segment length s of local max sampling", "[2, 2^31]"},
+      {"log_scale", "bool", "false", "scale logits by log₅₁₂ t (BUZZ §3.5)"}};
+  return v;
+}
+}  // namespace
+
 KVSIM_POLICY(buzz) {
   static const PolicyInfo info{
       "buzz",
@@ -199,11 +206,7 @@ KVSIM_POLICY(buzz) {
       "`threshold` T, new tokens keep the accumulated-score argmax of each segment of `stride` s, old tokens every "
       "ŝ = ⌊(s+1)/2⌋-th; `log_scale = true` multiplies logits by log₅₁₂ t",
       "BUZZ §3.3 Alg. 1–2, §3.5 Eq. 7–8, Thm. 3.1",
-      {{"sink", "int", "4", "attention-sink tokens kept from the start"},
-       {"window", "tokens", "required", "sliding window w of the most recent tokens"},
-       {"threshold", "tokens", "required", "body size T that triggers an eviction round (≥ stride)"},
-       {"stride", "int", "5", "segment length s of local max sampling (≥ 2)"},
-       {"log_scale", "bool", "false", "scale logits by log₅₁₂ t (BUZZ §3.5)"}},
+      buzz_params(),
       make_buzz,
       MemoryRule{"capacity: sink + window + threshold = M with T/w from Theorem 3.1 (Eq. 6) for the stride",
                  {"window", "threshold"},

@@ -176,17 +176,14 @@ std::unique_ptr<Policy> make_expected_attention(ParamReader& p, const StreamInfo
   ExpectedAttentionPolicy::Options o{};
   o.budget = p.get_budget("budget", s.n);
   if (o.budget < 1) throw Error("parameter 'budget' must be at least 1 token" + p.where("budget"));
-  o.n_future = p.get_int("n_future", 512);
-  if (o.n_future < 1) throw Error("parameter 'n_future' must be at least 1 position" + p.where("n_future"));
-  o.sink = p.get_int("sink", 4);
-  if (o.sink < 0) throw Error("parameter 'sink' must be ≥ 0" + p.where("sink"));
-  o.decode_window = p.get_int("decode_window", -1);
+  o.n_future = p.get_int("n_future");
+  o.sink = p.get_int("sink");
+  o.decode_window = p.get_int("decode_window");
   if (o.decode_window == 0 || o.decode_window < -1 || o.decode_window > o.budget)
     throw Error("parameter 'decode_window' must be -1 (append) or in [1, budget]" + p.where("decode_window"));
-  o.covariance = p.get_bool("covariance", true);
-  o.vnorm = p.get_bool("vnorm", true);
-  o.epsilon = p.get_double("epsilon", 0.0);
-  if (!(o.epsilon >= 0)) throw Error("parameter 'epsilon' must be ≥ 0" + p.where("epsilon"));
+  o.covariance = p.get_bool("covariance");
+  o.vnorm = p.get_bool("vnorm");
+  o.epsilon = p.get_double("epsilon");
   if (s.rope_applied && !(s.rope_theta > 0))
     throw Error("policy 'expected_attention' needs the recording's RoPE (attributes rope_theta and rope_pairs, written by "
                 "kvsim record and datasets/export_hf.py); this recording has post-RoPE queries without them");
@@ -204,11 +201,11 @@ KVSIM_POLICY(expected_attention) {
       "Needs [data] prefill",
       "Expected Attention (Devoto et al., 2025, arXiv:2510.00636), as kvpress's ExpectedAttentionPress scores it",
       {{"budget", "tokens", "required", "tokens kept from the prompt, B (≥ 1); with decode_window the cache size"},
-       {"n_future", "int", "512", "future positions whose RoPE is averaged (n_future_positions)"},
-       {"sink", "int", "4", "first tokens always kept and left out of the query statistics (n_sink)"},
+       {"n_future", "int", "512", "future positions whose RoPE is averaged (n_future_positions)", "[1, inf)"},
+       {"sink", "int", "4", "first tokens always kept and left out of the query statistics (n_sink)", "[0, inf)"},
        {"covariance", "bool", "true", "add the query covariance term kᵀΣ'k/(2d) (use_covariance)"},
        {"vnorm", "bool", "true", "multiply the scores by ‖v‖ (use_vnorm)"},
-       {"epsilon", "float", "0", "added to the scores before the ‖v‖ factor"},
+       {"epsilon", "float", "0", "added to the scores before the ‖v‖ factor", "[0, inf)"},
        {"decode_window", "int", "-1", "-1: decoded tokens are appended; D in [1, budget]: the D newest decoded tokens "
                                       "replace the lowest-scored prompt tokens, so the cache never exceeds B"}},
       make_expected_attention,

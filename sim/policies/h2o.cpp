@@ -63,13 +63,10 @@ class H2OPolicy final : public ScorerPolicy, public GlobalScoresOracle, public G
 
 std::unique_ptr<Policy> make_h2o(ParamReader& p, const StreamInfo& s) {
   const int64_t b = p.get_budget("budget", s.n);
-  const double heavy = p.get_double("heavy_ratio", 0.5);
-  if (!(heavy > 0 && heavy < 1)) throw Error("parameter 'heavy_ratio' must be in (0, 1)" + p.where("heavy_ratio"));
+  const double heavy = p.get_double("heavy_ratio");
   if (b < 2) throw Error("parameter 'budget' must be at least 2 tokens (heavy + recent)" + p.where("budget"));
   const int64_t heavy_tokens = std::clamp<int64_t>(std::llround(heavy * double(b)), 1, b - 1);
-  const std::string score = p.get_string("score", "accumulated");
-  if (score != "accumulated" && score != "oracle")
-    throw Error("parameter 'score' must be \"accumulated\" (local H2) or \"oracle\" (global H2)" + p.where("score"));
+  const std::string score = p.get_string("score");  // accumulated (local H2) or oracle (global H2)
   return std::make_unique<H2OPolicy>(b, b - heavy_tokens, score == "oracle", s);
 }
 
@@ -84,8 +81,9 @@ KVSIM_POLICY(h2o) {
       "future included (\"global\" heavy hitters, not causal)",
       "H2O §4.1 Alg. 1, Def. 2.1, Fig. 2",
       {{"budget", "tokens", "required", "cache size B = heavy + recent tokens (≥ 2)"},
-       {"heavy_ratio", "float", "0.5", "fraction of B for heavy hitters, in (0, 1); the rest protects recent tokens"},
-       {"score", "string", "accumulated", "\"accumulated\" (local, causal) or \"oracle\" (global, non-causal)"}},
+       {"heavy_ratio", "float", "0.5", "fraction of B for heavy hitters; the rest protects recent tokens", "(0, 1)"},
+       {"score", "string", "accumulated", "\"accumulated\" (local, causal) or \"oracle\" (global, non-causal)",
+        "accumulated|oracle"}},
       make_h2o,
       budget_memory_rule(),
       "yes (score = \"accumulated\")",

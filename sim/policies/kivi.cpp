@@ -109,14 +109,13 @@ class KiviPolicy final : public Policy {
 
 std::unique_ptr<Policy> make_kivi(ParamReader& p, const StreamInfo& s) {
   KiviShape sh;
-  sh.bits = int(p.get_int("bits", 2));
+  sh.bits = int(p.get_int("bits"));
   if (sh.bits != 2 && sh.bits != 4 && sh.bits != 8) throw Error("parameter 'bits' must be 2, 4 or 8" + p.where("bits"));
-  const int64_t g = p.get_int("group", 32);
-  if (g < 1 || g > 4096) throw Error("parameter 'group' must be in [1, 4096] tokens" + p.where("group"));
+  const int64_t g = p.get_int("group");
   sh.group = int(g);
   sh.d = std::max(s.head_dim, 1);
-  const int64_t memory = p.get_int("memory_tokens", -1);
-  sh.residual = p.get_budget("residual", s.n, 128);
+  const int64_t memory = p.get_int("memory_tokens");
+  sh.residual = p.get_budget("residual", s.n);
   if (sh.quantized_token_bytes() >= 8.0 * sh.d)
     throw Error("kivi: group " + std::to_string(g) + " is too small: a quantized token's codes, scales and zero points "
                 "would take more bytes than the float32 token" + p.where("group"));
@@ -151,7 +150,7 @@ KVSIM_POLICY(kivi) {
       "with dequantized keys and values",
       "KIVI (Liu et al., 2024) §3.2-3.3, Alg. 1",
       {{"bits", "int", "2", "code width: 2, 4 or 8"},
-       {"group", "int", "32", "G: tokens per key group and channels per value group"},
+       {"group", "int", "32", "G: tokens per key group and channels per value group", "[1, 4096]"},
        {"residual", "tokens", "128", "R: the newest tokens kept in full precision"},
        {"memory_tokens", "int", "-1", "set by memory = M: R is sized so the cache stays within M tokens of float32 K+V"}},
       make_kivi,

@@ -32,8 +32,7 @@ class KnormPolicy final : public ScorerPolicy {
 
 std::unique_ptr<Policy> make_knorm(ParamReader& p, const StreamInfo& s) {
   const int64_t b = p.get_budget("budget", s.n);
-  const double r = p.get_double("recent_ratio", 0.0);
-  if (!(r >= 0 && r < 1)) throw Error("parameter 'recent_ratio' must be in [0, 1)" + p.where("recent_ratio"));
+  const double r = p.get_double("recent_ratio");
   return std::make_unique<KnormPolicy>(b, std::min<int64_t>(std::llround(r * double(b)), b - 1), s);
 }
 
@@ -46,7 +45,7 @@ KVSIM_POLICY(knorm) {
       "newest is evicted before token t joins (no attention needed)",
       "Devoto et al., 2024 (L2 norm) §3",
       {{"budget", "tokens", "required", "cache size B (≥ 1)"},
-       {"recent_ratio", "float", "0", "fraction of B kept as a window of the newest tokens, in [0, 1)"}},
+       {"recent_ratio", "float", "0", "fraction of B kept as a window of the newest tokens", "[0, 1)"}},
       make_knorm,
       budget_memory_rule(),
       "no",

@@ -136,9 +136,7 @@ class LagKVPolicy final : public Policy, public PromptCompressor {
 std::unique_ptr<Policy> make_lagkv(ParamReader& p, const StreamInfo& s) {
   const int64_t b = p.get_budget("budget", s.n);
   if (b < 1) throw Error("parameter 'budget' must be at least 1 token" + p.where("budget"));
-  const int64_t sink = p.get_int("sink", 4), lag = p.get_int("lag", 128);
-  if (sink < 0) throw Error("parameter 'sink' must be ≥ 0" + p.where("sink"));
-  if (lag < 2) throw Error("parameter 'lag' must be at least 2 tokens" + p.where("lag"));
+  const int64_t sink = p.get_int("sink"), lag = p.get_int("lag");
   const int64_t interval = p.get_int("interval", std::min(lag, b));
   if (interval < 1 || interval > b)
     throw Error("parameter 'interval' must be in [1, budget = " + std::to_string(b) + "]" + p.where("interval"));
@@ -155,8 +153,8 @@ KVSIM_POLICY(lagkv) {
       "is one sequence (kvpress's LagKVPress), then a full cache is rescored every `interval` tokens",
       "LagKV (Liang et al., 2025, arXiv:2504.04704), as kvpress's LagKVPress scores it",
       {{"budget", "tokens", "required", "cache size B (≥ 1)"},
-       {"sink", "int", "4", "first tokens always kept (n_sink)"},
-       {"lag", "int", "128", "partition size L (lag_size, ≥ 2)"},
+       {"sink", "int", "4", "first tokens always kept (n_sink)", "[0, inf)"},
+       {"lag", "int", "128", "partition size L (lag_size)", "[2, inf)"},
        {"interval", "int", "min(lag, budget)", "decoding: tokens between rescorings of a full cache (1..budget)"}},
       make_lagkv,
       MemoryRule{"budget = M (capacity: at most M tokens; a full cache drops `interval` tokens at a time)", {"budget"},

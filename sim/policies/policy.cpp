@@ -134,6 +134,10 @@ void check_spec(const PolicyInfo& info, const Params& params) {
       throw Error("parameter '" + key + "' must be " + want + params.where(key));
     }
     if (kind == "tokens") ParamReader(params).get_budget(key, 0);  // ≥ 0 tokens, or a fraction in (0, 1]
+    ParamReader declared(params, &info.params);  // the declared range, now rather than when the stream is read
+    if (kind == "int") declared.get_int(key, 0);
+    if (kind == "float") declared.get_double(key, 0.0);
+    if (kind == "string") declared.get_string(key, "");
   }
   if (!memory)  // `memory` supplies the sizes its rule derives
     for (const auto& p : info.params)
@@ -177,7 +181,7 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const Params& given
   std::unique_ptr<Policy> p;
   try {
     const Params params = translate_memory(info, given, stream);
-    ParamReader reader(params);
+    ParamReader reader(params, &info.params);  // the declared defaults and ranges
     p = info.make(reader, stream);
     reader.check_all_used("policy '" + name + "'");
   } catch (const Error& e) {

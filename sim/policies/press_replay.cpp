@@ -49,8 +49,8 @@ std::string dataset_of(int layer, int kv_head) {
 }
 
 std::unique_ptr<Policy> make_press_replay(ParamReader& p, const StreamInfo& s) {
-  const std::string path = p.get_string("file", "");
-  if (path.empty()) throw Error("parameter 'file' (a press's kept sets, written by kvsim.kvpress.save) is required");
+  const std::string path = p.get_string("file");  // required: a missing one is refused by name
+  if (path.empty()) throw Error("parameter 'file' (a press's kept sets, written by kvsim.kvpress.save) is empty");
   if (s.prefill <= 0) throw Error("needs a prompt: set [data] prefill = P, the prompt the press compressed");
   const h5::File f = h5::File::open_read(path);
   if (!f.has_attr("kvsim_press") || f.attr_int("kvsim_press") != 1)

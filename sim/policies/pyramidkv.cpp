@@ -56,12 +56,11 @@ namespace {
 
 std::unique_ptr<Policy> make_pyramidkv(ParamReader& p, const StreamInfo& s) {
   const int64_t budget = p.get_budget("budget", s.n);
-  const double beta = p.get_double("beta", 20.0);
-  if (!(beta >= 1)) throw Error("parameter 'beta' must be ≥ 1 (top layer keeps (budget − window)/beta)" + p.where("beta"));
+  const double beta = p.get_double("beta");  // ≥ 1: the top layer keeps (budget − window)/beta
   const int64_t window = snapkv_window(p, budget);  // the mean budget's window, shared by every layer
   if (budget < 2 || window < 1 || window > budget)
     return make_snapkv_like("pyramidkv", p, s, budget, 1.0, window);  // reports the bad parameter
-  const std::string rule = p.get_string("budgets", "paper");
+  const std::string rule = p.get_string("budgets");
   // The paper's pyramid runs over the layers whose caches are compressed (a hybrid model's global
   // layers; StreamInfo::managed_rank); "kvpress" numbers every layer of the model, as PyramidKVPress does
   // with module.layer_idx over num_hidden_layers.
@@ -69,8 +68,6 @@ std::unique_ptr<Policy> make_pyramidkv(ParamReader& p, const StreamInfo& s) {
   const int count = rule == "kvpress" ? s.n_layers : s.managed_count();
   if (rank < 0 || rank >= std::max(count, 1))
     throw Error("layer " + std::to_string(rank) + " outside the model's " + std::to_string(count) + " compressed layers");
-  if (rule != "paper" && rule != "kvpress")
-    throw Error("parameter 'budgets' must be \"paper\" or \"kvpress\"" + p.where("budgets"));
   if (rule == "kvpress" && s.prefill <= 0)
     throw Error("budgets = \"kvpress\" sizes the layers from the prompt: set [data] prefill = P" + p.where("budgets"));
   const int64_t b = rule == "paper" ? pyramidkv_layer_budgets(budget, window, beta, count)[size_t(rank)]
@@ -83,11 +80,12 @@ std::unique_ptr<Policy> make_pyramidkv(ParamReader& p, const StreamInfo& s) {
 
 std::vector<ParamInfo> params() {
   std::vector<ParamInfo> v{{"budget", "tokens", "required", "mean tokens per layer B (≥ 2); layer l keeps B_l"},
-                           {"beta", "float", "20", "β: the top layer selects (B − window)/β prompt tokens"},
+                           {"beta", "float", "20", "β: the top layer selects (B − window)/β prompt tokens", "[1, inf)"},
                            {"budgets", "string", "paper",
                             "\"paper\": B_l = window + the arithmetic selected part (KVCache-Factory); \"kvpress\": kvpress's "
                             "PyramidKVPress rule (B_l arithmetic with mean B, window inside, capped at P − window; SnapKV's B "
-                            "when that leaves a layer below the window)"}};
+                            "when that leaves a layer below the window)",
+                            "paper|kvpress"}};
   for (auto& q : snapkv_params()) v.push_back(q);
   return v;
 }

@@ -112,8 +112,7 @@ class QuestPolicy final : public Policy, public PartialLoad {
 };
 
 std::unique_ptr<Policy> make_quest(ParamReader& p, const StreamInfo& s) {
-  const int64_t page = p.get_int("page_size", 16);
-  if (page < 1 || page > 4096) throw Error("parameter 'page_size' must be in [1, 4096]" + p.where("page_size"));
+  const int64_t page = p.get_int("page_size");
   const bool by_memory = p.has("memory_tokens");
   if (by_memory == p.has("budget")) throw Error("give 'budget' (tokens loaded per query) or 'memory'");
   if (by_memory) {
@@ -140,7 +139,7 @@ KVSIM_POLICY(quest) {
       "them exactly. loaded_bytes counts the metadata and loaded pages",
       "Quest (Tang et al., 2024) §3.2-3.3",
       {{"budget", "tokens", "required", "tokens loaded per query B (≥ page_size): ⌊B/page_size⌋ pages incl. the current one"},
-       {"page_size", "int", "16", "tokens per page S"},
+       {"page_size", "int", "16", "tokens per page S", "[1, 4096]"},
        {"memory_tokens", "int", "none", "set by `memory = M` (loaded-bytes matching); not given directly"}},
       make_quest,
       MemoryRule{"matched on loaded_bytes (capacity): page metadata + loaded tokens ≤ M tokens' worth per query; "

@@ -68,18 +68,16 @@ const PolicyInfo& policy_info(const std::string& name) {
   throw Error("unknown policy '" + name + "' (known: " + known + ")");
 }
 
-std::optional<ParamValue> literal_default(const ParamInfo& p) {
-  const std::string& d = p.default_value;
-  if (d.empty() || d.find(' ') != std::string::npos || d == "required" || d == "none") return std::nullopt;
-  if (p.kind == "string") return ParamValue(d);
-  if (p.kind == "bool" && (d == "true" || d == "false")) return ParamValue(d == "true");
-  if (p.kind == "int" && d.find_first_not_of("-0123456789") == std::string::npos) return ParamValue(int64_t(std::stoll(d)));
-  if (p.kind == "float" && d.find_first_not_of("-0123456789.e") == std::string::npos) return ParamValue(std::stod(d));
-  return std::nullopt;
-}
 
 namespace {
 std::string memory_doc(const PolicyInfo& p) { return p.memory ? p.memory->doc : "refused (keeps the whole stream)"; }
+/// A declared range as the docs write it: an interval as declared, choices as "a, b".
+std::string range_text(const ParamInfo& q) {
+  if (q.kind != "string") return q.range;
+  std::string out;
+  for (char c : q.range) out += c == '|' ? std::string(", ") : std::string(1, c);
+  return "{" + out + "}";
+}
 }  // namespace
 
 std::string policies_text() {
@@ -88,7 +86,8 @@ std::string policies_text() {
     o << p->name << "  —  " << p->source << "\n  " << p->summary << "\n";
     if (p->params.empty()) o << "  parameters: none\n";
     for (const auto& q : p->params)
-      o << "  " << q.name << " (" << q.kind << ", default " << q.default_value << "): " << q.doc << "\n";
+      o << "  " << q.name << " (" << q.kind << ", default " << q.default_value << "): " << q.doc
+        << (q.range.empty() ? "" : "; in " + range_text(q)) << "\n";
     o << "  memory = M: " << memory_doc(*p) << "\n  GPU replay: " << p->gpu << "\n\n";
   }
   o << "Every policy also accepts `memory` (tokens, or a fraction of n) where it has a memory rule.\n";
@@ -113,7 +112,7 @@ std::string policies_markdown() {
     std::string params;
     for (const auto& q : p->params)
       params += (params.empty() ? "" : "<br>") + std::string("`") + q.name + "` " + q.kind + " (" + q.default_value +
-                "): " + q.doc;
+                "): " + q.doc + (q.range.empty() ? "" : "; in " + range_text(q));
     if (params.empty()) params = "—";
     o << "| `" << p->name << "` | " << cell(p->summary) << " | " << cell(params) << " | " << cell(memory_doc(*p))
       << " | " << cell(p->gpu) << " | " << cell(p->source) << " |\n";

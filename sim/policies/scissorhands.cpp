@@ -49,10 +49,8 @@ class ScissorhandsPolicy final : public ScorerPolicy {
 
 std::unique_ptr<Policy> make_scissorhands(ParamReader& p, const StreamInfo& s) {
   const int64_t b = p.get_budget("budget", s.n);
-  const double r = p.get_double("recent_ratio", 0.1);
-  if (!(r >= 0 && r < 1)) throw Error("parameter 'recent_ratio' must be in [0, 1)" + p.where("recent_ratio"));
-  const int64_t history = p.get_int("history", 32);
-  if (history < 1 || history > 64) throw Error("parameter 'history' must be in [1, 64] queries" + p.where("history"));
+  const double r = p.get_double("recent_ratio");
+  const int64_t history = p.get_int("history");
   return std::make_unique<ScissorhandsPolicy>(b, std::min<int64_t>(std::llround(r * double(b)), b - 1), int(history), s);
 }
 
@@ -65,8 +63,8 @@ KVSIM_POLICY(scissorhands) {
       "often over the last `history` queries, outside the `recent_ratio · B` newest",
       "Scissorhands (Liu et al., 2023) §4, Alg. 2",
       {{"budget", "tokens", "required", "cache size B (≥ 1)"},
-       {"history", "int", "32", "history window: how many recent queries count, in [1, 64]"},
-       {"recent_ratio", "float", "0.1", "fraction of B kept as a window of the newest tokens, in [0, 1)"}},
+       {"history", "int", "32", "history window: how many recent queries count", "[1, 64]"},
+       {"recent_ratio", "float", "0.1", "fraction of B kept as a window of the newest tokens", "[0, 1)"}},
       make_scissorhands,
       budget_memory_rule(),
       "no",

@@ -159,11 +159,10 @@ inline std::unique_ptr<Policy> make_snapkv_like(const std::string& name, ParamRe
   if (budget < 2) throw Error("parameter 'budget' must be at least 2 tokens (a window and one selected token)" + p.where("budget"));
   if (window < 1 || window > budget)
     throw Error("parameter 'window' must be in [1, budget] (budget " + std::to_string(budget) + ")" + p.where("window"));
-  const int64_t kernel = p.get_int("kernel", 7);
-  if (kernel < 1 || kernel % 2 == 0 || kernel > 257) throw Error("parameter 'kernel' must be odd, in [1, 257]" + p.where("kernel"));
-  const std::string pooling = p.get_string("pooling", "max");
-  if (pooling != "max" && pooling != "avg") throw Error("parameter 'pooling' must be \"max\" or \"avg\"" + p.where("pooling"));
-  const int64_t D0 = p.get_int("decode_window", -1);
+  const int64_t kernel = p.get_int("kernel");
+  if (kernel % 2 == 0) throw Error("parameter 'kernel' must be odd, in [1, 257]" + p.where("kernel"));
+  const std::string pooling = p.get_string("pooling");
+  const int64_t D0 = p.get_int("decode_window");
   const int64_t D = D0 > 0 ? std::max<int64_t>(1, std::llround(double(D0) * share)) : D0;
   if (D != -1 && (D < 1 || D > budget))
     throw Error("parameter 'decode_window' must be -1 (keep every decoded token) or in [1, budget]" + p.where("decode_window"));
@@ -173,8 +172,8 @@ inline std::unique_ptr<Policy> make_snapkv_like(const std::string& name, ParamRe
 /// The parameter table snapkv and pyramidkv share (after their budget).
 inline std::vector<ParamInfo> snapkv_params() {
   return {{"window", "int", "min(32, ⌊budget/2⌋)", "observation window w: the last w prompt queries vote; its tokens are kept"},
-          {"kernel", "int", "7", "pooling kernel size (odd)"},
-          {"pooling", "string", "max", "\"max\" (max_pool1d) or \"avg\" (avg_pool1d) over positions"},
+          {"kernel", "int", "7", "pooling kernel size (odd)", "[1, 257]"},
+          {"pooling", "string", "max", "\"max\" (max_pool1d) or \"avg\" (avg_pool1d) over positions", "max|avg"},
           {"decode_window", "int", "-1", "-1: keep every decoded token (the paper); D ≥ 1: never above budget, the D newest "
                                          "decoded tokens replace the window and then the lowest-scored prompt tokens"}};
 }

@@ -45,9 +45,8 @@ class SubGenPolicy final : public Policy, public GpuReplayable {
 
 std::unique_ptr<Policy> make_subgen(ParamReader& p, const StreamInfo& s) {
   SubGenConfig c;
-  c.sample_by_key = p.get_bool("sample_by_key", false);
-  c.max_clusters = p.get_int("max_clusters", 0);
-  if (c.max_clusters < 0) throw Error("parameter 'max_clusters' must be ≥ 0 (0 = no cap, Algorithm 1 as published)" + p.where("max_clusters"));
+  c.sample_by_key = p.get_bool("sample_by_key");
+  c.max_clusters = p.get_int("max_clusters");  // ≥ 0; 0 = no cap, Algorithm 1 as published
   // With a cluster cap δ adapts (doubling), so it may start at 0: every distinct key opens a cluster
   // until the cap, then δ starts from half the closest pair of representatives.
   c.delta = p.get_double("delta", c.max_clusters > 0 ? 0.0 : -1.0);
@@ -59,7 +58,7 @@ std::unique_ptr<Policy> make_subgen(ParamReader& p, const StreamInfo& s) {
     double eps = p.get_double("eps", 0);
     double r = p.get_double("r", -1);
     if (!(r >= 0)) throw Error("parameter 'r' (bound on the scaled query norm) is required with 'eps'" + p.where("eps"));
-    double c_s = p.get_double("c_s", kSubGenCs), c_t = p.get_double("c_t", kSubGenCt);
+    double c_s = p.get_double("c_s"), c_t = p.get_double("c_t");
     if (p.has("s") || p.has("t")) throw Error("give either 'eps' (Theorem 1 mode) or 's' and 't', not both" + p.where("eps"));
     c.s = theorem1_s(eps, s.head_dim, c_s);
     c.t = theorem1_t(eps, c.delta, r, s.n, c_t);
@@ -117,7 +116,8 @@ KVSIM_POLICY(subgen) {
        {"r", "float", "none", "Theorem 1 mode: bound on the scaled query norm"},
        {"c_s", "float", "32", "Theorem 1 mode: constant of s"},
        {"c_t", "float", "0.05", "Theorem 1 mode: constant of t"},
-       {"max_clusters", "int", "0", "kvsim's fixed-memory variant: cluster cap (δ doubles and clusters merge); 0 = as published"},
+       {"max_clusters", "int", "0", "kvsim's fixed-memory variant: cluster cap (δ doubles and clusters merge); 0 = as published",
+        "[0, inf)"},
        {"sample_by_key", "bool", "false", "negative control for Lemma 1: sample M ∝ ‖k‖² (never for results)"}},
       make_subgen,
       MemoryRule{"capacity: s = ⌊M/2⌋ matrix-product samples and at most ⌊M/(1+t)⌋ clusters (t default 3)",

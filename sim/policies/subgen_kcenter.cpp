@@ -240,9 +240,7 @@ std::unique_ptr<Policy> make_subgen_kcenter(ParamReader& p, const StreamInfo& s)
   const int64_t recent = p.get_budget("recent", s.n);
   const int64_t centers = p.get_budget("centers", s.n);
   if (recent < 1) throw Error("parameter 'recent' must be at least 1 token" + p.where("recent"));
-  const std::string mode = p.get_string("mode", "prefill");
-  if (mode != "prefill" && mode != "streaming")
-    throw Error("parameter 'mode' must be \"prefill\" or \"streaming\"" + p.where("mode"));
+  const std::string mode = p.get_string("mode");
   // Prefill point: the stream's prompt ([data] prefill = P: the centers are chosen from the prompt,
   // at the end of kvsim::prefill), else when the stream first holds recent + 4·centers tokens (so the
   // clustering has old tokens to choose from); a fraction of n or a token count otherwise.
@@ -253,7 +251,7 @@ std::unique_ptr<Policy> make_subgen_kcenter(ParamReader& p, const StreamInfo& s)
     throw Error("parameter 'prefill' (" + std::to_string(prefill) + ") differs from [data] prefill (" +
                 std::to_string(s.prefill) + "); leave it out to cluster the prompt" + p.where("prefill"));
   return std::make_unique<KCenterPolicy>(s.head_dim, recent, centers, prefill, mode == "streaming",
-                                         p.get_bool("weighted", false));
+                                         p.get_bool("weighted"));
 }
 
 /// recent + centers = M (streaming mode unless `mode` is given).
@@ -276,7 +274,7 @@ KVSIM_POLICY(subgen_kcenter) {
       "SubGen §3.2, refs [3], [8]",
       {{"recent", "tokens", "required", "most recent tokens kept exactly (≥ 1)"},
        {"centers", "tokens", "required", "k-center centers of the older keys"},
-       {"mode", "string", "prefill", "\"prefill\" (cluster once) or \"streaming\" (doubling algorithm)"},
+       {"mode", "string", "prefill", "\"prefill\" (cluster once) or \"streaming\" (doubling algorithm)", "prefill|streaming"},
        {"prefill", "tokens", "[data] prefill, else recent + 4·centers", "prefill mode: the step at which the centers are chosen"},
        {"weighted", "bool", "false", "add log(cluster size) to each center's logit"}},
       make_subgen_kcenter,

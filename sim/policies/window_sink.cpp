@@ -52,8 +52,7 @@ std::unique_ptr<Policy> make_window(ParamReader& p, const StreamInfo& s) {
 
 std::unique_ptr<Policy> make_sink(ParamReader& p, const StreamInfo& s) {
   int64_t b = p.get_budget("budget", s.n);
-  int64_t sink = p.get_int("sink", 4);
-  if (sink < 0) throw Error("parameter 'sink' must be ≥ 0" + p.where("sink"));
+  int64_t sink = p.get_int("sink");
   if (b <= sink)
     throw Error("budget (" + std::to_string(b) + " tokens) must exceed 'sink' (" + std::to_string(sink) +
                 ") to leave room for a window" + p.where("budget"));
@@ -80,7 +79,7 @@ KVSIM_POLICY(sink) {
   static const PolicyInfo info{"sink",
                                "the first `sink` tokens plus the most recent `budget − sink` (StreamingLLM)",
                                "StreamingLLM; BUZZ §2; SubGen §3.2",
-                               {{"budget", "tokens", "required", "cache size B: tokens, or a fraction of n"}, {"sink", "int", "4", "attention-sink tokens kept from the start"}},
+                               {{"budget", "tokens", "required", "cache size B: tokens, or a fraction of n"}, {"sink", "int", "4", "attention-sink tokens kept from the start", "[0, inf)"}},
                                make_sink,
                                budget_memory_rule(),
                                "yes",

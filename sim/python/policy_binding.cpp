@@ -197,6 +197,7 @@ void register_python_policy(const std::string& name, py::object cls, const std::
     d.info.name = t[0].cast<std::string>();
     d.info.kind = t[1].cast<std::string>();
     d.info.doc = t[3].cast<std::string>();
+    if (t.size() > 4) d.info.range = t[4].cast<std::string>();
     const std::string where = "kvsim.register_policy('" + name + "'): parameter '" + d.info.name + "'";
     const std::vector<std::string> kinds{"tokens", "int", "float", "bool", "string"};
     if (std::find(kinds.begin(), kinds.end(), d.info.kind) == kinds.end())

@@ -219,6 +219,7 @@ py::list policy_list() {
       pd["kind"] = q.kind;
       pd["default"] = q.default_value;
       pd["doc"] = q.doc;
+      pd["range"] = q.range;
       params.append(pd);
     }
     py::dict d;

@@ -59,7 +59,7 @@ def test_results_are_identical_at_any_thread_count(reference_policies):
 class Broken(kvsim.Policy):
     """A policy that fails in a configurable way."""
 
-    params = {"mode": kvsim.Param("string", "raise", "how to fail"),
+    params = {"mode": kvsim.Param("string", "raise", "how to fail", "raise|shape|kept|twice|hoard|fine"),
               "budget": kvsim.Param("tokens", 8, "tokens kept")}
     memory = "budget"
 
@@ -112,6 +112,12 @@ def test_parameters_are_checked_like_builtins():
     info = {p["name"]: p for p in kvsim.policies()}["broken"]
     assert info["summary"] == "A policy that fails in a configurable way." and info["gpu"].startswith("no")
     assert [(q["name"], q["default"]) for q in info["params"]] == [("mode", "raise"), ("budget", "8")]
+    # The declared range is checked as for the built-ins (and shown by kvsim.policies()).
+    assert info["params"][0]["range"] == "raise|shape|kept|twice|hoard|fine"
+    with pytest.raises(kvsim.Error, match="parameter 'mode' must be one of raise,shape"):
+        kvsim.run(synthetic("kv_head", [{"name": "broken", "mode": "rais"}], n=40))
+    h2o = {p["name"]: p for p in kvsim.policies()}["h2o"]
+    assert {q["name"]: q["range"] for q in h2o["params"]}["heavy_ratio"] == "(0, 1)"
 
 
 def test_registration_is_checked():

@@ -18,17 +18,9 @@
 
 namespace kvsim {
 
-/// One parameter of a policy.
-struct ParamInfo {
-  std::string name;
-  /// "tokens" (an integer count, or a float in (0, 1] = fraction of n), "int", "float", "bool", "string".
-  std::string kind;
-  /// The default as the factory applies it when the key is absent ("4", "false", "accumulated");
-  /// "required"; or a rule ("recent + 4·centers") when it depends on other parameters.
-  /// tests/test_registry.cpp checks fixed defaults against what the factory actually uses.
-  std::string default_value;
-  std::string doc;  ///< meaning and unit
-};
+/// One parameter of a policy: its declaration (include/kvsim/core/params.hpp), the one place its
+/// type, default, doc and range live.
+using ParamInfo = ParamDecl;
 
 /// Equal-memory matching (docs/policies.md): how `memory = M` tokens sizes the policy. `refuses` are the
 /// parameters `memory` replaces (giving one of them together with it is an error); `apply` adds the
@@ -80,11 +72,6 @@ struct PolicyInfo {
 namespace policies {
 using PolicyInfoFn = const PolicyInfo& (*)();
 }
-
-/// A documented default that is a literal of the parameter's kind ("4", "0.5", "false",
-/// "accumulated") as a value; nullopt for "required", "none" and rules such as "recent + 4·centers".
-/// The registry test compares these with the factories' defaults; the resolved config writes them.
-std::optional<ParamValue> literal_default(const ParamInfo& p);
 
 /// Every registered policy, in registration order: the built-in ones, then those added by
 /// register_policy. Not to be iterated while another thread registers (the Python API registers

@@ -13,10 +13,12 @@ class Param:
       policy receives tokens as an int, clamped to n), "int", "float", "bool" or "string".
     default: None = required (a config without it is refused); else a value of that kind.
     doc: meaning and unit, shown by kvsim.policies().
+    range: the values allowed, checked on a given value as for the built-in policies: an interval
+      for numbers ("(0, 1)", "[1, 64]", "[0, inf)"), the choices for strings ("max|avg"); "" = any.
     """
 
-    def __init__(self, kind, default=None, doc=""):
-        self.kind, self.default, self.doc = kind, default, doc
+    def __init__(self, kind, default=None, doc="", range=""):
+        self.kind, self.default, self.doc, self.range = kind, default, doc, range
 
 
 class Answer:
@@ -99,7 +101,7 @@ def register_policy(name, cls):
         if not isinstance(p, Param):
             raise _kvsim.Error(f"kvsim.register_policy('{name}'): params['{pname}'] must be a kvsim.Param")
         default = p.default.item() if isinstance(p.default, np.generic) else p.default
-        params.append((str(pname), str(p.kind), default, str(p.doc)))
+        params.append((str(pname), str(p.kind), default, str(p.doc), str(p.range)))
     doc = inspect.getdoc(cls) or ""
     summary = doc.split("\n\n")[0].replace("\n", " ") if doc else f"Python policy {cls.__qualname__}"
     source = cls.source or f"Python: {cls.__module__}.{cls.__qualname__}"
