@@ -2,7 +2,13 @@
 // [[policy]] entries are checked once at load (names, keys, kinds) and once against the real stream.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
+
+#include "kvsim/analysis/clustering.hpp"
+#include "kvsim/cli/closed_loop.hpp"
 #include "kvsim/cli/config.hpp"
+#include "kvsim/cli/task.hpp"
 #include "kvsim/core/params.hpp"
 #include "kvsim/policies/policy.hpp"
 #include "kvsim/replay/engine.hpp"
@@ -99,3 +105,27 @@ TEST_CASE("config: a policy's names, keys and kinds are checked at load, its val
   CHECK_THROWS_WITH(run_experiment(short_run, *src, 1), Contains("'threshold' must be ≥ stride") && Contains("c.toml:12"));
 }
 
+
+TEST_CASE("config: every shipped config in experiments/ loads with the loader of its kind", "[config]") {
+  namespace fs = std::filesystem;
+  int loaded = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(KVSIM_SOURCE_DIR) / "experiments")) {
+    if (e.path().extension() != ".toml") continue;
+    const std::string path = e.path().string();
+    std::ifstream in(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto has = [&](const char* table) { return text.find(std::string("\n") + table) != std::string::npos || text.rfind(table, 0) == 0; };
+    INFO(path);
+    if (has("[task]")) CHECK_NOTHROW(load_task(path));
+    else if (has("[clusters]") || (has("[data]") && !has("[[policy]]"))) CHECK_NOTHROW(load_cluster_study(path));
+    else if (has("[model]")) CHECK_NOTHROW(load_closed_loop(path));
+    else CHECK_NOTHROW(load_experiment(path));
+    ++loaded;
+  }
+  CHECK(loaded >= 30);
+  // Negative control: a key the parser does not read is refused (every table's keys are those its code reads).
+  CHECK_THROWS_WITH(parse_experiment("[data]\nsynthetic='gaussian'\nclusterc=2\n[[policy]]\nname='window'\nbudget=8\n", "c.toml"),
+                    Contains("unknown key 'clusterc' in [data]") && Contains("cluster_c"));
+  CHECK_THROWS_WITH(parse_experiment("[data]\npath='r.h5'\ncluster_c=2\n[[policy]]\nname='window'\nbudget=8\n", "c.toml"),
+                    Contains("data.cluster_c only applies to synthetic data"));
+}

@@ -166,6 +166,52 @@ std::vector<std::string> get_string_list(const TV& t, const std::string& key, co
   return out;
 }
 
+Table::Table(const TV& v, std::string prefix, std::string where) : v_(v), prefix_(std::move(prefix)), where_(std::move(where)) {
+  if (!v_.is_table()) fail_at(v_, where_ + " must be a table");
+}
+const TV& Table::at(const std::string& key) {
+  read_.insert(key);
+  return v_.at(key);
+}
+void Table::read(std::initializer_list<const char*> keys) {
+  for (const char* k : keys) read_.insert(k);
+}
+int64_t Table::get_int(const std::string& key, int64_t def) {
+  read_.insert(key);
+  return config_detail::get_int(v_, key, def, prefix_);
+}
+int Table::get_int32(const std::string& key, int def) {
+  read_.insert(key);
+  return config_detail::get_int32(v_, key, def, prefix_);
+}
+double Table::get_double(const std::string& key, double def) {
+  read_.insert(key);
+  return config_detail::get_double(v_, key, def, prefix_);
+}
+std::string Table::get_string(const std::string& key, const std::string& def) {
+  read_.insert(key);
+  return config_detail::get_string(v_, key, def, prefix_);
+}
+bool Table::get_bool(const std::string& key, bool def) {
+  read_.insert(key);
+  if (!v_.contains(key)) return def;
+  if (!v_.at(key).is_boolean()) fail_at(v_.at(key), prefix_ + key + " must be true or false");
+  return v_.at(key).as_boolean();
+}
+std::vector<int> Table::get_int_list(const std::string& key) {
+  read_.insert(key);
+  return config_detail::get_int_list(v_, key, prefix_);
+}
+std::vector<double> Table::get_double_list(const std::string& key) {
+  read_.insert(key);
+  return config_detail::get_double_list(v_, key, prefix_);
+}
+std::vector<std::string> Table::get_string_list(const std::string& key) {
+  read_.insert(key);
+  return config_detail::get_string_list(v_, key, prefix_);
+}
+void Table::finish() const { check_keys(v_, read_, where_); }
+
 ParamValue to_param(const TV& v, const std::string& key) {
   if (v.is_integer()) return int64_t(v.as_integer());
   if (v.is_floating()) return double(v.as_floating());
@@ -193,46 +239,40 @@ void eval_after_prompt(const TV& root, int64_t P, const std::string& key, EvalSp
 /// `[eval] key` as a choice of E (include/kvsim/core/choices.hpp), left at `out` when absent; any
 /// other value fails naming the key and the allowed values.
 template <class E>
-void get_choice(const TV& table, const std::string& key, E& out) {
+void get_choice(Table& table, const std::string& key, E& out) {
+  const std::string text = table.get_string(key, to_string(out));
   if (!table.contains(key)) return;
-  const std::string text = get_string(table, key, to_string(out), "eval.");
   const std::optional<E> v = parse_choice<E>(text);
   if (!v) fail_at(table.at(key), "eval." + key + " must be " + choice_names<E>() + ", not \"" + text + "\"");
   out = *v;
 }
 
 void parse_eval(const TV& root, EvalSpec& e) {
-  if (root.contains("eval")) {
-    const TV& ev = root.at("eval");
-    if (!ev.is_table()) fail_at(ev, "[eval] must be a table");
-    check_keys(ev, {"every", "from", "gqa", "group_agg", "policy_precision", "device", "reference_precision", "closed_form", "objectives", "objectives_every", "objectives_max_t",
-                    "theorem44_alpha", "theorem44_beta"},
-               "[eval]");
-    if (ev.contains("objectives")) {
-      if (!ev.at("objectives").is_boolean()) fail_at(ev.at("objectives"), "eval.objectives must be true or false");
-      e.objectives = ev.at("objectives").as_boolean();
-    }
-    e.objectives_every = get_int(ev, "objectives_every", e.objectives_every, "eval.");
-    if (e.objectives_every < 1) fail_at(ev.at("objectives_every"), "eval.objectives_every must be ≥ 1");
-    e.objectives_max_t = get_int(ev, "objectives_max_t", e.objectives_max_t, "eval.");
-    if (e.objectives_max_t < 1 || e.objectives_max_t > 16384)
-      fail_at(ev.at("objectives_max_t"), "eval.objectives_max_t must be in [1, 16384] (memory is t² doubles per head)");
-    e.theorem44_alpha = get_double(ev, "theorem44_alpha", 0.0, "eval.");
-    e.theorem44_beta = get_double(ev, "theorem44_beta", 0.0, "eval.");
-    if (!(e.theorem44_alpha >= 0 && e.theorem44_alpha < 1))
-      fail_at(ev.at("theorem44_alpha"), "eval.theorem44_alpha must be in [0, 1)");
-    e.every = get_int(ev, "every", 1, "eval.");
-    if (e.every < 1) fail_at(ev.at("every"), "eval.every must be ≥ 1");
-    e.from = get_int(ev, "from", 1, "eval.");
-    if (e.from < 1) fail_at(ev.at("from"), "eval.from must be ≥ 1");
-    get_choice(ev, "gqa", e.gqa);
-    get_choice(ev, "group_agg", e.group_agg);
-    get_choice(ev, "policy_precision", e.policy_precision);
-    get_choice(ev, "device", e.device);
-    get_choice(ev, "reference_precision", e.reference_precision);
-    get_choice(ev, "closed_form", e.closed_form);
-  }
-
+  if (!root.contains("eval")) return;
+  const TV& ev = root.at("eval");
+  if (!ev.is_table()) fail_at(ev, "[eval] must be a table");
+  Table t(ev, "eval.", "[eval]");  // every key below is read, so finish() names any other as unknown
+  if (t.contains("objectives") && !ev.at("objectives").is_boolean()) fail_at(ev.at("objectives"), "eval.objectives must be true or false");
+  e.objectives = t.get_bool("objectives", e.objectives);
+  e.objectives_every = t.get_int("objectives_every", e.objectives_every);
+  if (e.objectives_every < 1) fail_at(t.at("objectives_every"), "eval.objectives_every must be ≥ 1");
+  e.objectives_max_t = t.get_int("objectives_max_t", e.objectives_max_t);
+  if (e.objectives_max_t < 1 || e.objectives_max_t > 16384)
+    fail_at(t.at("objectives_max_t"), "eval.objectives_max_t must be in [1, 16384] (memory is t² doubles per head)");
+  e.theorem44_alpha = t.get_double("theorem44_alpha", 0.0);
+  e.theorem44_beta = t.get_double("theorem44_beta", 0.0);
+  if (!(e.theorem44_alpha >= 0 && e.theorem44_alpha < 1)) fail_at(t.at("theorem44_alpha"), "eval.theorem44_alpha must be in [0, 1)");
+  e.every = t.get_int("every", 1);
+  if (e.every < 1) fail_at(t.at("every"), "eval.every must be ≥ 1");
+  e.from = t.get_int("from", 1);
+  if (e.from < 1) fail_at(t.at("from"), "eval.from must be ≥ 1");
+  get_choice(t, "gqa", e.gqa);
+  get_choice(t, "group_agg", e.group_agg);
+  get_choice(t, "policy_precision", e.policy_precision);
+  get_choice(t, "device", e.device);
+  get_choice(t, "reference_precision", e.reference_precision);
+  get_choice(t, "closed_form", e.closed_form);
+  t.finish();
 }
 
 std::vector<PolicySpec> parse_policies(const TV& root, const std::string& origin) {

@@ -37,6 +37,38 @@ std::vector<double> get_double_list(const toml::value& t, const std::string& key
 /// A string, or a non-empty list of strings (`[data] path = ["a.h5", "b.h5"]`).
 std::vector<std::string> get_string_list(const toml::value& t, const std::string& key, const std::string& where);
 ParamValue to_param(const toml::value& v, const std::string& key);
+
+/// A config table read key by key: each getter reads its key with the free getters above (type,
+/// default and the one-line error) and records it, and finish() fails on the first key of the table
+/// no getter read, naming the keys that were. So a key is declared once, by the code that reads it:
+/// there is no second list of allowed keys to keep in step.
+class Table {
+ public:
+  /// `prefix` names keys in errors ("data."); `where` names the table ("[data]").
+  Table(const toml::value& v, std::string prefix, std::string where);
+  bool contains(const std::string& key) const { return v_.contains(key); }
+  /// The value of `key`, recorded as read (for checks that need the value itself).
+  const toml::value& at(const std::string& key);
+  /// Records keys read elsewhere (a sub-table parsed by its own function).
+  void read(std::initializer_list<const char*> keys);
+  int64_t get_int(const std::string& key, int64_t def);
+  int get_int32(const std::string& key, int def);
+  double get_double(const std::string& key, double def);
+  std::string get_string(const std::string& key, const std::string& def);
+  bool get_bool(const std::string& key, bool def);
+  std::vector<int> get_int_list(const std::string& key);
+  std::vector<double> get_double_list(const std::string& key);
+  std::vector<std::string> get_string_list(const std::string& key);
+  /// Fails at the first key no getter read: "unknown key 'k' in WHERE (allowed: the keys read)".
+  void finish() const;
+  const toml::value& value() const { return v_; }
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  const toml::value& v_;
+  std::string prefix_, where_;
+  std::set<std::string> read_;
+};
 /// "FILE:LINE" of a value.
 std::string where_of(const toml::value& v);
 /// With a prompt of P tokens the prompt's steps are not decoded: eval.from defaults to P + 1 and a
