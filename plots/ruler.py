@@ -12,6 +12,8 @@ scripts/ruler_suite.sh writes (OUT/KIND_L). Writes into OUT (default results/rul
   leaderboard.csv  per (model, L, policy, memory): the mean score over the kinds that count (as kvpress's
                    leaderboard averages RULER's tasks), with a 95% stratified bootstrap interval (trials
                    resampled within each kind, seeded), the number of kinds averaged, and their names;
+  board_wide.csv   the leaderboard as the field prints it: one row per (model, L, policy entry), one
+                   column per memory ("0.80 [0.60, 1.00]"), and their mean, sorted by it;
   link.csv         how well each offline metric the open loop records at the question's steps predicts
                    the answer across kinds, policies and lengths (counting cells, policy rows): per
                    predictor (log10 rel_err, log10 eps, kept_mass, needle_kept_share) the trials, the
@@ -67,6 +69,32 @@ def leaderboard(t, suite, resamples, seed=0):
                      "low": float(np.quantile(boot, 0.025)), "high": float(np.quantile(boot, 0.975)),
                      "kind_names": " ".join(kinds)})
     return pd.DataFrame(rows)
+
+
+def entry_of(cache):
+    """A cache label without its memory setting: "kivi(bits=4,memory=0.25)" -> "kivi(bits=4)"."""
+    if "(" not in cache:
+        return cache
+    name, args = cache[:-1].split("(", 1)
+    rest = [a for a in args.split(",") if not a.startswith("memory=")]
+    return f"{name}({','.join(rest)})" if rest else name
+
+
+def board_wide(board):
+    """The leaderboard pivoted: per (model, length, entry), the score [interval] at each memory and the
+    mean of the scores over the memories the entry has (the controls, at no memory, apart)."""
+    b = board[np.isfinite(board.memory.astype(float))].copy()
+    if b.empty:
+        return pd.DataFrame()
+    b["entry"] = b.cache.map(entry_of)
+    rows = []
+    for (model, length, entry), g in b.groupby(["model", "length", "entry"], sort=False):
+        row = {"model": model, "length": length, "entry": entry, "mean_score": g.score.mean()}
+        for _, r in g.iterrows():
+            row[f"memory_{r.memory:g}"] = f"{r.score:.2f} [{r.low:.2f}, {r.high:.2f}]"
+        rows.append(row)
+    w = pd.DataFrame(rows).sort_values(["model", "length", "mean_score"], ascending=[True, True, False], kind="stable")
+    return w[["model", "length", "entry"] + sorted(c for c in w.columns if c.startswith("memory_")) + ["mean_score"]]
 
 
 PREDICTORS = (("log10 rel_err", "rel_err", True), ("log10 eps", "eps", True), ("kept_mass", "kept_mass", False),
@@ -132,6 +160,15 @@ def main(argv=None):
         print("\n| model | L | cache | kinds | mean score [95% bootstrap] |\n|---|---:|---|---:|---|")
         for _, r in board.iterrows():
             print(f"| {r.model} | {r.length} | {r.cache} | {r.kinds} | {r.score:.3f} [{r.low:.3f}, {r.high:.3f}] |")
+        wide = board_wide(board)
+        wide.to_csv(os.path.join(a.out_dir, "board_wide.csv"), index=False, float_format="%.4g")
+        if len(wide):
+            mems = [c for c in wide.columns if c.startswith("memory_")]
+            print("\n| model | L | policy | " + " | ".join(m.replace("memory_", "memory ") for m in mems) + " | mean |")
+            print("|---|---:|---|" + "---|" * len(mems) + "---:|")
+            for _, r in wide.iterrows():
+                cells = " | ".join(r[m] if isinstance(r[m], str) else "—" for m in mems)
+                print(f"| {r.model} | {r.length} | {r.entry} | {cells} | {r.mean_score:.3f} |")
     else:
         print("\nno (kind, L) cell counts: the exact cache scores below 0.8 everywhere")
     link = link_table(t, suite)
@@ -140,7 +177,7 @@ def main(argv=None):
         print("\n| predictor | trials | policies | McFadden R² | AUC | AUC, leave one policy out |\n|---|---:|---:|---:|---:|---:|")
         for _, r in link.iterrows():
             print(f"| {r.predictor} | {r.trials} | {r.policies} | {r.mcfadden_r2:.3f} | {r.auc:.3f} | {r.auc_leave_one_policy_out:.3f} |")
-    print(f"wrote {a.out_dir}/suite.csv, leaderboard.csv and link.csv")
+    print(f"wrote {a.out_dir}/suite.csv, leaderboard.csv, board_wide.csv and link.csv")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,24 @@ def test_leaderboard_averages_only_counting_kinds(tables):
     assert exact.score == pytest.approx((1 + 7.5 / 8) / 2)
 
 
+def test_wide_board_puts_memories_side_by_side(tmp_path):
+    """board_wide.csv: one row per policy entry (its memory setting dropped from the label), one column
+    per memory, sorted by the mean over memories; a second setting of a policy stays its own row."""
+    scores = {"exact": [1] * 4, "h2o(memory=0.25)": [0, 0, 0, 1], "h2o(memory=0.5)": [1, 1, 0, 0],
+              "kivi(bits=4,memory=0.5)": [1] * 4, "kivi(bits=2,memory=0.5)": [0] * 4}
+    write_run(tmp_path / "a", "niah_single", scores)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "plots" / "ruler.py"), str(tmp_path / "a"), "--out-dir", str(out),
+                        "--resamples", "200"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    wide = pd.read_csv(out / "board_wide.csv")
+    assert list(wide.entry) == ["kivi(bits=4)", "h2o", "kivi(bits=2)"]  # by mean score, exact apart
+    h2o = wide.set_index("entry").loc["h2o"]
+    assert h2o.mean_score == pytest.approx((0.25 + 0.5) / 2)
+    assert h2o["memory_0.25"].startswith("0.25 [") and h2o["memory_0.5"].startswith("0.50 [")
+    assert wide.set_index("entry").loc["kivi(bits=4)", "memory_0.25"] != wide.set_index("entry").loc["kivi(bits=4)", "memory_0.25"]  # NaN: no 0.25 run
+
+
 def test_link_table_ranks_a_predictive_metric_above_noise(tmp_path):
     """needle_kept_share separates right from wrong answers (AUC 1, also leaving a policy out); rel_err
     is noise drawn independently of the answer (AUC near 0.5: the negative control)."""
