@@ -79,7 +79,7 @@ void parse_runtime(const TV& root, Runtime& r) {
     else if (type == "float" && (v.is_floating() || v.is_integer())) text = toml::format(v);
     else fail_at(v, who + " must be a " + (type == "float" ? std::string("number") : type));
     try {
-      set_runtime_key(r, k.key, text, who);
+      k.set(r, text, who);
     } catch (const Error& e) {
       fail_at(v, e.what());
     }
