@@ -29,9 +29,8 @@
 namespace kvsim {
 namespace {
 
-/// Progress on stderr when it is a terminal and not --quiet: cells done, elapsed and estimated time left.
-std::function<void(int, int)> progress_printer(bool quiet, const std::string& prefix) {
-  if (quiet || !isatty(STDERR_FILENO)) return {};
+/// Progress on stderr (a terminal, not --quiet): cells done, elapsed and estimated time left.
+Progress progress_printer(const std::string& prefix) {
   const auto t0 = std::chrono::steady_clock::now();
   return [t0, prefix](int done, int total) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -41,45 +40,74 @@ std::function<void(int, int)> progress_printer(bool quiet, const std::string& pr
   };
 }
 
-struct SequenceRun {
-  RunResult result;
-  std::string table;
-  std::vector<std::vector<Stat>> overall;  // [policy][metric]
-};
+/// `kvsim run`'s output (run_config's SequenceOutput): each sequence's rows spilled to OUT (one
+/// sequence) or OUT/seq_NN with a checkpoint, finished into results.h5, summary.csv and cells.csv;
+/// each sequence's statistics kept for sequences.csv. On MPI ranks other than 0 nothing is written.
+class SpillOutput final : public SequenceOutput {
+ public:
+  SpillOutput(std::string out, bool quiet, const ResumeMode& mode, int threads)
+      : out_(std::move(out)), quiet_(quiet), mode_(mode), threads_(threads) {}
 
-SequenceRun run_one(const Experiment& ex, const std::string& out, int threads, bool quiet, const std::string& prefix,
-                    const ResumeMode& mode) {
-  auto src = open_source(ex.data);
-  quiet = quiet || mpi::rank() > 0;  // rank 0 reports, and alone writes (include/kvsim/replay/mpi.hpp)
-  if (mode.resume) {
-    std::optional<std::vector<std::vector<Stat>>> done;
-    if (mpi::rank() == 0)
-      done = ResultSpill::finished(out, checkpoint_manifest(ex, src->meta()), metric_columns(ex.eval), ex.policies.size());
-    if (mpi::agree(bool(done))) {  // nothing to resume: these results are this run's
-      if (!quiet) std::cerr << "kvsim run: " << out << " holds this run's finished results (nothing to resume)\n";
-      SequenceRun s;
-      s.result.metrics = metric_columns(ex.eval);
-      s.overall = *done;
-      return s;
+  RowSink* open(const Experiment& one, int s, int S, const StreamSource& src) override {
+    const std::string dir = S == 1 ? out_ : (std::filesystem::path(out_) / sequence_folder(s)).string();
+    const bool quiet = quiet_ || mpi::rank() > 0;  // rank 0 reports, and alone writes (include/kvsim/replay/mpi.hpp)
+    spill_.reset();
+    worker_rows_.reset();
+    if (mode_.resume) {
+      std::optional<std::vector<std::vector<Stat>>> done;
+      if (mpi::rank() == 0)
+        done = ResultSpill::finished(dir, checkpoint_manifest(one, src.meta()), metric_columns(one.eval), one.policies.size());
+      if (mpi::agree(bool(done))) {  // nothing to resume: these results are this run's
+        if (!quiet) std::cerr << "kvsim run: " << dir << " holds this run's finished results (nothing to resume)\n";
+        metrics = metric_columns(one.eval);
+        overall.push_back(*done);
+        return nullptr;
+      }
     }
+    if (!quiet)
+      std::cerr << "kvsim run: " << one.name << " on " << src.describe() << " (" << one.policies.size() << " policies, "
+                << threads_ << " threads)\n";
+    if (mpi::rank() > 0) {  // a worker rank: computes the cells rank 0 hands out, writes nothing
+      worker_rows_ = std::make_unique<MemoryRows>();
+      return worker_rows_.get();
+    }
+    // Rows go to disk cell by cell, each finished cell durable at once (the checkpoint); nothing final until close().
+    spill_ = std::make_unique<ResultSpill>(dir, one, &mode_);
+    dir_ = dir;
+    return spill_.get();
   }
-  if (!quiet)
-    std::cerr << "kvsim run: " << ex.name << " on " << src->describe() << " (" << ex.policies.size() << " policies, "
-              << threads << " threads)\n";
-  // Rows go to disk cell by cell, each finished cell durable at once (the checkpoint); nothing final until finish().
-  SequenceRun s;
-  if (mpi::rank() > 0) {  // a worker rank: computes the cells rank 0 hands out, writes nothing
-    s.result = run_experiment(ex, *src, threads, {}, nullptr);
-    return s;
+
+  Progress progress(int s, int S) override {
+    if (quiet_ || mpi::rank() > 0 || !isatty(STDERR_FILENO)) return {};
+    return progress_printer(S == 1 ? std::string() : "sequence " + std::to_string(s + 1) + "/" + std::to_string(S) + ": ");
   }
-  ResultSpill spill(out, ex, &mode);
-  s.result = run_experiment(ex, *src, threads, progress_printer(quiet, prefix), &spill);
-  if (!quiet && spill.cells_resumed() > 0)
-    std::cerr << "kvsim run: resumed " << spill.cells_resumed() << " checkpointed cells from " << checkpoint_dir(out) << "\n";
-  s.table = spill.finish(s.result);
-  s.overall = spill.overall();
-  return s;
-}
+
+  void close(const Experiment&, int, RunResult&& r) override {
+    wall_seconds += r.wall_seconds;
+    metrics = r.metrics;
+    last = std::move(r);
+    if (!spill_) return;  // a worker rank
+    if (!quiet_ && spill_->cells_resumed() > 0)
+      std::cerr << "kvsim run: resumed " << spill_->cells_resumed() << " checkpointed cells from " << checkpoint_dir(dir_) << "\n";
+    table = spill_->finish(last);
+    overall.push_back(spill_->overall());
+    spill_.reset();
+  }
+
+  double wall_seconds = 0;                              // the sequences' replays, summed
+  std::string table;                                    // the last sequence's summary table
+  RunResult last;                                       // the last sequence's result (no rows)
+  std::vector<MetricColumn> metrics;
+  std::vector<std::vector<std::vector<Stat>>> overall;  // [sequence][policy][metric]
+
+ private:
+  std::string out_, dir_;
+  bool quiet_;
+  ResumeMode mode_;
+  int threads_;
+  std::unique_ptr<ResultSpill> spill_;
+  std::unique_ptr<MemoryRows> worker_rows_;
+};
 
 }  // namespace
 
@@ -129,41 +157,26 @@ int cmd_run(const RunOptions& opt) {
   const std::string out = opt.out.empty() ? "results/" + ex.name : opt.out;
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   const int S = sequence_count(ex.data);
-  const ResumeMode mode{opt.resume, opt.force};
+  SpillOutput output(out, opt.quiet, ResumeMode{opt.resume, opt.force}, threads);
+  run_config(ex, threads, output);  // the one road: sim/replay/engine.cpp
+  if (mpi::rank() > 0) return 0;  // rank 0 reports and writes sequences.csv
   if (S == 1) {
-    const SequenceRun s = run_one(ex, out, threads, opt.quiet, "", mode);
-    const RunResult& r = s.result;
-    if (!opt.quiet && !s.table.empty())
+    const RunResult& r = output.last;
+    if (!opt.quiet && !output.table.empty())
       std::cout << "experiment " << ex.name << ": " << r.n_tokens << " tokens, " << r.layers.size() << " layers, "
                 << r.meta.n_heads << " query heads (" << r.meta.n_kv_heads << " kv), gqa=" << to_string(ex.eval.gqa) << "; "
                 << r.wall_seconds << " s\n"
                 << "means over every evaluated (layer, head, step); p95 likewise\n\n"
-                << s.table << "\nwrote " << out << "/results.h5 and " << out << "/summary.csv\n";
+                << output.table << "\nwrote " << out << "/results.h5 and " << out << "/summary.csv\n";
     return 0;
   }
-  std::vector<SequenceRun> runs;
-  double wall = 0;
-  for (int i = 0; i < S; ++i) {
-    Experiment one = ex;
-    one.data = sequence_spec(ex.data, i);
-    char dir[32];
-    std::snprintf(dir, sizeof dir, "seq_%02d", i);
-    char prefix[48];
-    std::snprintf(prefix, sizeof prefix, "sequence %d/%d: ", i + 1, S);
-    runs.push_back(run_one(one, (std::filesystem::path(out) / dir).string(), threads, opt.quiet, prefix, mode));
-    wall += runs.back().result.wall_seconds;
-  }
-  if (mpi::rank() > 0) return 0;  // rank 0 writes sequences.csv
-  std::vector<std::vector<std::vector<Stat>>> overall;
-  for (const auto& r : runs) overall.push_back(r.overall);
-  std::string table;
-  const std::string csv = sequences_csv(ex, runs.front().result.metrics, overall, &table);
+  std::string means;
+  const std::string csv = sequences_csv(ex, output.metrics, output.overall, &means);
   write_file_atomically((std::filesystem::path(out) / "sequences.csv").string(), csv);
   if (!opt.quiet)
-    std::cout << "experiment " << ex.name << ": " << S << " sequences, " << wall << " s\n"
+    std::cout << "experiment " << ex.name << ": " << S << " sequences, " << output.wall_seconds << " s\n"
               << "per sequence: the mean over its evaluated (layer, head, step); below: the mean over sequences\n\n"
-              << table << "\nwrote " << out << "/seq_NN/{results.h5,summary.csv,cells.csv} and " << out
-              << "/sequences.csv\n";
+              << means << "\nwrote " << out << "/seq_NN/{results.h5,summary.csv,cells.csv} and " << out << "/sequences.csv\n";
   return 0;
 }
 

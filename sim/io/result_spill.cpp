@@ -145,7 +145,7 @@ void ResultSpill::create_datasets() {
   }
 }
 
-void ResultSpill::write_cell(size_t cell, const std::vector<std::vector<MetricRow>>& rows) {
+void ResultSpill::write_cell(size_t cell, std::vector<std::vector<MetricRow>>&& rows) {
   if (!st_->f || cell >= st_->rows_per_cell.size() || rows.size() != st_->ex.policies.size())
     throw Error("results: write_cell before begin() or for an unknown cell");
   for (size_t p = 0; p < rows.size(); ++p)
@@ -311,6 +311,31 @@ std::optional<std::vector<std::vector<Stat>>> ResultSpill::finished(const std::s
   } catch (const Error& e) {
     throw Error(h5path + ": --resume: cannot read the finished results (" + std::string(e.what()) + ")");
   }
+}
+
+void MemoryRows::begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>&, const RecordingMeta*) {
+  cells_.assign(rows_per_cell.size(), {});
+}
+
+void MemoryRows::write_cell(size_t cell, std::vector<std::vector<MetricRow>>&& rows) {
+  // Each cell has its own slot, sized by begin(): workers never touch the same one.
+  if (cell >= cells_.size()) throw Error("results: write_cell before begin() or for an unknown cell");
+  cells_[cell] = std::move(rows);
+}
+
+void MemoryRows::take(std::vector<PolicyResult>& policies) {
+  for (size_t p = 0; p < policies.size(); ++p) {
+    size_t total = 0;
+    for (const auto& c : cells_) total += c.size() > p ? c[p].size() : 0;
+    auto& rows = policies[p].rows;
+    rows.reserve(rows.size() + total);
+    for (auto& c : cells_) {
+      if (c.size() <= p) continue;  // a cell held elsewhere (never computed here)
+      rows.insert(rows.end(), std::make_move_iterator(c[p].begin()), std::make_move_iterator(c[p].end()));
+      std::vector<MetricRow>().swap(c[p]);
+    }
+  }
+  cells_.clear();
 }
 
 }  // namespace kvsim

@@ -1,5 +1,7 @@
 #include "kvsim/io/spec.hpp"
 
+#include <cstdio>
+
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/rng.hpp"
 
@@ -26,6 +28,12 @@ DataSpec sequence_spec(const DataSpec& d, int i) {
     one.path = d.paths[size_t(i)];
   }
   return one;
+}
+
+std::string sequence_folder(int i) {
+  char dir[32];
+  std::snprintf(dir, sizeof dir, "seq_%02d", i);
+  return dir;
 }
 
 }  // namespace kvsim

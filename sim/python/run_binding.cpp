@@ -1,6 +1,6 @@
 // Python bindings: running an experiment config in memory (kvsim.run) and reading the registries.
-// A run replays exactly as `kvsim run` does (run_experiment, one RunResult per sequence); its rows
-// stay in memory, and `save(dir)` writes the CLI's files (write_results: the same files ResultSpill
+// A run takes `kvsim run`'s road (run_config, one RunResult per sequence); its rows stay in memory
+// (MemoryRows), and `save(dir)` writes the CLI's files (write_results: the same files ResultSpill
 // writes, tests/test_results.cpp) plus sequences.csv for several sequences.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -102,8 +102,24 @@ struct PyRun {
   }
 };
 
+/// kvsim.run's output (run_config's SequenceOutput): every sequence's rows kept in memory.
+class InMemory final : public SequenceOutput {
+ public:
+  explicit InMemory(PyRun& run) : run_(run) {}
+  RowSink* open(const Experiment&, int, int, const StreamSource&) override { return &rows_; }
+  void close(const Experiment& one, int, RunResult&& r) override {
+    rows_.take(r.policies);
+    run_.runs.push_back(std::move(r));
+    run_.seq_ex.push_back(one);
+  }
+
+ private:
+  PyRun& run_;
+  MemoryRows rows_;
+};
+
 /// Replays `ex` (all sequences) on `threads` workers with the GIL released (Python policies take it
-/// back for each call; C++ policies run in parallel).
+/// back for each call; C++ policies run in parallel): the road `kvsim run` takes (run_config).
 std::unique_ptr<PyRun> run_experiment_in_memory(Experiment ex, int threads) {
   if (ex.eval.device == Device::cuda) cuda::require_device();
   struct InFlight {
@@ -112,14 +128,10 @@ std::unique_ptr<PyRun> run_experiment_in_memory(Experiment ex, int threads) {
   } in_flight;
   auto out = std::make_unique<PyRun>();
   const int nt = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  const int S = sequence_count(ex.data);
-  py::gil_scoped_release release;
-  for (int i = 0; i < S; ++i) {
-    Experiment one = ex;
-    if (S > 1) one.data = sequence_spec(ex.data, i);
-    auto src = open_source(one.data);
-    out->runs.push_back(run_experiment(one, *src, nt));
-    out->seq_ex.push_back(std::move(one));
+  {
+    py::gil_scoped_release release;
+    InMemory output(*out);
+    run_config(ex, nt, output);
   }
   out->ex = std::move(ex);
   return out;
@@ -174,11 +186,8 @@ void save(const PyRun& r, const std::string& dir) {
     write_results(r.runs[0], r.ex, dir);
     return;
   }
-  for (size_t i = 0; i < r.runs.size(); ++i) {
-    char sub[32];
-    std::snprintf(sub, sizeof sub, "seq_%02d", int(i));
-    write_results(r.runs[i], r.seq_ex[i], (std::filesystem::path(dir) / sub).string());
-  }
+  for (size_t i = 0; i < r.runs.size(); ++i)
+    write_results(r.runs[i], r.seq_ex[i], (std::filesystem::path(dir) / sequence_folder(int(i))).string());
   write_file_atomically((std::filesystem::path(dir) / "sequences.csv").string(), sequences_text(r));
 }
 

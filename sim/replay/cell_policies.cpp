@@ -38,10 +38,8 @@ std::vector<int> PolicySteps::heads_of(size_t i) const {  // the query heads ins
 void PolicySteps::make() {
   runs_.resize(ex_.policies.size());
   for (size_t p = 0; p < runs_.size(); ++p) {
-    StreamInfo info = cell_stream(ex_, cell_, n_, meta_);
     for (int i = 0; i < (per_query_ ? G_ : 1); ++i) {
-      info.seed = instance_seed(ex_, cell_, p, i);
-      auto inst = make_policy(ex_.policies[p].name, ex_.policies[p].params, info);
+      auto inst = make_cell_policy(ex_, meta_, cell_, n_, p, i);
       if (ex_.eval.device == Device::cuda && answers_are_reference(*inst)) {
         // exact: the GPU reference already holds its answers (ReferenceAnswered).
         inst = reference_answers(std::move(inst), ref_, heads_of(size_t(i)));
@@ -95,6 +93,13 @@ void PolicySteps::prefill(PolicyRun& run) {
 }  // namespace kvsim::cell
 
 namespace kvsim {
+
+std::unique_ptr<Policy> make_cell_policy(const Experiment& ex, const RecordingMeta& meta, const Cell& cell, int64_t n,
+                                         size_t p, int i) {
+  StreamInfo info = cell_stream(ex, cell, n, meta);
+  info.seed = cell::instance_seed(ex, cell, p, i);
+  return make_policy(ex.policies[p].name, ex.policies[p].params, info);
+}
 
 StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, const RecordingMeta& meta) {
   StreamInfo info;

@@ -87,10 +87,9 @@ int GpuLayerBatch::running_cells(int layer, size_t group) const {
 }
 
 std::vector<size_t> GpuLayerBatch::gpu_policies(const Cell& cell) const {
-  const StreamInfo info = cell_stream(ex_, cell, n_, src_.meta());
   std::vector<size_t> out;
   for (size_t p = 0; p < ex_.policies.size(); ++p)
-    if (gpu_replay(*make_policy(ex_.policies[p].name, ex_.policies[p].params, info))) out.push_back(p);
+    if (gpu_replay(*make_cell_policy(ex_, src_.meta(), cell, n_, p))) out.push_back(p);
   return out;
 }
 
@@ -176,9 +175,7 @@ void GpuLayerBatch::run(const Key& key, Entry& e) {
     const Cell& cell = *group[size_t(c)];
     // The instance exactly as the cell builds it (PolicySteps::make): its spec and, for uniform and
     // subgen, its seed.
-    StreamInfo info = cell_stream(ex_, cell, n, meta);
-    info.seed = instance_seed(ex_, cell, key.policy, 0);
-    const std::optional<cuda::PolicyReplay> s = gpu_replay(*make_policy(pol.name, pol.params, info));
+    const std::optional<cuda::PolicyReplay> s = gpu_replay(*make_cell_policy(ex_, meta, cell, n, key.policy));
     if (!s) throw Error("internal: GpuLayerBatch: policy '" + pol.name + "' has no GPU replay");
     if (c == 0) {
       spec = *s;

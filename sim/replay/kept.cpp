@@ -6,7 +6,6 @@
 
 #include "cell_streams.hpp"
 #include "kvsim/core/error.hpp"
-#include "kvsim/core/rng.hpp"
 #include "kvsim/replay/engine.hpp"
 
 namespace kvsim {
@@ -32,12 +31,9 @@ std::vector<std::vector<int64_t>> kept_tokens(const Experiment& ex, const Stream
   const double scale = meta.softmax_scale;
   const cell::Streams s(src, cell, n, scale);
   const bool per_query = ex.eval.gqa == GqaMode::query_head;
-  StreamInfo info = cell_stream(ex, cell, n, meta);
   std::vector<std::vector<int64_t>> out;
   for (int i = 0; i < (per_query ? G : 1); ++i) {
-    const uint64_t head_id = per_query ? uint64_t(cell.heads[size_t(i)]) : uint64_t(kv_head) + (1ULL << 32);
-    info.seed = derive_seed({ex.seed, uint64_t(layer), head_id, uint64_t(policy), 0});
-    auto inst = make_policy(ex.policies[policy].name, ex.policies[policy].params, info);
+    auto inst = make_cell_policy(ex, meta, cell, n, policy, i);
     if (needs_exact_probs(*inst) || needs_global_scores(*inst))
       throw Error("kept_tokens: policy '" + label + "' is a non-causal oracle (it reads exact or future attention)");
     std::vector<int> heads;

@@ -84,10 +84,7 @@ void finalize() {}
 bool agree(bool value) { return value; }
 bool built_with_mpi() { return false; }
 void abort(int) {}
-void run_cells(const Experiment&, const StreamSource&, const std::vector<Cell>&, int64_t, int,
-               const std::function<void(int, int)>&, ResultSpill*, std::vector<std::vector<std::vector<MetricRow>>>&) {
-  throw Error("kvsim was built without MPI");
-}
+std::unique_ptr<CellScheduler> scheduler() { throw Error("kvsim was built without MPI"); }
 
 #else
 
@@ -276,32 +273,39 @@ void abort(int status) {
   MPI_Abort(MPI_COMM_WORLD, status);
 }
 
-void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<Cell>& cells, int64_t n, int threads,
-               const std::function<void(int, int)>& progress, ResultSpill* spill,
-               std::vector<std::vector<std::vector<MetricRow>>>& cell_out) {
+namespace {
+
+class MpiScheduler final : public CellScheduler {
+ public:
+  void run(const RunPlan& plan, RowSink& sink, int threads, const Progress& progress) override;
+};
+
+void MpiScheduler::run(const RunPlan& plan, RowSink& sink, int threads, const Progress& progress) {
+  const Experiment& ex = *plan.ex;
+  const StreamSource& src = *plan.src;
+  const std::vector<Cell>& cells = plan.cells;
+  const int64_t n = plan.n;
   if (g_rank != 0) {
     work(ex, src, cells, n, threads);
     quiet_barrier();
     return;
   }
-  cell_out.assign(cells.size(), {});
   std::atomic<size_t> next{0}, finished{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
   std::string local_error;
   size_t to_compute = 0;
-  for (size_t i = 0; i < cells.size(); ++i) to_compute += !(spill && spill->cell_done(i));
-  int shown = spill ? int(spill->cells_resumed()) : 0;
+  for (size_t i = 0; i < cells.size(); ++i) to_compute += !sink.cell_done(i);
+  int shown = int(sink.cells_resumed());
   auto take = [&]() -> int64_t {
     for (;;) {
       const size_t i = next++;
       if (i >= cells.size()) return -1;
-      if (!(spill && spill->cell_done(i))) return int64_t(i);
+      if (!sink.cell_done(i)) return int64_t(i);
     }
   };
   auto deliver = [&](size_t i, std::vector<std::vector<MetricRow>>&& rows) {
-    if (spill) spill->write_cell(i, rows);
-    else cell_out[i] = std::move(rows);
+    sink.write_cell(i, std::move(rows));
     std::lock_guard<std::mutex> lk(mu);
     ++finished;
     if (progress) progress(++shown, int(cells.size()));
@@ -332,6 +336,10 @@ void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<
   if (failed) fail(local_error);
   quiet_barrier();
 }
+
+}  // namespace
+
+std::unique_ptr<CellScheduler> scheduler() { return std::make_unique<MpiScheduler>(); }
 
 #endif
 

@@ -93,6 +93,37 @@ std::vector<std::vector<Stat>> overall_stats(const RunResult& r);
 /// The human-readable table printed by `kvsim run` (policy × key metrics, means and p95 over all rows).
 std::string summary_table(const RunResult& r);
 
+/// Where a run's rows go, one finished (layer, KV head) cell at a time: the run (run_experiment,
+/// include/kvsim/replay/engine.hpp) calls begin() once with the rows each cell yields per policy, then
+/// write_cell() for every finished cell, from any worker thread, in any order. Implemented by
+/// ResultSpill (to disk, with a checkpoint: `kvsim run`) and MemoryRows (in memory: kvsim.run, tests).
+class RowSink {
+ public:
+  virtual ~RowSink() = default;
+  /// `meta`: the stream's (a checkpoint's manifest needs it).
+  virtual void begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics,
+                     const RecordingMeta* meta) = 0;
+  /// True for a cell whose rows the sink already holds (--resume): nothing to compute.
+  virtual bool cell_done(size_t) const { return false; }
+  /// Cells the sink held before the run (taken from a checkpoint).
+  virtual size_t cells_resumed() const { return 0; }
+  /// Cell `cell`'s rows, [policy][row] (thread-safe; the sink may move them out).
+  virtual void write_cell(size_t cell, std::vector<std::vector<MetricRow>>&& rows) = 0;
+};
+
+/// A RowSink that keeps every cell's rows in memory; take() moves them, cell by cell in cell order,
+/// into each policy's rows (reserved exactly: the rows exist once in memory, not twice).
+class MemoryRows final : public RowSink {
+ public:
+  void begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>&, const RecordingMeta*) override;
+  void write_cell(size_t cell, std::vector<std::vector<MetricRow>>&& rows) override;
+  /// Appends policy p's rows of every cell to policies[p].rows (policies sized by the caller).
+  void take(std::vector<PolicyResult>& policies);
+
+ private:
+  std::vector<std::vector<std::vector<MetricRow>>> cells_;  // [cell][policy][row]
+};
+
 /// Streams a run's rows to disk as its cells finish, so memory does not grow with the number of
 /// layers: run_experiment() calls begin() once with the rows each cell yields
 /// per policy, then write_cell() for every finished cell (any thread, any order: rows land at the
@@ -106,7 +137,7 @@ std::string summary_table(const RunResult& r);
 /// the finished cells' rows from it (cell_done() is then true for them: the engine skips them), and
 /// write_cell() makes each cell durable before anything else; finish() removes the checkpoint.
 struct ResumeMode;
-class ResultSpill {
+class ResultSpill final : public RowSink {
  public:
   ResultSpill(const std::string& out_dir, const Experiment& ex, const ResumeMode* checkpoint = nullptr);
   ~ResultSpill();
@@ -114,12 +145,12 @@ class ResultSpill {
   ResultSpill& operator=(const ResultSpill&) = delete;
   /// `meta` (the stream's) is needed for a checkpoint's manifest; without it there is no checkpoint.
   void begin(const std::vector<size_t>& rows_per_cell, const std::vector<MetricColumn>& metrics,
-             const RecordingMeta* meta = nullptr);
+             const RecordingMeta* meta = nullptr) override;
   /// True for a cell whose rows came from the checkpoint (--resume): nothing to compute.
-  bool cell_done(size_t cell) const;
+  bool cell_done(size_t cell) const override;
   /// Cells taken from the checkpoint.
-  size_t cells_resumed() const;
-  void write_cell(size_t cell, const std::vector<std::vector<MetricRow>>& rows);
+  size_t cells_resumed() const override;
+  void write_cell(size_t cell, std::vector<std::vector<MetricRow>>&& rows) override;
   /// `r` carries meta, source, policy specs, wall time and threads (its rows are empty). Returns the
   /// summary table text (as summary_table()).
   std::string finish(const RunResult& r);

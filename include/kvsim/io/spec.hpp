@@ -94,4 +94,7 @@ int sequence_count(const DataSpec& d);
 /// otherwise (so a one-sequence run is unchanged). Throws kvsim::Error for i out of range.
 DataSpec sequence_spec(const DataSpec& d, int i);
 
+/// The folder of sequence i's files in a several-sequence run's output: "seq_00", "seq_01", …
+std::string sequence_folder(int i);
+
 }  // namespace kvsim

@@ -43,12 +43,10 @@ std::string pin_gpu();
 /// output folder are rank 0's, so ranks that do not see it cannot diverge.
 bool agree(bool value);
 
-/// The distributed replay of `cells` (called by run_experiment when size() > 1): rank 0 hands out
-/// the cells, computes on its own threads, collects every cell's rows into `spill` (or `cell_out` when
-/// spill is null) and reports progress; other ranks compute what they are given. Cells spill->cell_done()
-/// are not handed out.
-void run_cells(const Experiment& ex, const StreamSource& src, const std::vector<Cell>& cells, int64_t n, int threads,
-               const std::function<void(int, int)>& progress, ResultSpill* spill,
-               std::vector<std::vector<std::vector<MetricRow>>>& cell_out);
+/// The distributed schedule (engine.hpp's job_scheduler() when size() > 1): rank 0 hands out the
+/// plan's cells the sink does not hold, computes on its own threads, passes every finished cell's
+/// rows to the sink and reports progress; other ranks compute what they are given (their sink stays
+/// empty).
+std::unique_ptr<CellScheduler> scheduler();
 
 }  // namespace kvsim::mpi
