@@ -72,7 +72,7 @@ def save(fig, results_dir, out, default_name):
 
 def _policy_colors():
     """One colour per policy, the same in every figure: each policy's PolicyInfo::color, written by
-    `kvsim policies --colors` into policy_colors.json beside this file (tests/cli_test.sh keeps the
+    `kvsim policies --colors` into policy_colors.json beside this file (tests/cli/cli_test.sh keeps the
     two equal)."""
     import json
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "policy_colors.json")) as f:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fuzz campaign of tests/fuzz_inputs.py against an AddressSanitizer + UBSan build of kvsim
+# The fuzz campaign of tests/fuzz/fuzz_inputs.py against an AddressSanitizer + UBSan build of kvsim
 # (build/asan, configured with -DKVSIM_SANITIZE=ON and built here when missing or stale; only the
 # kvsim binary). Usage: bash scripts/fuzz.sh [COUNT] [SEED]   (defaults 3000 inputs, seed 20261123)
 # Exit 0: no findings; 1: findings (inputs copied to build/asan/fuzz_findings); 77: no python3 with h5py.
@@ -23,4 +23,4 @@ if [ $rc -ne 2 ] || ! grep -q "built without MPI" <<<"$out" || [ "$(wc -l <<<"$o
 fi
 OMPI_COMM_WORLD_SIZE=1 build/asan/kvsim --version > /dev/null || { echo "FAIL: a 1-rank launcher was refused"; exit 1; }
 echo "ok: a build without MPI refuses a 3-rank launcher: $out"
-exec "$PY" tests/fuzz_inputs.py build/asan/kvsim --count "$COUNT" --seed "$SEED" --keep build/asan/fuzz_findings
+exec "$PY" tests/fuzz/fuzz_inputs.py build/asan/kvsim --count "$COUNT" --seed "$SEED" --keep build/asan/fuzz_findings

@@ -4,7 +4,7 @@
 // cached tokens for the weighted sum of values (lanes over the head dimension), and warp shuffles
 // for the block-wide softmax merge and arg-min (two block barriers each instead of a tree of
 // log₂(threads)). Summation orders differ from the CPU's sequential loops only by rounding: the
-// parity tests (tests/cuda_parity.cpp) hold both to ≤ 1e-4 and identical kept sets.
+// parity tests (tests/gpu/cuda_parity.cpp) hold both to ≤ 1e-4 and identical kept sets.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -176,7 +176,7 @@ __device__ inline float dot_f32(const float* q, const float* k, int d) {
 
 /// Block-wide arg-min of every thread's (distance, index) candidate (index −1 = none) under the
 /// (distance, index) order, so the block returns the serial scan's first minimum
-/// (hd::kcenter_nearest; tests/test_hd.cpp emulates this tree). All threads get the result in
+/// (hd::kcenter_nearest; tests/unit/test_hd.cpp emulates this tree). All threads get the result in
 /// *d, *i. `sd`, `si` are shared arrays of blockDim.x entries, reusable on return.
 __device__ inline void block_argmin(double my_d, int64_t my_i, double* sd, int64_t* si, double* d, int64_t* i) {
   const int tid = threadIdx.x;

@@ -12,7 +12,7 @@
 //  - a combine kernel merges a tile's chunks (OnlineSoftmax::merge), writes the answer, log τ and ‖a‖;
 //  - when the probabilities are asked for, the fused kernel writes each raw logit once and a last
 //    kernel turns the row into e^{l − log τ} (0 past the step).
-// Parity with the CPU reference is checked by tests/cuda_parity.cpp at ≤ 1e-4.
+// Parity with the CPU reference is checked by tests/gpu/cuda_parity.cpp at ≤ 1e-4.
 #include <cuda_runtime.h>
 
 #include <algorithm>

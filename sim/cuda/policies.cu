@@ -16,7 +16,7 @@
 //    by a block arg-min, Philox coin flips per sample slot, merge rounds, lines 29-31 answers).
 // Slots hold token positions; keys and values are read from the stream in device memory (a real
 // cache would copy them: the arithmetic is the same).
-// tests/cuda_parity.cpp compares it with the CPU policies wherever a device exists (first run and
+// tests/gpu/cuda_parity.cpp compares it with the CPU policies wherever a device exists (first run and
 // passed on an NVIDIA H200 and an H100, 2026-11-26: docs/performance.md).
 #include <cuda_runtime.h>
 

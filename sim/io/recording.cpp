@@ -60,8 +60,8 @@ constexpr int kProbeSeconds = 20;
 
 /// libhdf5 (1.10) trusts some on-disk sizes and links: a damaged global heap makes H5Aread of a
 /// variable-length string attribute copy past its buffer and crash the process, other damage sends
-/// it into an endless loop or a huge allocation (all found by tests/fuzz_inputs.py; kept in
-/// tests/fuzz_corpus). So a recording's metadata is first read — every attribute and dataset check
+/// it into an endless loop or a huge allocation (all found by tests/fuzz/fuzz_inputs.py; kept in
+/// tests/fuzz/fuzz_corpus). So a recording's metadata is first read — every attribute and dataset check
 /// of the constructor below — in a forked child with its output discarded, at most kProbeSeconds of
 /// CPU and (outside sanitizer builds) 4 GiB of address space. A child that dies or runs out of time
 /// marks the file as damaged; a child that finds a schema error passes its message back through a

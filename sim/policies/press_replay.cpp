@@ -81,7 +81,7 @@ KVSIM_POLICY(press_replay) {
       make_press_replay,
       std::nullopt,
       "no",
-      {example_params({{"file", std::string("press.h5")}})},  // tests/test_registry.cpp writes the file
+      {example_params({{"file", std::string("press.h5")}})},  // tests/unit/test_registry.cpp writes the file
       "#843c39",  // figure colour
       {}};        // kvsim bench: not benchmarked (needs a press file)
   return info;

@@ -9,7 +9,7 @@
 //    and the two matrix-vector products run in float32 (2.4× the double rate here: Eigen GEMV at
 //    m = 896, d = 128 measured 13.6 vs 5.6 GFMA/s); the softmax runs in double on the float logits.
 //    Added error: ~1e-7·Σ|k_i q_i| on each logit and ~1e-7 relative on z — measured ≤ 1e-5 relative
-//    on the output (tests/test_policies.cpp), far below the errors the policies themselves make.
+//    on the output (tests/unit/test_policies.cpp), far below the errors the policies themselves make.
 // Memory is *counted* at float32 in both modes (cache_vectors).
 #pragma once
 #include <vector>

@@ -1,7 +1,7 @@
 // Python bindings: running an experiment config in memory (kvsim.run) and reading the registries.
 // A run takes `kvsim run`'s road (run_config, one RunResult per sequence); its rows stay in memory
 // (MemoryRows), and `save(dir)` writes the CLI's files (write_results: the same files ResultSpill
-// writes, tests/test_results.cpp) plus sequences.csv for several sequences.
+// writes, tests/unit/test_results.cpp) plus sequences.csv for several sequences.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -40,7 +40,7 @@ using ArrF = py::array_t<float, py::array::c_style | py::array::forcecast>;
 /// dynamically (later blocks cost more). `window` > 0: a local layer's sliding-window attention (step t
 /// reads keys t − window + 1 … t), as the replay's reference for `data.local_layers = "replay"`.
 /// Returns (out [H, n, d] float32, seconds of the pass alone: the copies in and out are not timed).
-/// For kvsim.compare_torch (issue "performance beside PyTorch") and tests/gemma3_test.py.
+/// For kvsim.compare_torch (issue "performance beside PyTorch") and tests/real_model/gemma3_test.py.
 py::tuple exact_causal(const ArrF& q, const ArrF& k, const ArrF& v, double scale, int threads, int64_t window) {
   if (window < 0) throw Error("_exact_causal: window must be >= 0 (0 = every key)");
   if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3)

@@ -1,7 +1,7 @@
 """docs/kvpress.md's complete example runs as written: its ```sh recording block, then its ```python
 block, in a scratch copy of the root's layout (models/ linked); the printed table has both presses and kvsim's h2o with finite errors.
 And `python -m kvsim.kvpress` writes a press file, or exits 2 with one line naming the bad press,
-argument or file. SKIPPED without the SmolLM2 model file or kvpress (tests/setup_check.py fails the suite in that case
+argument or file. SKIPPED without the SmolLM2 model file or kvpress (tests/cli/setup_check.py fails the suite in that case
 after setup)."""
 import os
 import re

@@ -105,7 +105,7 @@ class SubGen {
 
 namespace kvsim {
 /// kvsim's constants for Theorem 1's Ω(·) (used by `subgen` with `eps` unless c_s / c_t are given).
-/// Measured on the clustered preset (d = 8, n = 256, δ = 0.5, r = 2; tests/test_subgen.cpp):
+/// Measured on the clustered preset (d = 8, n = 256, δ = 0.5, r = 2; tests/unit/test_subgen.cpp):
 ///  - c_s = 32: the proof splits ε into ε/3 for Eq. (6) (matrix product) and ε/3 for Eq. (5) (τ);
 ///    Eq. (6) at ε/3 needs ~9× the samples Eq. (3) alone needs. With c_s = 1, Eq. (3)'s achieved
 ///    ε has p99 ≈ 1.8ε; with c_s = 32, Eq. (6) holds in ≥ 99.5% of seeds.

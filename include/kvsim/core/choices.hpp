@@ -88,7 +88,7 @@ template <Choice E>
 std::string choice_names() {
   // Written as appends: GCC 12.2 at -O3 -march=native on a Sapphire Rapids host folded the former
   // nested `i == 0 ? "" : i + 1 == size ? " or " : ", "` to ", " for the last name (its value-range
-  // pass: -fno-tree-vrp restored it); tests/test_engine.cpp checks the message.
+  // pass: -fno-tree-vrp restored it); tests/unit/test_engine.cpp checks the message.
   const auto& v = choice_detail::Names<E>::v;
   std::string out;
   for (size_t i = 0; i < v.size(); ++i) {

@@ -180,7 +180,7 @@ KVSIM_HD int64_t sink_window_slot(int64_t t, int64_t sink, int64_t window) {
 
 /// The j-th cached token (0-based, increasing) of a sink + window cache after `t` tokens (t ≥ 1) have
 /// joined: min(t, sink + window) tokens — all of them while t ≤ sink + window, else the first `sink`
-/// and the last `window`. The closed form of what sink_window_slot's ring holds (tests/test_hd.cpp).
+/// and the last `window`. The closed form of what sink_window_slot's ring holds (tests/unit/test_hd.cpp).
 KVSIM_HD int64_t sink_window_token(int64_t t, int64_t sink, int64_t window, int64_t j) {
   if (t <= sink + window || j < sink) return j;
   return t - window + (j - sink);

@@ -190,7 +190,7 @@ class GroupAggregate {
   GroupAggregate(GroupAgg agg, Eigen::Index size) : agg_(static_cast<int>(agg)), acc_(VecD::Zero(size)) {}
   void add(const Eigen::Ref<const VecD>& p) {
     // hd::group_combine's rule, written with Eigen's vectorized max/+ (exact operations, so equal to
-    // folding group_combine element by element: tests/test_hd.cpp checks it).
+    // folding group_combine element by element: tests/unit/test_hd.cpp checks it).
     if (agg_ == hd::kAggMax) acc_ = acc_.cwiseMax(p);
     else acc_ += p;
     ++count_;

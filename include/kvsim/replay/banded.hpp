@@ -25,7 +25,7 @@ inline constexpr size_t kBandRows = 128;
 /// double) at the increasing 1-based `steps`, against K, V [n, d] in double. On return Z is
 /// [steps × H, d] with row r·H + h = z of query head h at steps[r]. Arithmetic as the per-step path
 /// (Policy::attend → attend_cached_group: double logits, softmax and products), in another summation
-/// order: equal within 1e-12 relative (tests/test_banded.cpp). Throws kvsim::Error on steps outside
+/// order: equal within 1e-12 relative (tests/unit/test_banded.cpp). Throws kvsim::Error on steps outside
 /// [1, n], an empty cache (window 0 and sink 0) or mismatched shapes.
 void closed_form_answers(const std::vector<const MatD*>& qs, const MatD& K, const MatD& V, const ClosedFormCache& c,
                          const std::vector<int64_t>& steps, MatD& Z);
@@ -33,7 +33,7 @@ void closed_form_answers(const std::vector<const MatD*>& qs, const MatD& K, cons
 /// The same in float32 (`[eval] policy_precision = "float32"`, the per-step path's SlotCache f32
 /// mode): the scaled queries rounded to float, SGEMM logits, the softmax's exponentials in float with
 /// their sum in double, an SGEMM for the output normalized in double. Equal to the per-step float32
-/// path within 1e-5 relative (tests/test_banded.cpp).
+/// path within 1e-5 relative (tests/unit/test_banded.cpp).
 void closed_form_answers(const std::vector<const MatD*>& qs, const MatF& K, const MatF& V, const ClosedFormCache& c,
                          const std::vector<int64_t>& steps, MatD& Z);
 

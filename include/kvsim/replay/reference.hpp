@@ -43,7 +43,7 @@ void exact_attention(const MatF& Q, const MatD& K, const MatD& V, double scale, 
 /// double. About 2x the speed of exact_attention() (Eigen's SGEMM runs ~3x its DGEMM here); the price
 /// is float rounding of the logits: with Δ = max_i |δl_i| ≤ γ_{d+1}·Σ_j |q̃_j k_ij| (u = 2^-24),
 /// |δ log τ| ≤ Δ + O(t·u) and ‖δ Attn‖₂ ≤ (e^{2Δ} − 1 + O(t·u))·Σ_i a_i‖v_i‖₂ — ~1e-5 relative at
-/// real-model logits (tests/test_reference.cpp checks both bounds against long double). Use it for
+/// real-model logits (tests/unit/test_reference.cpp checks both bounds against long double). Use it for
 /// large sweeps of approximate policies, whose errors are 1e-3 and up; keep float64 (1e-6, docs/theory.md)
 /// for anything compared against the exact policy.
 void exact_attention_f32(const MatF& Q, const MatF& K, const MatF& V, double scale, const std::vector<int64_t>& steps,
@@ -69,7 +69,7 @@ VecD global_attention_scores(const MatF& Q, const MatD& K, double scale, int64_t
 /// from the previous top Ritz vector plus 1e-3 of the new rows' signed sum (so a direction only the
 /// new rows span is still reached), until the Ritz residual r ≤ 1e-9·θ, or r² ≤ 1e-11·θ·gap (the gap
 /// estimated by the second Ritz value), or the Ritz value stalls (checked after 1, 2, …, 8, 12, 16,
-/// 20, 24 products). Accuracy (tested against Eigen's dense solver, tests/test_reference.cpp):
+/// 20, 24 products). Accuracy (tested against Eigen's dense solver, tests/unit/test_reference.cpp):
 /// ‖V_t‖_op within 1e-9 relative on clustered (isotropic), decaying and moving value streams.
 /// last_iterations() = products with G in the last call.
 class OperatorNormTracker {

@@ -3,7 +3,7 @@
 A kvpress press compresses a transformers model's KV cache at prefill, one attention layer at a time
 (kvpress.presses.base_press.BasePress.forward_hook). This module runs a press on a prompt and reads
 back, per layer and KV head, which prompt tokens the compressed cache still holds, so that kvsim's
-policies of the same name can be compared token by token (tests/kvpress_conformance_test.py) and
+policies of the same name can be compared token by token (tests/real_model/kvpress_conformance_test.py) and
 docs/kvpress.md's parameter mapping checked.
 
   load_model(gguf_path)            a transformers causal LM (float32, CPU) from a GGUF file
@@ -38,7 +38,7 @@ def _imports():
         import torch
         import transformers
         import kvpress
-    except ImportError as e:  # pragma: no cover - setup installs them (tests/setup_check.py)
+    except ImportError as e:  # pragma: no cover - setup installs them (tests/cli/setup_check.py)
         raise Error(f"kvsim.kvpress needs torch, transformers and kvpress ({e}); run bash scripts/setup.sh") from e
     return np, torch, transformers, kvpress
 

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_checks import logits_with_qkv  # noqa: E402
 
 GGUF = "gemma-3-270m-q4_k_m.gguf"
-from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
+from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
 
 
 def rel(np, a, b):
@@ -230,7 +230,7 @@ def main():
     hf.eval()
     m = Model(path)
     from smollm2_test import mixed_text  # the same > 50,000 characters of mixed text
-    check_tokens(m, path, mixed_text(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), data_dir))
+    check_tokens(m, path, mixed_text(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), data_dir))
     with open(os.path.join(data_dir, "tinystories-sample", "tinystories.txt"), encoding="utf-8") as f:
         story = f.read()[20000:40000]
     doc = [m.bos_id] + m.encode(story)

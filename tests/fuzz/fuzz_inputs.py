@@ -24,14 +24,14 @@ mutated inputs of seven kinds and checks every outcome:
                     metadata lengths and value types, tensor dimensions, types and offsets set to
                     extreme values, bytes flipped, files cut or extended       → kvsim record
   task              `kvsim task` configs of every kind (passkey, word, the RULER suite) mutated as
-                    `config`, or --set overrides of the [task] keys (tests/fuzz_task.py)
+                    `config`, or --set overrides of the [task] keys (tests/fuzz/fuzz_task.py)
                                                                                → kvsim task --prompts
 
 An outcome is accepted when kvsim exits 0, or exits non-zero with every stderr line from kvsim
 itself and the last one a `kvsim: error: ...` line — and, after a failure, no result file or
 temporary left in the output folder. Anything else — a sanitizer report, a signal, a timeout
 (hang), an `internal error`, HDF5's own error stack, a half-written result — is a finding: the input
-is copied to --keep and the script exits 1. Every input in --corpus (tests/fuzz_corpus: inputs that
+is copied to --keep and the script exits 1. Every input in --corpus (tests/fuzz/fuzz_corpus: inputs that
 once crashed kvsim, each with the command and the message it must now give) runs first.
 Same --seed, same inputs: the campaign is reproducible.
 """
@@ -91,7 +91,7 @@ def kvsim_outcome(argv, out_dir, timeout, env):
 # ---------------------------------------------------------------- the regression corpus
 
 def corpus_cases(kvsim, corpus, work):
-    """tests/fuzz_corpus/MANIFEST: `file | kvsim arguments ({} = the file, {out} = a fresh folder,
+    """tests/fuzz/fuzz_corpus/MANIFEST: `file | kvsim arguments ({} = the file, {out} = a fresh folder,
     {dir} = the corpus folder) | text the one-line error must contain` per line."""
     manifest = os.path.join(corpus, "MANIFEST")
     cases = []

@@ -53,7 +53,7 @@ def have(need, data_dir):
         ok = subprocess.run([sys.executable, "-c", "import torch, transformers"], capture_output=True).returncode == 0
         return ok, "python3 has no torch/transformers"
     if need == "models":
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         r = subprocess.run([sys.executable, os.path.join(here, "scripts", "fetch_models.py"), "--check"],
                            capture_output=True, text=True)
         return r.returncode == 0, (r.stderr.strip() or "model files absent") + " (bash scripts/setup.sh fetches them)"

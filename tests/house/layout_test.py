@@ -3,7 +3,10 @@
 
   1. no source file over 450 lines (C++, CUDA, Python, shell) and README.md at most 250 lines;
   2. no function over 80 lines (C++/CUDA: brace matching of namespace- and class-level bodies;
-     Python: the ast);
+     Python: the ast), except in a CUDA kernel file (sim/cuda/*.cu, *.cuh) or a test, where a function
+     may be longer when one of the two lines above it says why, as `layout: long: REASON` (a kernel
+     whose state lives in registers or shared memory, a test that reads as one story); the mark
+     anywhere else is itself a violation;
   3. layers: sim/<layer>/ and include/kvsim/<layer>/ include only their own layer and lower ones:
      core < io, cuda < analysis < policies < replay, model < cli < python (io and cuda, replay and model do
      not include each other);
@@ -12,7 +15,9 @@
      never reach include/kvsim/cuda/ through their includes; only gpu_replay.hpp does;
   5. a KVSIM_* environment variable that steers a run is read in one place: C++ sources call
      getenv("KVSIM_…") only in include/kvsim/core/runtime.hpp (the [runtime] table's overrides), except
-     the variables that locate files (ENV_LOCATORS), which change nothing about a run.
+     the variables that locate files (ENV_LOCATORS), which change nothing about a run;
+  6. tests live in a folder by kind (TEST_KINDS: unit, real_model, python, cli, gpu, fuzz, house), never
+     directly in tests/.
 
 Usage: layout_test.py REPO_ROOT  (exit 1 listing every violation)
        layout_test.py --self-test (the checks flag a planted long function and a bad include)
@@ -29,6 +34,18 @@ SOURCE_DIRS = ("sim", "include", "tests", "plots", "scripts", "datasets")
 EXTS = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".py", ".sh")
 RUNTIME_HEADER = "include/kvsim/core/runtime.hpp"
 ENV_LOCATORS = {"KVSIM_CUDA_MODULE", "KVSIM_PYTHON"}  # where the CUDA module and the Python are
+TEST_KINDS = ("unit", "real_model", "python", "cli", "gpu", "fuzz", "house")
+LONG_MARK = re.compile(r"layout: long: \S")
+
+
+def may_be_long(rel):
+    """Kernels and tests may hold a function over MAX_FUNC lines, when marked (rule 2)."""
+    return rel.startswith("tests/") or (rel.startswith("sim/cuda/") and rel.endswith((".cu", ".cuh")))
+
+
+def marked_long(lines, first):
+    """Whether one of the two lines above line `first` (1-based) carries the `layout: long: REASON` mark."""
+    return any(LONG_MARK.search(lines[i]) for i in range(max(0, first - 3), first - 1))
 
 
 def strip_cpp(text):
@@ -129,9 +146,18 @@ def check_file(root, rel, problems):
         funcs = py_functions(text)
     elif rel.endswith((".cpp", ".hpp", ".cu", ".cuh", ".h")):
         funcs = cpp_functions(text)
+    src_lines = text.split("\n")
     for name, first, count in funcs:
-        if count > MAX_FUNC:
+        if count > MAX_FUNC and not (may_be_long(rel) and marked_long(src_lines, first)):
             problems.append(f"{rel}:{first}: function {name} is {count} lines (> {MAX_FUNC})")
+    if not may_be_long(rel) and rel != "tests/house/layout_test.py":
+        for i, ln in enumerate(src_lines):
+            if LONG_MARK.search(ln):
+                problems.append(f"{rel}:{i + 1}: 'layout: long' marks a function outside kernels and tests")
+    if rel.startswith("tests/") and rel.count("/") == 1:
+        problems.append(f"{rel}: a test directly in tests/ (put it in its kind's folder: {', '.join(TEST_KINDS)})")
+    elif rel.startswith("tests/") and rel.split("/")[1] not in TEST_KINDS:
+        problems.append(f"{rel}: tests/{rel.split('/')[1]}/ is not a test kind ({', '.join(TEST_KINDS)})")
     if rel.startswith(("sim/", "include/")) and rel.endswith((".cpp", ".hpp", ".cu", ".cuh", ".h")) and rel != RUNTIME_HEADER:
         for m in re.finditer(r'getenv\(\s*"(KVSIM_\w+)"', text):
             if m.group(1) not in ENV_LOCATORS:
@@ -209,7 +235,18 @@ def self_test():
             f.write('#include "kvsim/core/error.hpp"\n' + short_fn + 'const char* m = std::getenv("KVSIM_PYTHON");\n')
         with open(os.path.join(root, "sim", "io", "env.cpp"), "w") as f:
             f.write('const char* e = std::getenv("KVSIM_CUDA_WORKERS");\n')
+        os.makedirs(os.path.join(root, "tests", "unit"))
+        marked = "// layout: long: one story\n" + long_fn
+        for rel, body in (("tests/unit/t_marked.cpp", marked), ("tests/unit/t_unmarked.cpp", long_fn),
+                          ("sim/io/marked.cpp", marked), ("tests/loose.py", "x = 1\n")):
+            with open(os.path.join(root, rel), "w") as f:
+                f.write(body)
         problems = check_tree(root)
+    assert not any("t_marked.cpp" in p for p in problems), problems
+    assert any("t_unmarked.cpp:2: function f" in p for p in problems), problems
+    assert any("sim/io/marked.cpp:3: function f" in p for p in problems), problems
+    assert any("sim/io/marked.cpp:1: 'layout: long' marks" in p for p in problems), problems
+    assert any("tests/loose.py: a test directly in tests/" in p for p in problems), problems
     assert any("env.cpp: reads KVSIM_CUDA_WORKERS itself" in p for p in problems), problems
     assert any("function f is 88 lines" in p for p in problems), problems
     assert any("includes kvsim/replay/" in p for p in problems), problems
@@ -226,8 +263,9 @@ def self_test():
         with open(os.path.join(root, "include", "kvsim", "core", "hd.hpp"), "w") as f:
             f.write('// #include "kvsim/cuda/cuda.hpp"\n')
         assert reaches_cuda(root, "include/kvsim/policies/policy.hpp") is None
-    print("layout_test: self-test flags a long function, an upward include and a policy header reaching CUDA, "
-          "a runtime variable read outside runtime.hpp, and nothing else")
+    print("layout_test: self-test flags a long function (a marked one only outside kernels and tests), an upward "
+          "include and a policy header reaching CUDA, a runtime variable read outside runtime.hpp, a test outside a "
+          "kind's folder, and nothing else")
 
 
 def main():

@@ -1,4 +1,4 @@
-"""The fuzz campaign's `task` inputs (tests/fuzz_inputs.py): `kvsim task` configs of every kind
+"""The fuzz campaign's `task` inputs (tests/fuzz/fuzz_inputs.py): `kvsim task` configs of every kind
 (passkey, word and the RULER suite, docs/tasks.md) with values swapped for extreme ones, lines deleted,
 duplicated or swapped, keys misspelt, bytes inserted, or `--set` overrides of the [task] keys, each
 asked for its prompts (`--prompts`, which reads the config, tokenizes the filler and generates every

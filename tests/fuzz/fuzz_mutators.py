@@ -1,4 +1,4 @@
-"""Input generators of the kvsim fuzz campaign (tests/fuzz_inputs.py): seeded mutations of HDF5
+"""Input generators of the kvsim fuzz campaign (tests/fuzz/fuzz_inputs.py): seeded mutations of HDF5
 recordings (structural, with h5py, and byte-level), TOML configs, --set overrides and llama2.c
 checkpoints/tokenizers. Each *_cases function returns (kind, description, argv, out_dir, files)."""
 import os

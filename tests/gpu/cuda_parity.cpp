@@ -93,7 +93,7 @@ TEST_CASE("cuda: exact attention matches the CPU reference on synthetic GQA head
 }
 
 TEST_CASE("cuda: a replay with the GPU reference matches the CPU replay for every policy", "[cuda]") {
-  // Every registered example whose instance has a GPU twin (tests/registry_examples.hpp), so a new
+  // Every registered example whose instance has a GPU twin (tests/unit/registry_examples.hpp), so a new
   // policy with a twin is compared here without editing a list.
   const char* cfg = R"(
 [data]

@@ -1,5 +1,5 @@
 // lagkv (sim/policies/lagkv.cpp): LagKV's scores and the policy's cache. Its kept sets at prefill are
-// checked against kvpress's LagKVPress on SmolLM2 by tests/kvpress_conformance_test.py.
+// checked against kvpress's LagKVPress on SmolLM2 by tests/real_model/kvpress_conformance_test.py.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <set>

@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 SKIP = 77
-from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
+from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
 
 
 def read_llama2c(np, path):

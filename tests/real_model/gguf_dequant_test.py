@@ -14,7 +14,7 @@ import os
 import sys
 
 SKIP = 77
-from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
+from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
 
 
 def bits_equal(a, b):

@@ -1,4 +1,4 @@
-"""GGUF inputs for the fuzz campaign (tests/fuzz_inputs.py): a tiny valid model and its mutations."""
+"""GGUF inputs for the fuzz campaign (tests/fuzz/fuzz_inputs.py): a tiny valid model and its mutations."""
 import os
 import struct
 

@@ -20,7 +20,7 @@ import tempfile
 
 SKIP = 77
 N, W, TAIL = 16, 2, 0.05
-from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
+from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
 
 
 def main():

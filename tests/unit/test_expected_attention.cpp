@@ -1,6 +1,6 @@
 // expected_attention (sim/policies/expected_attention.cpp): its RoPE handling and its keep rule. The kept
 // sets at prefill are checked against kvpress's ExpectedAttentionPress on SmolLM2 by
-// tests/kvpress_conformance_test.py.
+// tests/real_model/kvpress_conformance_test.py.
 #include <catch2/catch.hpp>
 #include <cmath>
 

@@ -39,7 +39,7 @@ MODELS = {"smollm2": ("SmolLM2-135M-Instruct.Q4_1.gguf", 256, 128, 5e-5),
           "gemma3": ("gemma-3-270m-q4_k_m.gguf", 640, 128, 5e-5)}
 GGUF, N, P, TOL = MODELS["smollm2"]
 B, SINK = 48, 4
-from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
+from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
 
 
 def run_closed_loop(kvsim_bin, tmp, name, gguf_path, text_path, policies):

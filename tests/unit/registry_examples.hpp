@@ -1,5 +1,5 @@
 // Test helper: the registry's examples as [[policy]] entries, for tests that iterate every policy
-// instead of a hand-written list (tests/test_contract.cpp, tests/cuda_parity.cpp).
+// instead of a hand-written list (tests/unit/test_contract.cpp, tests/gpu/cuda_parity.cpp).
 #pragma once
 #include <unistd.h>
 

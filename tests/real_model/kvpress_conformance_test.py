@@ -36,7 +36,7 @@ same set: checked); kvsim's tova, following the paper's stream, evicts one token
 group's weights; the differing share is printed.
 
 Exit 0 when every check holds, 1 otherwise, 77 (SKIPPED) when torch/transformers/kvpress or the
-model file is missing (tests/setup_check.py fails the suite in that case after setup).
+model file is missing (tests/cli/setup_check.py fails the suite in that case after setup).
 """
 import argparse
 import json

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_checks import logits_with_qkv  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
+from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
 
 
 def mixed_text(root, data_dir):
@@ -36,7 +36,7 @@ def mixed_text(root, data_dir):
         parts.append(f.read()[:15000])
     with open(os.path.join(data_dir, "tinyshakespeare", "input.txt"), encoding="utf-8") as f:
         parts.append(f.read()[:12000])
-    for rel in ("sim/model/gguf.cpp", "sim/model/tokenizer.cpp", "scripts/fetch_models.py", "tests/docs_test.py"):
+    for rel in ("sim/model/gguf.cpp", "sim/model/tokenizer.cpp", "scripts/fetch_models.py", "tests/house/docs_test.py"):
         with open(os.path.join(root, rel), encoding="utf-8") as f:
             parts.append(f.read()[:8000])
     parts.append(
@@ -176,7 +176,7 @@ def main():
         print(__doc__)
         return 2
     kvsim_bin, models, data_dir = sys.argv[1:4]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.path.join(models, GGUF)
     if not os.path.exists(path):
         print(f"SKIPPED: {path} absent (bash scripts/setup.sh fetches it)")

@@ -28,7 +28,7 @@ import tempfile
 
 SKIP = 77
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-from checks import check, failures  # noqa: E402  (tests/checks.py, beside this script)
+from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
 
 
 def check_resume(src, kvsim_bin, cfg, ckpt, tmp, theirs):

@@ -78,7 +78,7 @@ def self_test(root):
 
 def main():
     if sys.argv[1] == "--self-test":
-        return self_test(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        return self_test(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     root = sys.argv[1]
     problems = pin_problems(os.path.join(root, "requirements.txt")) + model_problems(root) + module_problems(root)
     for p in problems:
