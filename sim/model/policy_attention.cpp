@@ -9,6 +9,33 @@
 
 namespace kvsim {
 
+StreamInfo model_cache_stream(const LlamaConfig& cfg, int layer, int kv_head, int64_t n_tokens, GqaMode gqa,
+                              GroupAgg group_agg, int64_t prefill, bool policy_f32) {
+  StreamInfo info;
+  info.n = n_tokens;
+  info.head_dim = cfg.head_dim();
+  info.n_queries = gqa == GqaMode::query_head ? 1 : cfg.n_heads / cfg.n_kv_heads;
+  info.group_agg = group_agg;
+  info.prefill = prefill;
+  info.policy_f32 = policy_f32;  // `[eval] policy_precision = "float32"`, as in the replay
+  // The caches receive post-RoPE keys and queries scaled by attn_scale(), as a recording of this model
+  // says (model_recording_meta): expected_attention turns the queries back before RoPE with these.
+  info.softmax_scale = cfg.attn_scale();
+  info.rope_applied = true;
+  info.rope_halves = cfg.rope_halves;
+  info.rope_theta = cfg.layer_rope_theta(layer);
+  info.layer = layer;
+  info.kv_head = kv_head;
+  info.n_layers = cfg.n_layers;
+  // Policies manage the global layers only (local ones keep their exact window): this layer's rank among them.
+  info.managed_layer = info.n_managed_layers = 0;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    info.managed_layer += l < layer && cfg.layer_window(l) == 0;
+    info.n_managed_layers += cfg.layer_window(l) == 0;
+  }
+  return info;
+}
+
 PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
                                      GqaMode gqa, GroupAgg group_agg, int64_t prefill, bool policy_f32)
     : cfg_(cfg), per_query_(gqa == GqaMode::query_head), prefill_(prefill) {
@@ -16,16 +43,6 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
     throw Error("model.prefill (" + std::to_string(prefill) + ") must be in [0, model.tokens = " + std::to_string(n_tokens) + ")");
   const int G = cfg.n_heads / cfg.n_kv_heads;
   const int caches = per_query_ ? cfg.n_heads : cfg.n_kv_heads;
-  StreamInfo info;
-  info.n = n_tokens;
-  info.head_dim = cfg.head_dim();
-  info.n_queries = per_query_ ? 1 : G;
-  info.group_agg = group_agg;
-  info.prefill = prefill;
-  info.policy_f32 = policy_f32;  // `[eval] policy_precision = "float32"`, as in the replay
-  info.n_layers = cfg.n_layers;
-  info.n_managed_layers = 0;  // policies manage the global layers only (local ones keep their exact window)
-  for (int l = 0; l < cfg.n_layers; ++l) info.n_managed_layers += cfg.layer_window(l) == 0;
   if (prefill > 0) {
     prompt_.P = prefill;
     prompt_.k.assign(size_t(cfg.n_layers) * cfg.n_kv_heads, MatF::Zero(prefill, cfg.head_dim()));
@@ -40,10 +57,7 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
         if (h < cfg.n_kv_heads) window_[size_t(l) * cfg.n_kv_heads + h] = Window{MatD::Zero(w, cfg.head_dim()), MatD::Zero(w, cfg.head_dim())};
         continue;
       }
-      info.layer = l;
-      info.managed_layer = 0;
-      for (int j = 0; j < l; ++j) info.managed_layer += cfg.layer_window(j) == 0;
-      info.kv_head = per_query_ ? h / G : h;
+      StreamInfo info = model_cache_stream(cfg, l, per_query_ ? h / G : h, n_tokens, gqa, group_agg, prefill, policy_f32);
       const uint64_t head_id = per_query_ ? uint64_t(h) : uint64_t(h) + (1ULL << 32);
       info.seed = derive_seed({seed, uint64_t(l), head_id, 0, 0});
       auto p = make_policy(spec.name, spec.params, info);

@@ -25,6 +25,14 @@ struct PromptTensors {
 /// per-layer Q, K, V into PromptTensors. Throws kvsim::Error on an empty prompt or a bad token.
 PromptTensors prompt_tensors(const LlamaModel& model, const std::vector<int>& prompt, int threads);
 
+/// The stream a closed-loop cache of `layer` and `kv_head` is built for (all but its seed): what the
+/// replay of a recording of this model gives the same cell (cell_stream over model_recording_meta) —
+/// n_tokens, head_dim, the query group, post-RoPE queries scaled by attn_scale(), the layer's RoPE base
+/// and pair order, the prompt, the managed (global) layers. tests/unit/test_closed_loop_stream.cpp
+/// compares the two field by field.
+StreamInfo model_cache_stream(const LlamaConfig& cfg, int layer, int kv_head, int64_t n_tokens, GqaMode gqa,
+                              GroupAgg group_agg, int64_t prefill, bool policy_f32);
+
 /// A KVAttention that routes each layer's attention through one policy per KV head (gqa = kv_head)
 /// or per query head (query_head). Non-causal oracles (oracle_topk, h2o score = "oracle") are
 /// refused: they need the future. Seeds derive from (seed, layer, head, 0) like the replay engine.
