@@ -124,7 +124,7 @@ def link_table(t, suite):
         pol = g.policy.to_numpy()
         for q in np.unique(pol):
             train = pol != q
-            if y[train].min() == y[train].max():
+            if not train.any() or y[train].min() == y[train].max():  # one policy only: nothing to fit on
                 continue
             f = sm.Logit(y[train], sm.add_constant(x[train])).fit(disp=0, warn_convergence=False)
             held[~train] = f.params[0] + f.params[1] * x[~train]

@@ -109,3 +109,22 @@ def test_link_table_ranks_a_predictive_metric_above_noise(tmp_path):
     assert link.loc["needle_kept_share", "mcfadden_r2"] > 0.5
     assert abs(link.loc["log10 rel_err", "auc"] - 0.5) < 0.15
     assert link.loc["log10 rel_err", "mcfadden_r2"] < 0.05
+
+
+def test_link_table_with_one_policy_has_no_held_out_fit(tmp_path):
+    """One policy's run (e.g. a re-measured entry alone): the leave-one-policy-out fit has nothing to train
+    on, so its AUC is left empty instead of failing (it crashed on an empty training set before)."""
+    import numpy as np
+    rng = np.random.default_rng(5)
+    n = 40
+    right = rng.integers(0, 2, n)
+    share = np.where(right == 1, rng.uniform(0.7, 1.0, n), rng.uniform(0.0, 0.6, n))
+    write_run(tmp_path / "a", "niah_single", {"exact": [1] * n, "h2o(memory=0.5)": list(right)},
+              {"h2o(memory=0.5)": {"needle_kept_share": share}})
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "plots" / "ruler.py"), str(tmp_path / "a"), "--out-dir", str(out),
+                        "--resamples", "200"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    link = pd.read_csv(out / "link.csv").set_index("predictor")
+    row = link.loc["needle_kept_share"]
+    assert row.auc > 0.9 and np.isnan(row.auc_leave_one_policy_out)
