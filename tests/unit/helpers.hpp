@@ -2,6 +2,7 @@
 #pragma once
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -12,6 +13,10 @@
 #include "kvsim/io/synth.hpp"
 
 namespace kvsim::test {
+
+/// Equal to the bit for the tests that claim identical results: equal values, or NaN on both sides
+/// (a metric that does not apply).
+inline bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
 
 /// True when Catch is only asked to list (ctest's catch_discover_tests at build time): a binary whose
 /// main() exits 77 without its model files must still list its cases.

@@ -14,6 +14,7 @@
 
 #include <cmath>
 
+#include "helpers.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/cli/config.hpp"
 #include "kvsim/io/spec.hpp"
@@ -44,7 +45,7 @@ every = 3
 name = "exact"
 )";
 
-bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+using test::same_bits;
 
 struct Seen {
   bool rel_err_above = false, below_oracle = false;

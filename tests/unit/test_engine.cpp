@@ -65,7 +65,7 @@ centers = 8
 mode = "streaming"
 )";
 
-bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+using test::same_bits;
 
 }  // namespace
 

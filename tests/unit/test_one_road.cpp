@@ -35,7 +35,7 @@ name = "uniform"
 budget = 0.25
 )";
 
-bool same_bits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+using test::same_bits;
 }  // namespace
 
 namespace {
