@@ -179,6 +179,50 @@ void bench_exact(bool quick, double sgemm_fp32, std::string& out) {
   out += buf;
 }
 
+/// The replays `kvsim bench --device cuda` times, each at memory B (tokens) with the sizes the
+/// policy's gpu_replay() would give, `heads` KV heads.
+std::vector<cuda::PolicyReplay> bench_specs(long long B, int heads) {
+  // Each spec by field name, with the sizes the policy's gpu_replay() would give at this memory.
+  auto spec = [](cuda::ReplayKind kind) {
+    cuda::PolicyReplay p;
+    p.kind = kind;
+    return p;
+  };
+  std::vector<cuda::PolicyReplay> specs;
+  cuda::PolicyReplay w = spec(cuda::ReplayKind::window), s4 = spec(cuda::ReplayKind::sink), h = spec(cuda::ReplayKind::h2o);
+  w.window = B;
+  s4.sink = 4;
+  s4.window = B - 4;
+  h.budget = B;
+  h.recent = B / 2;
+  specs.insert(specs.end(), {w, s4, h});
+  cuda::PolicyReplay u = spec(cuda::ReplayKind::uniform);
+  u.budget = B;
+  for (int k = 0; k < heads; ++k) u.seeds.push_back(0x9e3779b97f4a7c15ULL * uint64_t(k + 1));
+  specs.push_back(u);
+  // buzz at the same memory: sink 4 + window w + body < T with T/w = 6 (Theorem 3.1, s = 5).
+  cuda::PolicyReplay b = spec(cuda::ReplayKind::buzz);
+  b.sink = 4;
+  b.window = (B - 4) / 7;
+  b.threshold = 6 * b.window;
+  b.stride = 5;
+  specs.push_back(b);
+  cuda::PolicyReplay o = spec(cuda::ReplayKind::oracle_topk);
+  o.budget = B;
+  specs.push_back(o);
+  cuda::PolicyReplay kc = spec(cuda::ReplayKind::subgen_kcenter);  // streaming: recent + centers = B
+  kc.recent = B / 2;
+  kc.budget = B - B / 2;
+  specs.push_back(kc);
+  cuda::PolicyReplay sg = spec(cuda::ReplayKind::subgen);  // fixed-memory SubGen at the same memory, t = 1
+  sg.s = B / 2;
+  sg.t = 1;
+  sg.max_clusters = (B - sg.s) / 2;
+  sg.seeds = u.seeds;
+  specs.push_back(sg);
+  return specs;
+}
+
 /// Policy replays (replay_policy): 32 KV heads × 1 query head each, 20% budgets, every 16th step
 /// answered; head-steps per second = heads × n / seconds (host transfers included).
 void bench_replays(bool quick, std::string& out) {
@@ -193,24 +237,7 @@ void bench_replays(bool quick, std::string& out) {
     const float *Q = qkv.data(), *K = Q + size, *V = K + size;
     const std::vector<int64_t> steps = every_16th(n);
     const long long B = n / 5;
-    std::vector<cuda::PolicyReplay> specs = {{cuda::ReplayKind::window, 0, B, 0, 0, 0}, {cuda::ReplayKind::sink, 4, B - 4, 0, 0, 0}, {cuda::ReplayKind::h2o, 0, 0, B, B / 2, 0}};
-    cuda::PolicyReplay u{cuda::ReplayKind::uniform, 0, 0, B, 0, 0};
-    for (int h = 0; h < heads; ++h) u.seeds.push_back(0x9e3779b97f4a7c15ULL * uint64_t(h + 1));
-    specs.push_back(u);
-    // buzz at the same memory: sink 4 + window w + body < T with T/w = 6 (Theorem 3.1, s = 5).
-    cuda::PolicyReplay b{cuda::ReplayKind::buzz, 4, (B - 4) / 7, 0, 0, 0};
-    b.threshold = 6 * b.window;
-    b.stride = 5;
-    specs.push_back(b);
-    specs.push_back({cuda::ReplayKind::oracle_topk, 0, 0, B, 0, 0});
-    cuda::PolicyReplay kc{cuda::ReplayKind::subgen_kcenter, 0, 0, B / 2, B - B / 2, 0};  // streaming: recent + centers = B
-    specs.push_back(kc);
-    cuda::PolicyReplay sg{cuda::ReplayKind::subgen, 0, 0, 0, 0, 0};  // fixed-memory SubGen at the same memory, t = 1
-    sg.s = B / 2;
-    sg.t = 1;
-    sg.max_clusters = (B - sg.s) / 2;
-    sg.seeds = u.seeds;
-    specs.push_back(sg);
+    const std::vector<cuda::PolicyReplay> specs = bench_specs(B, heads);
     // Each policy from host memory (Q, K and V copied in, as one replay_policy call does), then with
     // them already on the device (replay_policy_shared: the layer batch's case, one upload per layer)
     // — and for h2o and buzz there, once more with their state in global memory instead of shared.

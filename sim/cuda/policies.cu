@@ -145,28 +145,17 @@ bool dynamic_smem_fits(F* f, long long dyn) {
   return dyn <= lim->bytes;
 }
 
-/// The kept-slot capacity of `p` after checking its sizes and the shapes; throws kvsim::Error.
+/// The kept-slot capacity of `p` after checking its sizes (cuda::kReplayKindTable) and the shapes;
+/// throws kvsim::Error.
 long long validate_replay(const cuda::PolicyReplay& p, int kv_heads, int group, int64_t n, int d,
                           const std::vector<int64_t>& steps) {
-  using cuda::ReplayKind;
-  const std::string name = cuda::to_string(p.kind);
   check_shapes_and_steps(kv_heads >= 1 && group >= 1 && d >= 1 && n >= 1, steps, n, "cuda::replay_policy");
-  const long long cap = cuda::replay_capacity(p);
-  bool ok = cap >= 1;
-  switch (p.kind) {
-    case ReplayKind::h2o: ok = ok && p.recent >= 0 && p.recent < p.budget; break;
-    case ReplayKind::oracle_topk: ok = ok && p.group_agg >= 0 && p.group_agg <= 2; break;
-    case ReplayKind::subgen_kcenter: ok = ok && p.recent >= 1 && p.budget >= 0; break;
-    case ReplayKind::subgen:
-      ok = ok && p.s >= 1 && p.t >= 1 && p.max_clusters >= 0 && p.delta >= 0 && (p.delta > 0 || p.max_clusters > 0) &&
-           p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
-      break;
-    case ReplayKind::uniform: ok = ok && p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32); break;
-    case ReplayKind::buzz: ok = ok && p.sink >= 0 && p.window >= 1 && p.stride >= 2 && p.threshold >= p.stride; break;
-    case ReplayKind::window:
-    case ReplayKind::sink: ok = ok && p.sink >= 0 && p.window >= 1; break;
-  }
-  if (!ok) throw Error("cuda::replay_policy: bad sizes for policy '" + name + "'");
+  const int k = int(p.kind);
+  if (k < 0 || k >= cuda::kReplayKindCount) throw Error("cuda::replay_policy: unknown replay kind " + std::to_string(k));
+  const cuda::ReplayKindInfo& info = cuda::replay_kind_info(p.kind);
+  const long long cap = info.capacity(p);
+  if (cap < 1 || !info.sizes_ok(p, kv_heads, n))
+    throw Error("cuda::replay_policy: bad sizes for policy '" + std::string(info.name) + "'");
   return cap;
 }
 

@@ -2,7 +2,8 @@
 // uniform, buzz, oracle_topk, subgen_kcenter streaming, subgen) runs on the GPU for a whole cell at
 // once (cuda::replay_policy, sim/cuda/policies.cu); this adapter hands the GPU's answers to the
 // engine at the evaluated steps, so metrics, memory checks and results are computed exactly as for
-// the CPU policies. policy_ns then holds the cell's replay time (host
+// the CPU policies; how to read a replay (cache size, kept rows, clusters, τ̂) is its kind's row of
+// cuda::kReplayKindTable, never a test of the kind here. policy_ns then holds the cell's replay time (host
 // transfers included) at the first evaluated step and near zero after it.
 #include <algorithm>
 
@@ -19,8 +20,7 @@ class GpuReplayPolicy final : public Policy {
                   const MatF& V, double scale, std::vector<int64_t> steps, PolicyReplayFn replay)
       : cpu_(std::move(cpu)), spec_(std::move(spec)), Q_(std::move(Q)), K_(K), V_(V), scale_(scale),
         steps_(std::move(steps)), replay_fn_(replay ? std::move(replay) : PolicyReplayFn(cuda::replay_policy)) {
-    cap_ = cuda::replay_capacity(spec_);
-    fixed_size_ = spec_.kind != cuda::ReplayKind::buzz && spec_.kind != cuda::ReplayKind::subgen_kcenter && spec_.kind != cuda::ReplayKind::subgen;
+    cap_ = info_.capacity(spec_);
   }
 
   void observe(int64_t t, const float*, const float*) override {
@@ -35,9 +35,9 @@ class GpuReplayPolicy final : public Policy {
     const int G = int(Q_.size()), d = int(K_.cols());
     if (q.rows() != G) throw Error("gpu replay: query group size changed");
     const size_t rows = steps_.size();
-    const bool subgen = spec_.kind == cuda::ReplayKind::subgen;
+    const bool no_subset = info_.kept == cuda::KeptRow::cluster_count;
     std::vector<int64_t> kept;
-    if (subgen) {  // no token subset: the row holds the cluster count m
+    if (no_subset) {  // subgen: no token subset, the row holds the cluster count m
       const int64_t m = kept_[row_ * size_t(kept_cap_)];
       last_vectors_ = m * (1 + spec_.t) + 2 * spec_.s;  // SubGen::stored_vectors
       last_count_ = (last_vectors_ + 1) / 2;
@@ -47,15 +47,15 @@ class GpuReplayPolicy final : public Policy {
         if (const int64_t x = kept_[row_ * size_t(kept_cap_) + size_t(s)]; x >= 0) kept.push_back(x);
       last_count_ = int64_t(kept.size());
       last_vectors_ = 2 * last_count_;
-      if (spec_.kind == cuda::ReplayKind::subgen_kcenter) last_clusters_ = double(last_count_ - std::min(t, spec_.recent));
+      if (info_.clusters == cuda::Clusters::beyond_recent) last_clusters_ = double(last_count_ - std::min(t, spec_.recent));
     }
     for (int g = 0; g < G; ++g) {
       Answer& a = (*out)[g];
       a.z = Eigen::Map<const VecF>(z_.data() + (size_t(g) * rows + row_) * d, d).cast<double>();
       const double ls = log_sum_[size_t(g) * rows + row_];
-      if (spec_.kind == cuda::ReplayKind::uniform) a.log_tau = hd::uniform_log_tau(ls, t, last_count_);  // as UniformPolicy
-      if (subgen) {
-        a.log_tau = ls;  // log τ̂ (SubGen line 30)
+      if (info_.tau == cuda::Tau::uniform) a.log_tau = hd::uniform_log_tau(ls, t, last_count_);  // as UniformPolicy
+      if (info_.tau == cuda::Tau::log_sum) a.log_tau = ls;  // log τ̂ (SubGen Algorithm 1, line 30)
+      if (no_subset) {
         a.has_kept = false;
         a.kept.clear();
       } else {
@@ -67,13 +67,13 @@ class GpuReplayPolicy final : public Policy {
 
   /// Fixed-size caches: min(t, capacity) at every step; buzz, subgen_kcenter, subgen: the size at the
   /// last answered step (the engine reads it at evaluated steps, right after attend()).
-  int64_t cache_tokens() const override { return fixed_size_ ? std::min(seen_, cap_) : last_count_; }
-  int64_t cache_vectors() const override { return fixed_size_ ? 2 * cache_tokens() : last_vectors_; }
+  int64_t cache_tokens() const override { return info_.fixed_size ? std::min(seen_, cap_) : last_count_; }
+  int64_t cache_vectors() const override { return info_.fixed_size ? 2 * cache_tokens() : last_vectors_; }
   bool capacity_matched() const override { return cpu_->capacity_matched(); }
   /// subgen_kcenter: its centers (the kept tokens beyond the window); subgen: its clusters; at the
   /// last answered step. NaN for the others (as their CPU policies).
   double clusters() const override {
-    if (spec_.kind != cuda::ReplayKind::subgen_kcenter && spec_.kind != cuda::ReplayKind::subgen) return cpu_->clusters();
+    if (info_.clusters == cuda::Clusters::none) return cpu_->clusters();
     return last_clusters_;
   }
 
@@ -92,6 +92,7 @@ class GpuReplayPolicy final : public Policy {
 
   std::unique_ptr<Policy> cpu_;  // the CPU instance it replaces: its properties, never stepped
   cuda::PolicyReplay spec_;
+  const cuda::ReplayKindInfo& info_ = cuda::replay_kind_info(spec_.kind);  // after spec_: initialised from it
   std::vector<const MatF*> Q_;
   const MatF& K_;
   const MatF& V_;
@@ -103,7 +104,6 @@ class GpuReplayPolicy final : public Policy {
   std::vector<int64_t> kept_;
   int64_t kept_cap_ = 0, cap_ = 0, seen_ = 0, last_count_ = 0, last_vectors_ = 0;
   double last_clusters_ = 0;
-  bool fixed_size_ = true;
   size_t row_ = 0;
 };
 

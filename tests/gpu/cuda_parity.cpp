@@ -39,20 +39,31 @@ int main(int argc, char** argv) {
 namespace {
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
+/// A layer's streams as the CUDA API takes them: Q [heads][n][d], K and V [kv_heads][n][d], float32.
+void layer_streams(const StreamSource& src, int layer, std::vector<float>& Q, std::vector<float>& K,
+                   std::vector<float>& V) {
+  const auto& m = src.meta();
+  const size_t nd = size_t(m.n_tokens) * m.head_dim;
+  Q.assign(size_t(m.n_heads) * nd, 0.f);
+  K.assign(size_t(m.n_kv_heads) * nd, 0.f);
+  V.assign(K.size(), 0.f);
+  for (int h = 0; h < m.n_heads; ++h) {
+    MatF q = src.read(layer, Tensor::q, h);
+    std::copy(q.data(), q.data() + q.size(), Q.begin() + size_t(h) * nd);
+  }
+  for (int h = 0; h < m.n_kv_heads; ++h) {
+    MatF k = src.read(layer, Tensor::k, h), v = src.read(layer, Tensor::v, h);
+    std::copy(k.data(), k.data() + k.size(), K.begin() + size_t(h) * nd);
+    std::copy(v.data(), v.data() + v.size(), V.begin() + size_t(h) * nd);
+  }
+}
+
 void compare_heads(const StreamSource& src, int layer, const std::vector<int64_t>& steps) {
   const auto& m = src.meta();
   const int64_t n = m.n_tokens;
   const int H = m.n_heads, Hkv = m.n_kv_heads, d = m.head_dim;
-  std::vector<float> Q(size_t(H) * n * d), K(size_t(Hkv) * n * d), V(K.size());
-  for (int h = 0; h < H; ++h) {
-    MatF q = src.read(layer, Tensor::q, h);
-    std::copy(q.data(), q.data() + q.size(), Q.begin() + size_t(h) * n * d);
-  }
-  for (int h = 0; h < Hkv; ++h) {
-    MatF k = src.read(layer, Tensor::k, h), v = src.read(layer, Tensor::v, h);
-    std::copy(k.data(), k.data() + k.size(), K.begin() + size_t(h) * n * d);
-    std::copy(v.data(), v.data() + v.size(), V.begin() + size_t(h) * n * d);
-  }
+  std::vector<float> Q, K, V;
+  layer_streams(src, layer, Q, K, V);
   std::vector<float> out, probs;
   std::vector<double> lt, pn;
   cuda::exact_attention(Q.data(), K.data(), V.data(), H, Hkv, n, d, m.softmax_scale, steps, out, lt, pn, &probs);
@@ -197,30 +208,17 @@ TEST_CASE("cuda: exact attention matches the CPU reference on stories260K", "[cu
 
 namespace {
 /// CPU policy (float32 policy precision, kv_head mode) vs cuda::replay_policy on every KV head of
-/// layer 0: answers ≤ 1e-4 relative, identical kept sets (in the same order for all but window/sink),
-/// uniform's τ̂ ≤ 1e-4 relative.
-void compare_policy(const StreamSource& src, const std::string& name, const Params& params, const cuda::PolicyReplay& gp,
-                    const std::string& agg, const std::vector<int64_t>& steps) {
+/// layer 0, the replay's spec taken from the CPU instances' own gpu_replay() (one instance per KV
+/// head, seeded as the engine seeds them: their seeds are the spec's per-KV-head seeds): answers
+/// ≤ 1e-4 relative, identical kept sets (in the same order for all but window/sink), the cluster
+/// count and τ̂ where the twin answers them (cuda::kReplayKindTable).
+void compare_policy(const StreamSource& src, const std::string& name, const Params& params, const std::string& agg,
+                    const std::vector<int64_t>& steps) {
   const auto& m = src.meta();
   const int64_t n = m.n_tokens;
   const int Hkv = m.n_kv_heads, G = m.n_heads / m.n_kv_heads, d = m.head_dim;
-  std::vector<float> Q(size_t(m.n_heads) * n * d), K(size_t(Hkv) * n * d), V(K.size());
-  for (int h = 0; h < m.n_heads; ++h) {
-    MatF q = src.read(0, Tensor::q, h);
-    std::copy(q.data(), q.data() + q.size(), Q.begin() + size_t(h) * n * d);
-  }
-  for (int h = 0; h < Hkv; ++h) {
-    MatF k = src.read(0, Tensor::k, h), v = src.read(0, Tensor::v, h);
-    std::copy(k.data(), k.data() + k.size(), K.begin() + size_t(h) * n * d);
-    std::copy(v.data(), v.data() + v.size(), V.begin() + size_t(h) * n * d);
-  }
-  std::vector<float> z;
-  std::vector<double> ls;
-  std::vector<int64_t> kept;
-  int64_t cap = 0;
-  cuda::replay_policy(gp, Q.data(), K.data(), V.data(), Hkv, G, n, d, m.softmax_scale, steps, z, ls, kept, cap);
-  const size_t rows = steps.size();
-  double worst = 0;
+  std::vector<std::unique_ptr<Policy>> pols;
+  cuda::PolicyReplay gp;
   for (int kvh = 0; kvh < Hkv; ++kvh) {
     StreamInfo info;
     info.n = n;
@@ -228,8 +226,27 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
     info.n_queries = G;
     info.group_agg = *parse_choice<GroupAgg>(agg);
     info.policy_f32 = true;
-    info.seed = gp.seeds.empty() ? 0 : gp.seeds.at(size_t(kvh));  // uniform: the same Philox stream
-    auto pol = make_policy(name, params, info);
+    info.seed = derive_seed({99, uint64_t(kvh)});
+    pols.push_back(make_policy(name, params, info));
+    const std::optional<cuda::PolicyReplay> spec = gpu_replay(*pols.back());
+    REQUIRE(spec.has_value());
+    if (kvh == 0) gp = *spec;
+    else gp.seeds.insert(gp.seeds.end(), spec->seeds.begin(), spec->seeds.end());
+  }
+  REQUIRE((gp.seeds.empty() || gp.seeds.size() == size_t(Hkv)));
+  const cuda::ReplayKindInfo& twin = cuda::replay_kind_info(gp.kind);
+  std::vector<float> Q, K, V;
+  layer_streams(src, 0, Q, K, V);
+  std::vector<float> z;
+  std::vector<double> ls;
+  std::vector<int64_t> kept;
+  int64_t cap = 0;
+  cuda::replay_policy(gp, Q.data(), K.data(), V.data(), Hkv, G, n, d, m.softmax_scale, steps, z, ls, kept, cap);
+  REQUIRE(cap == cuda::replay_capacity(gp));
+  const size_t rows = steps.size();
+  double worst = 0;
+  for (int kvh = 0; kvh < Hkv; ++kvh) {
+    Policy& pol = *pols[size_t(kvh)];
     const MatF Kc = src.read(0, Tensor::k, kvh), Vc = src.read(0, Tensor::v, kvh);
     std::vector<MatF> Qg(G);
     for (int g = 0; g < G; ++g) Qg[g] = src.read(0, Tensor::q, kvh * G + g);
@@ -237,10 +254,10 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
     std::vector<Answer> answers(G);
     size_t r = 0;
     for (int64_t t = 1; t <= n; ++t) {
-      pol->observe(t - 1, Kc.row(t - 1).data(), Vc.row(t - 1).data());
+      pol.observe(t - 1, Kc.row(t - 1).data(), Vc.row(t - 1).data());
       for (int g = 0; g < G; ++g) qgroup.row(g) = Qg[g].row(t - 1).cast<double>() * m.softmax_scale;
       const bool eval = r < rows && steps[r] == t;
-      pol->attend(t, qgroup, eval ? &answers : nullptr, nullptr);
+      pol.attend(t, qgroup, eval ? &answers : nullptr, nullptr);
       if (!eval) continue;
       std::vector<int64_t> gk;
       for (int64_t s = 0; s < cap; ++s) {
@@ -251,21 +268,23 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
         const Answer& a = answers[g];
         std::vector<int64_t> ck = a.kept;
         INFO(name << " KV head " << kvh << " step " << t << " query " << g);
-        if (name == "subgen") {  // no subset: the same clusters (count), and τ̂
-          REQUIRE(kept[(size_t(kvh) * rows + r) * cap] == int64_t(pol->clusters()));
-          worst = std::max(worst, std::abs(std::expm1(ls[size_t(kvh * G + g) * rows + r] - a.log_tau)));
-        } else if (name != "window" && name != "sink") REQUIRE(gk == ck);  // same slots in the same order
-        else {  // a ring on the CPU, the closed form on the GPU
+        const int h = kvh * G + g;
+        if (twin.kept == cuda::KeptRow::cluster_count) {  // no subset: the same clusters (count)
+          REQUIRE(kept[(size_t(kvh) * rows + r) * cap] == int64_t(pol.clusters()));
+        } else if (gp.kind == cuda::ReplayKind::window || gp.kind == cuda::ReplayKind::sink) {
+          // a ring on the CPU, the closed form (ascending) on the GPU: the same set
           std::sort(ck.begin(), ck.end());
           REQUIRE(gk == ck);
+        } else {
+          REQUIRE(gk == ck);  // same slots in the same order
         }
-        const int h = kvh * G + g;
-        const Eigen::Map<const VecF> zg(z.data() + (size_t(h) * rows + r) * d, d);
-        worst = std::max(worst, (zg.cast<double>() - a.z).norm() / std::max(a.z.norm(), 1e-30));
-        if (name == "uniform") {
+        if (twin.tau == cuda::Tau::log_sum) worst = std::max(worst, std::abs(std::expm1(ls[size_t(h) * rows + r] - a.log_tau)));
+        if (twin.tau == cuda::Tau::uniform) {
           const double lt = hd::uniform_log_tau(ls[size_t(h) * rows + r], t, int64_t(gk.size()));
           worst = std::max(worst, std::abs(std::expm1(lt - a.log_tau)));
         }
+        const Eigen::Map<const VecF> zg(z.data() + (size_t(h) * rows + r) * d, d);
+        worst = std::max(worst, (zg.cast<double>() - a.z).norm() / std::max(a.z.norm(), 1e-30));
       }
       ++r;
     }
@@ -273,14 +292,42 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
   INFO(name << ": worst relative answer difference " << worst);
   CHECK(worst <= 1e-4);
 }
+
+std::vector<int64_t> steps_every(int64_t every, int64_t n) {
+  std::vector<int64_t> steps;
+  for (int64_t t = 1; t <= n; t += every) steps.push_back(t);
+  if (steps.back() != n) steps.push_back(n);
+  return steps;
+}
 }  // namespace
 
-TEST_CASE("cuda: subgen replayed on the GPU matches the CPU policy", "[cuda]") {
-  // SubGen Algorithm 1, published (fixed δ) and fixed-memory (cluster cap, merges): same clusters
-  // and samples (Philox flips, bit-identical distances), answers and τ̂ ≤ 1e-4.
-  std::vector<int64_t> steps;
-  for (int64_t t = 1; t <= 600; t += 11) steps.push_back(t);
-  steps.push_back(600);
+TEST_CASE("cuda: every registered GPU twin replays as its CPU policy, example by example", "[cuda]") {
+  // The registry's examples (tests/unit/registry_examples.hpp) whose instance has a GPU twin, at both
+  // group aggregations: a new policy with a twin is compared here without editing a list.
+  StreamInfo s;
+  s.n = 600;
+  s.head_dim = 64;
+  s.n_queries = 4;
+  s.policy_f32 = true;
+  int twins = 0;
+  for (const auto& x : test::registry_examples(s)) {
+    if (!x.gpu) continue;
+    ++twins;
+    for (std::string preset : {"gaussian", "heavy_hitter"}) {
+      SynthSource src(test::small_synth(preset, 600, 64, 1, 8, 2));
+      for (const char* agg : {"mean", "max"}) {
+        INFO(x.spec.label << " on " << preset << ", group_agg " << agg);
+        compare_policy(src, x.spec.name, x.spec.params, agg, steps_every(7, 600));
+      }
+    }
+  }
+  CHECK(twins >= 8);  // window, sink, h2o, buzz, uniform, oracle_topk, subgen, subgen_kcenter when written
+}
+
+TEST_CASE("cuda: GPU twins in their other modes match the CPU policies", "[cuda]") {
+  // Modes the registry's examples do not reach: SubGen Algorithm 1 published (fixed δ) and fixed-memory
+  // (cluster cap, merges); streaming k-center weighted or not; buzz with log_scale; h2o at head_dim 30
+  // (not a multiple of 4: the state kernels' one-warp-per-key logits instead of the float4 path).
   for (std::string preset : {"clustered", "heavy_hitter"}) {
     INFO(preset);
     SynthSource src(test::small_synth(preset, 600, 64, 1, 8, 2));
@@ -290,103 +337,27 @@ TEST_CASE("cuda: subgen replayed on the GPU matches the CPU policy", "[cuda]") {
       sp.set("t", int64_t(4));
       if (cap > 0) sp.set("max_clusters", cap);
       else sp.set("delta", 8.0);
-      cuda::PolicyReplay gs;
-      gs.kind = cuda::ReplayKind::subgen;
-      gs.s = 48;
-      gs.t = 4;
-      gs.max_clusters = cap;
-      gs.delta = cap > 0 ? 0.0 : 8.0;
-      for (int kvh = 0; kvh < 2; ++kvh) gs.seeds.push_back(derive_seed({99, uint64_t(kvh)}));
-      compare_policy(src, "subgen", sp, gs, "mean", steps);
+      compare_policy(src, "subgen", sp, "mean", steps_every(11, 600));
     }
-  }
-}
-
-TEST_CASE("cuda: uniform buzz and k-center replayed on the GPU match the CPU policies", "[cuda]") {
-  std::vector<int64_t> steps;
-  for (int64_t t = 1; t <= 600; t += 5) steps.push_back(t);
-  steps.push_back(600);
-  for (std::string preset : {"gaussian", "heavy_hitter"}) {
-    INFO(preset);
-    SynthSource src(test::small_synth(preset, 600, 64, 1, 8, 2));
-    Params u;
-    u.set("budget", int64_t(96));
-    cuda::PolicyReplay gu;
-    gu.kind = cuda::ReplayKind::uniform;
-    gu.budget = 96;
-    for (int kvh = 0; kvh < 2; ++kvh) gu.seeds.push_back(derive_seed({77, uint64_t(kvh)}));
-    compare_policy(src, "uniform", u, gu, "mean", steps);
     for (bool weighted : {false, true}) {  // streaming k-center: 64 recent + 32 centers
       Params kc;
       kc.set("recent", int64_t(64));
       kc.set("centers", int64_t(32));
       kc.set("mode", std::string("streaming"));
       kc.set("weighted", weighted);
-      cuda::PolicyReplay gk;
-      gk.kind = cuda::ReplayKind::subgen_kcenter;
-      gk.recent = 64;
-      gk.budget = 32;
-      gk.weighted = weighted;
-      compare_policy(src, "subgen_kcenter", kc, gk, "mean", steps);
+      compare_policy(src, "subgen_kcenter", kc, "mean", steps_every(5, 600));
     }
-    for (bool log_scale : {false, true})
-      for (auto [agg, code] : {std::pair{"mean", int(hd::kAggMean)}, std::pair{"max", int(hd::kAggMax)}}) {
-        Params b;  // sink 4 + window 40 + T 60, stride 5: evictions every few dozen tokens
-        b.set("window", int64_t(40));
-        b.set("threshold", int64_t(60));
-        b.set("stride", int64_t(5));
-        b.set("log_scale", log_scale);
-        cuda::PolicyReplay gb;
-        gb.kind = cuda::ReplayKind::buzz;
-        gb.sink = 4;
-        gb.window = 40;
-        gb.threshold = 60;
-        gb.stride = 5;
-        gb.log_scale = log_scale;
-        gb.group_agg = code;
-        compare_policy(src, "buzz", b, gb, agg, steps);
-      }
-  }
-}
-
-TEST_CASE("cuda: window sink and h2o replayed on the GPU match the CPU policies", "[cuda]") {
-  std::vector<int64_t> steps;
-  for (int64_t t = 1; t <= 600; t += 7) steps.push_back(t);
-  steps.push_back(600);
-  for (std::string preset : {"gaussian", "heavy_hitter"}) {
-    INFO(preset);
-    SynthSource src(test::small_synth(preset, 600, 64, 1, 8, 2));
-    Params w, s, h;
-    w.set("budget", int64_t(96));
-    s.set("budget", int64_t(96));
-    s.set("sink", int64_t(4));
-    cuda::PolicyReplay gw, gs;
-    gw.kind = cuda::ReplayKind::window;
-    gw.window = 96;
-    gs.kind = cuda::ReplayKind::sink;
-    gs.sink = 4;
-    gs.window = 92;
-    compare_policy(src, "window", w, gw, "mean", steps);
-    compare_policy(src, "sink", s, gs, "mean", steps);
-    for (auto [agg, code] : {std::pair{"mean", int(hd::kAggMean)}, std::pair{"max", int(hd::kAggMax)}}) {
-      h.set("budget", int64_t(96));  // heavy_ratio 0.5: 48 heavy + 48 recent
-      cuda::PolicyReplay gh;
-      gh.kind = cuda::ReplayKind::h2o;
-      gh.budget = 96;
-      gh.recent = 48;
-      gh.group_agg = code;
-      compare_policy(src, "h2o", h, gh, agg, steps);
+    for (const char* agg : {"mean", "max"}) {
+      Params b;  // sink 4 + window 40 + T 60, stride 5: evictions every few dozen tokens
+      b.set("window", int64_t(40));
+      b.set("threshold", int64_t(60));
+      b.set("stride", int64_t(5));
+      b.set("log_scale", true);
+      compare_policy(src, "buzz", b, agg, steps_every(5, 600));
     }
   }
-  // head_dim 30 (not a multiple of 4): the state kernels' one-warp-per-key logits instead of the
-  // float4 path every case above takes.
   SynthSource odd(test::small_synth("heavy_hitter", 600, 30, 1, 8, 2));
   Params h;
   h.set("budget", int64_t(96));
-  cuda::PolicyReplay gh;
-  gh.kind = cuda::ReplayKind::h2o;
-  gh.budget = 96;
-  gh.recent = 48;
-  gh.group_agg = int(hd::kAggMean);
-  compare_policy(odd, "h2o", h, gh, "mean", steps);
+  compare_policy(odd, "h2o", h, "mean", steps_every(7, 600));
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include "helpers.hpp"
+#include "registry_examples.hpp"
 #include "kvsim/policies/gpu_replay.hpp"
 #include "kvsim/replay/engine.hpp"
 #include "kvsim/policies/policy.hpp"
@@ -240,4 +241,47 @@ TEST_CASE("policies: GPU replays of uniform buzz k-center and subgen carry tau, 
     CHECK(r == steps.size());
     if (name != "uniform") CHECK(sizes_varied);  // the adapter must not assume a fixed-size cache
   }
+}
+
+TEST_CASE("policies: every replay kind's table row names the registered policy whose twin gives it, and checks its sizes",
+          "[policies][cuda][registry]") {
+  // cuda::kReplayKindTable is the one place a GPU twin's capacity, size checks and answer form live;
+  // each policy's gpu_replay() (its own file) picks the row. Every row must be reached by a registered
+  // example of the policy it names, with a capacity ≥ 1 that its size check accepts.
+  StreamInfo s;
+  s.n = 256;
+  s.head_dim = 16;
+  s.n_queries = 2;
+  s.policy_f32 = true;
+  std::vector<int> reached(cuda::kReplayKindCount, 0);
+  for (const auto& x : test::registry_examples(s)) {
+    if (!x.gpu) continue;
+    const auto spec = gpu_replay(*make_policy(x.spec.name, x.spec.params, s));
+    REQUIRE(spec.has_value());
+    const cuda::ReplayKindInfo& row = cuda::replay_kind_info(spec->kind);
+    INFO(x.spec.label << " → replay kind " << row.name);
+    CHECK(row.kind == spec->kind);
+    CHECK(std::string(row.name) == x.spec.name);
+    CHECK(row.capacity(*spec) >= 1);
+    CHECK(row.sizes_ok(*spec, int(std::max<size_t>(1, spec->seeds.size())), s.n));
+    ++reached[int(spec->kind)];
+  }
+  for (int k = 0; k < cuda::kReplayKindCount; ++k) {
+    INFO("replay kind " << cuda::kReplayKindTable[k].name);
+    CHECK(reached[size_t(k)] > 0);
+  }
+  // Negative controls: the size checks refuse what the kernels cannot run.
+  cuda::PolicyReplay h;
+  h.kind = cuda::ReplayKind::h2o;
+  h.budget = 8;
+  h.recent = 8;  // no heavy slot left
+  CHECK_FALSE(cuda::replay_kind_info(h.kind).sizes_ok(h, 1, 64));
+  h.recent = 4;
+  CHECK(cuda::replay_kind_info(h.kind).sizes_ok(h, 1, 64));
+  cuda::PolicyReplay u;
+  u.kind = cuda::ReplayKind::uniform;
+  u.budget = 8;
+  u.seeds = {1};
+  CHECK_FALSE(cuda::replay_kind_info(u.kind).sizes_ok(u, 2, 64));  // one seed for two KV heads
+  CHECK(cuda::replay_kind_info(u.kind).sizes_ok(u, 1, 64));
 }

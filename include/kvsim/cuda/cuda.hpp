@@ -32,39 +32,14 @@ void exact_attention(const float* Q, const float* K, const float* V, int heads, 
                      double scale, const std::vector<int64_t>& steps, std::vector<float>& out,
                      std::vector<double>& log_tau, std::vector<double>& probs_norm, std::vector<float>* probs);
 
-/// A policy replayed on the GPU (the GPU path, step 2), with its sizes in tokens:
-///  - "window" (sink = 0) and "sink" (StreamingLLM: sink + window);
-///  - "h2o": budget = heavy + recent, `recent` protected tokens (< budget), group_agg;
-///  - "uniform": reservoir sampling of `budget` tokens, one Philox seed per KV head in `seeds`
-///    (hd::reservoir_slot: the CPU policy's seed gives the CPU policy's samples);
-///  - "buzz": sink + window + beehive body with `threshold` T and `stride` s, log_scale (BUZZ §3.5),
-///    group_agg for the accumulated scores;
-///  - "subgen_kcenter" (streaming mode): the `recent` last tokens plus at most `budget` centers of
-///    the older keys by hd::kcenter_insert; `weighted` adds log(cluster size) to a center's logit;
-///  - "subgen": SubGen Algorithm 1 with radius `delta`, `s` matrix-product and `t` cluster samples,
-///    `max_clusters` (0 = as published), one Philox seed per KV head in `seeds` (hd::philox_u01:
-///    the CPU policy's seed gives its coin flips). It keeps no token subset: its kept rows hold one
-///    entry, the cluster count m, and log_sum is log τ̂;
-///  - "oracle_topk": at each evaluated step the `budget` tokens of largest exact attention (the KV
-///    group's by group_agg, undivided), ties to the older token (hd::topk_prefer); kept ascending.
-/// Which replay a PolicyReplay asks for (one per GPU kernel family; cuda::replay_policy switches on
-/// it with no default, so a new kind without a kernel does not compile).
+/// A policy replayed on the GPU (the GPU path, step 2): its kind and sizes in tokens.
+/// Which replay a PolicyReplay asks for: one per GPU kernel family, described once in
+/// kReplayKindTable below (capacity, size checks, how its rows are read); the policy whose
+/// gpu_replay() returns it builds it in its own file (sim/policies/NAME.cpp), and the CUDA module
+/// launches it from one switch without default (sim/cuda/policies.cu), so a new kind without a table
+/// entry or a kernel does not compile.
 enum class ReplayKind { window, sink, h2o, uniform, buzz, oracle_topk, subgen_kcenter, subgen };
-
-/// The policy name of `k` ("window", ... — the registry name whose gpu_replay() gives it).
-inline const char* to_string(ReplayKind k) {
-  switch (k) {
-    case ReplayKind::window: return "window";
-    case ReplayKind::sink: return "sink";
-    case ReplayKind::h2o: return "h2o";
-    case ReplayKind::uniform: return "uniform";
-    case ReplayKind::buzz: return "buzz";
-    case ReplayKind::oracle_topk: return "oracle_topk";
-    case ReplayKind::subgen_kcenter: return "subgen_kcenter";
-    case ReplayKind::subgen: return "subgen";
-  }
-  return "?";
-}
+inline constexpr int kReplayKindCount = 8;
 
 struct PolicyReplay {
   ReplayKind kind = ReplayKind::window;
@@ -79,22 +54,99 @@ struct PolicyReplay {
   int64_t s = 0, t = 0, max_clusters = 0;  ///< subgen: |M|, |S_i|, cluster cap (0 = none)
 };
 
-/// Slots of the `kept` rows cuda::replay_policy returns for `p` (the most tokens its cache holds):
-/// budget (h2o, uniform, oracle_topk), sink + window (window, sink), sink + window + threshold (buzz),
-/// recent + centers (subgen_kcenter), 1 (subgen: its cluster count).
-inline int64_t replay_capacity(const PolicyReplay& p) {
-  switch (p.kind) {
-    case ReplayKind::h2o:
-    case ReplayKind::uniform:
-    case ReplayKind::oracle_topk: return p.budget;
-    case ReplayKind::buzz: return p.sink + p.window + p.threshold;
-    case ReplayKind::subgen_kcenter: return p.recent + p.budget;
-    case ReplayKind::subgen: return 1;  // the cluster count
-    case ReplayKind::window:
-    case ReplayKind::sink: return p.sink + p.window;
-  }
-  return 0;
+/// What a replay's `kept` row holds: token positions (−1 padded), or, for a policy that keeps no
+/// token subset (subgen), its cluster count m in the row's first slot.
+enum class KeptRow { tokens, cluster_count };
+/// How the engine reads a policy's cluster count from a replay (Policy::clusters()): not at all (the
+/// CPU instance's NaN), the kept tokens beyond the `recent` window (subgen_kcenter's centers), or
+/// the kept row's count (subgen).
+enum class Clusters { none, beyond_recent, kept_row };
+/// The partition-function estimate a replay answers with (Answer::log_tau): none (the engine's
+/// from the kept set), uniform's τ̂ rescaled from log_sum (hd::uniform_log_tau), or log_sum itself
+/// (subgen's τ̂, SubGen Algorithm 1 line 30).
+enum class Tau { none, uniform, log_sum };
+
+/// Everything the GPU path and the engine's adapter need to know of one ReplayKind, in one row.
+struct ReplayKindInfo {
+  ReplayKind kind;
+  const char* name;  ///< the registry name whose gpu_replay() gives it
+  /// Slots of the `kept` rows (the most tokens its cache holds; subgen: 1, its cluster count).
+  int64_t (*capacity)(const PolicyReplay&);
+  /// Whether the sizes and parameters are ones the kernel accepts, for `kv_heads` KV heads of n
+  /// tokens (capacity ≥ 1 is checked for every kind).
+  bool (*sizes_ok)(const PolicyReplay&, int kv_heads, int64_t n);
+  /// True: the cache holds min(t, capacity) tokens at every step; false: the count at each
+  /// answered step is read from the replay (buzz, subgen_kcenter, subgen).
+  bool fixed_size;
+  KeptRow kept;
+  Clusters clusters;
+  Tau tau;
+};
+
+/// The replay kinds, indexed by ReplayKind (checked below):
+///  - window (sink = 0) and sink (StreamingLLM: sink + window): sink + window slots;
+///  - h2o: budget = heavy + recent, `recent` protected tokens (< budget), group_agg;
+///  - uniform: reservoir sampling of `budget` tokens, one Philox seed per KV head in `seeds`
+///    (hd::reservoir_slot: the CPU policy's seed gives the CPU policy's samples);
+///  - buzz: sink + window + beehive body with `threshold` T and `stride` s, log_scale (BUZZ §3.5),
+///    group_agg for the accumulated scores;
+///  - oracle_topk: at each evaluated step the `budget` tokens of largest exact attention (the KV
+///    group's by group_agg, undivided), ties to the older token (hd::topk_prefer); kept ascending;
+///  - subgen_kcenter (streaming mode): the `recent` last tokens plus at most `budget` centers of the
+///    older keys by hd::kcenter_insert; `weighted` adds log(cluster size) to a center's logit;
+///  - subgen: SubGen Algorithm 1 with radius `delta`, `s` matrix-product and `t` cluster samples,
+///    `max_clusters` (0 = as published), one Philox seed per KV head in `seeds` (hd::philox_u01: the
+///    CPU policy's seed gives its coin flips). It keeps no token subset; log_sum is log τ̂.
+inline constexpr ReplayKindInfo kReplayKindTable[] = {
+    {ReplayKind::window, "window", [](const PolicyReplay& p) { return p.sink + p.window; },
+     [](const PolicyReplay& p, int, int64_t) { return p.sink >= 0 && p.window >= 1; }, true, KeptRow::tokens,
+     Clusters::none, Tau::none},
+    {ReplayKind::sink, "sink", [](const PolicyReplay& p) { return p.sink + p.window; },
+     [](const PolicyReplay& p, int, int64_t) { return p.sink >= 0 && p.window >= 1; }, true, KeptRow::tokens,
+     Clusters::none, Tau::none},
+    {ReplayKind::h2o, "h2o", [](const PolicyReplay& p) { return p.budget; },
+     [](const PolicyReplay& p, int, int64_t) { return p.recent >= 0 && p.recent < p.budget; }, true, KeptRow::tokens,
+     Clusters::none, Tau::none},
+    {ReplayKind::uniform, "uniform", [](const PolicyReplay& p) { return p.budget; },
+     [](const PolicyReplay& p, int kv_heads, int64_t n) {
+       return p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
+     },
+     true, KeptRow::tokens, Clusters::none, Tau::uniform},
+    {ReplayKind::buzz, "buzz", [](const PolicyReplay& p) { return p.sink + p.window + p.threshold; },
+     [](const PolicyReplay& p, int, int64_t) {
+       return p.sink >= 0 && p.window >= 1 && p.stride >= 2 && p.threshold >= p.stride;
+     },
+     false, KeptRow::tokens, Clusters::none, Tau::none},
+    {ReplayKind::oracle_topk, "oracle_topk", [](const PolicyReplay& p) { return p.budget; },
+     [](const PolicyReplay& p, int, int64_t) { return p.group_agg >= 0 && p.group_agg <= 2; }, true,
+     KeptRow::tokens, Clusters::none, Tau::none},
+    {ReplayKind::subgen_kcenter, "subgen_kcenter", [](const PolicyReplay& p) { return p.recent + p.budget; },
+     [](const PolicyReplay& p, int, int64_t) { return p.recent >= 1 && p.budget >= 0; }, false, KeptRow::tokens,
+     Clusters::beyond_recent, Tau::none},
+    {ReplayKind::subgen, "subgen", [](const PolicyReplay&) { return int64_t(1); },
+     [](const PolicyReplay& p, int kv_heads, int64_t n) {
+       return p.s >= 1 && p.t >= 1 && p.max_clusters >= 0 && p.delta >= 0 && (p.delta > 0 || p.max_clusters > 0) &&
+              p.seeds.size() == size_t(kv_heads) && n < (int64_t(1) << 32);
+     },
+     false, KeptRow::cluster_count, Clusters::kept_row, Tau::log_sum},
+};
+
+namespace detail {
+constexpr bool replay_table_in_order() {
+  int i = 0;
+  for (const ReplayKindInfo& r : kReplayKindTable)
+    if (int(r.kind) != i++) return false;
+  return i == kReplayKindCount;
 }
+}  // namespace detail
+static_assert(detail::replay_table_in_order(), "kReplayKindTable: one row per ReplayKind, in enum order");
+
+/// The table row of `k`.
+inline const ReplayKindInfo& replay_kind_info(ReplayKind k) { return kReplayKindTable[int(k)]; }
+/// The policy name of `k` ("window", ... — the registry name whose gpu_replay() gives it).
+inline const char* to_string(ReplayKind k) { return replay_kind_info(k).name; }
+/// Slots of the `kept` rows cuda::replay_policy returns for `p` (kReplayKindTable's capacity).
+inline int64_t replay_capacity(const PolicyReplay& p) { return replay_kind_info(p.kind).capacity(p); }
 
 /// Replays every KV head's stream through `p` on the GPU, one cache per KV head shared by its
 /// `group` query heads (the CPU's kv_head mode), with the step logic of include/kvsim/core/hd.hpp.
