@@ -272,6 +272,8 @@ void parse_eval(const TV& root, EvalSpec& e) {
   get_choice(t, "device", e.device);
   get_choice(t, "reference_precision", e.reference_precision);
   get_choice(t, "closed_form", e.closed_form);
+  e.topk = t.get_int("topk", e.topk);
+  if (e.topk < 0 || e.topk > (int64_t(1) << 31)) fail_at(t.at("topk"), "eval.topk must be in [0, 2^31] (0: off)");
   t.finish();
 }
 

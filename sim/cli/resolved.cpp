@@ -76,7 +76,7 @@ void write_eval(std::ostream& o, const EvalSpec& e) {
     << "\nclosed_form = " << quoted(to_string(e.closed_form))
     << "\nobjectives = " << (e.objectives ? "true" : "false") << "\nobjectives_every = " << e.objectives_every
     << "\nobjectives_max_t = " << e.objectives_max_t << "\ntheorem44_alpha = " << toml_value(e.theorem44_alpha)
-    << "\ntheorem44_beta = " << toml_value(e.theorem44_beta) << "\n";
+    << "\ntheorem44_beta = " << toml_value(e.theorem44_beta) << "\ntopk = " << e.topk << "\n";
 }
 
 }  // namespace

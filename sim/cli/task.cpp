@@ -45,7 +45,7 @@ std::vector<PolicySpec> pin_budgets(const std::vector<PolicySpec>& specs, int L)
 }
 
 /// Per policy, the means over its open-loop rows (layer, query head, question step) of the link's
-/// metrics, written into rows[p].
+/// metrics and the offline scores, written into rows[p].
 void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, const TaskTrial& tr, const TrialSource& src,
                     int threads, std::vector<TaskRow*>& rows) {
   Experiment ex;
@@ -55,9 +55,11 @@ void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, c
   ex.eval = c.eval;
   ex.eval.from = tr.question_begin + 1;
   ex.eval.every = 1;
+  if (ex.eval.topk == 0) ex.eval.topk = 16;  // TaskRow's offline scores
   for (const Span& sp : tr.evidence) ex.eval.needle_spans.push_back({sp.begin, sp.end});
   ex.policies = specs;
   const RunResult res = run_experiment(ex, src, threads);
+  const std::set<std::pair<int, int>> rheads = retrieval_heads(res);
   const size_t kRel = metric_index("rel_err"), kKept = metric_index("kept_mass"), kNm = metric_index("needle_mass"),
                kNkm = metric_index("needle_kept_mass"), kNk = metric_index("needle_kept"), kEps = metric_index("eps_spectral");
   for (size_t p = 0; p < specs.size(); ++p) {
@@ -73,6 +75,7 @@ void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, c
     TaskRow& r = *rows[p];
     r.rel_err = mean(0), r.kept_mass = mean(1), r.needle_mass = mean(2), r.needle_kept_mass = mean(3), r.needle_kept = mean(4), r.eps = mean(5);
     r.needle_kept_share = nm_all > 0 ? nkm_all / nm_all : NAN;
+    offline_scores(res.policies[p], rheads, r);
   }
 }
 
@@ -154,6 +157,8 @@ toml::value to_toml(const std::vector<TaskRow>& rows) {
                               {"needle_mass", r.needle_mass}, {"needle_kept_mass", r.needle_kept_mass},
                               {"needle_kept", r.needle_kept}, {"needle_kept_share", r.needle_kept_share},
                               {"cache_tokens", r.cache_tokens}, {"seconds", r.seconds}});
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (const ScoreColumn& s : offline_score_columns()) arr[i].as_table()[s.name] = rows[i].*s.field;
   return toml::table{{"row", arr}};
 }
 
@@ -175,6 +180,7 @@ std::vector<TaskRow> from_toml(const std::string& path) {
       // Written from the RULER suite on; a checkpoint of an earlier run has one expected string.
       r.score = toml::find_or<double>(t, "score", double(r.correct)), r.eps = toml::find_or<double>(t, "eps", NAN);
       r.evidence = toml::find_or<std::string>(t, "evidence", std::string());
+      for (const ScoreColumn& s : offline_score_columns()) r.*s.field = toml::find_or<double>(t, s.name, NAN);  // from 2026-11-29
       rows.push_back(r);
     }
   } catch (const std::exception& e) {
@@ -199,15 +205,20 @@ std::string one_line_text(const std::string& s) {
 void write_trials_csv(const TaskConfig& c, const std::vector<TaskRow>& rows, const std::string& path) {
   std::ostringstream o;
   o << "kind,length,depth,trial,needle_depth,needle_begin,needle_end,question_begin,cache,policy,answer,generated,correct,"
-       "score,evidence,rel_err,eps,kept_mass,needle_mass,needle_kept_mass,needle_kept,needle_kept_share,cache_tokens,seconds,model\n";
+       "score,evidence,rel_err,eps,kept_mass,needle_mass,needle_kept_mass,needle_kept,needle_kept_share,";
+  for (const ScoreColumn& s : offline_score_columns()) o << s.name << ',';
+  o << "cache_tokens,seconds,model\n";
   const std::string model = csv_field(fs::path(c.checkpoint).stem().string());
-  for (const auto& r : rows)
+  for (const auto& r : rows) {
     o << c.kind << ',' << r.length << ',' << fmt(r.depth) << ',' << r.trial << ',' << fmt(r.needle_depth) << ',' << r.needle_begin
       << ',' << r.needle_end << ',' << r.question_begin << ',' << csv_field(r.cache) << ',' << csv_field(r.policy) << ','
       << csv_field(r.answer) << ',' << csv_field(one_line_text(r.generated)) << ',' << r.correct << ',' << fmt(r.score) << ','
       << csv_field(r.evidence) << ',' << fmt(r.rel_err) << ',' << fmt(r.eps) << ','
       << fmt(r.kept_mass) << ',' << fmt(r.needle_mass) << ',' << fmt(r.needle_kept_mass) << ',' << fmt(r.needle_kept) << ','
-      << fmt(r.needle_kept_share) << ',' << fmt(r.cache_tokens) << ',' << fmt(r.seconds) << ',' << model << '\n';
+      << fmt(r.needle_kept_share) << ',';
+    for (const ScoreColumn& s : offline_score_columns()) o << fmt(r.*s.field) << ',';
+    o << fmt(r.cache_tokens) << ',' << fmt(r.seconds) << ',' << model << '\n';
+  }
   write_file_atomically(path, o.str());
 }
 

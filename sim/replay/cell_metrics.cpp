@@ -39,6 +39,7 @@ MetricContext Metrics::context(const Evaluated& e, int g) {
   c.loaded_bytes = e.loaded_bytes;
   c.policy_ns = e.policy_ns;
   c.needle_spans = &ex_.eval.needle_spans;
+  c.topk = ex_.eval.topk;
   c.objectives = ex_.eval.objectives;
   c.objectives_due = is_objective_step(ex_.eval, e.t, n_);
   c.theorem44_alpha = ex_.eval.theorem44_alpha;

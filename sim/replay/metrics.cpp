@@ -176,6 +176,37 @@ double needle_kept(const MetricContext& c) {
   return double(k) / double(n);
 }
 
+bool topk_on(const EvalSpec& e) { return e.topk > 0; }
+
+/// The k-th largest weight of the exact row a_t (k = min([eval] topk, t)), memoized per row across a
+/// cell's policies (row_memo key −3).
+double topk_threshold(MetricContext& c) {
+  return c.row_memo(-3, [&] {
+    const int64_t k = std::min(c.topk, c.t);
+    std::vector<double> own;
+    std::vector<double>& v = c.scratch ? *c.scratch : own;
+    v.assign(c.probs, c.probs + c.t);
+    std::nth_element(v.begin(), v.begin() + (k - 1), v.end(), std::greater<double>());
+    return v[size_t(k - 1)];
+  });
+}
+
+/// |{j ∈ S : a_t(j) ≥ v_k}| / |{j ≤ t : a_t(j) ≥ v_k}|, v_k the k-th largest weight of a_t: the share
+/// of the exact row's top-k tokens (all tokens tied with the k-th) the cache keeps. NaN for policies
+/// that keep no token subset.
+double topk_kept(MetricContext& c) {
+  if (!c.has_kept()) return NAN;
+  const double v = topk_threshold(c);
+  const int64_t top = c.row_memo(-4, [&] {
+    int64_t m = 0;
+    for (int64_t j = 0; j < c.t; ++j) m += c.probs[j] >= v;
+    return double(m);
+  });
+  int64_t kept = 0;
+  for (int64_t j : c.answer->kept) kept += j >= 0 && j < c.t && c.probs[j] >= v;
+  return double(kept) / double(top);
+}
+
 /// The facility-location metrics apply at objective steps of subset-keeping policies.
 bool fl_applies(const MetricContext& c) { return c.objectives && c.objectives_due && c.has_kept(); }
 
@@ -285,6 +316,20 @@ const std::vector<Metric> kMetrics = {
      [](MetricContext& c) { return needle_mass(c, true); }, needle_on},
     {"needle_kept", "1", "|F∩S| / |F|: share of the needle's tokens in the cache (subset policies)", "kvsim",
      [](MetricContext& c) { return needle_kept(c); }, needle_on},
+    {"topk_mass", "1",
+     "Σ of the exact row a_t's k largest weights (k = min([eval] topk, t)): how concentrated the query's attention "
+     "is (a property of the data, the same for every policy; ranks retrieval heads in `kvsim task`)",
+     "kvsim; H2O Fig. 2 (the oracle's top-k mass)",
+     [](MetricContext& c) { return c.row_memo(std::min(c.topk, c.t), [&] {
+       std::vector<double> own;
+       return top_mass(c.probs, c.t, std::min(c.topk, c.t), c.scratch ? *c.scratch : own);
+     }); },
+     topk_on},
+    {"topk_kept", "1",
+     "share of the exact row's top-k tokens (k = min([eval] topk, t); ties with the k-th included) the cache keeps "
+     "(subset policies)",
+     "kvsim; the recall of H2O Fig. 2's oracle set (the oracle_topk policy's cache)",
+     [](MetricContext& c) { return topk_kept(c); }, topk_on},
 };
 
 }  // namespace

@@ -58,6 +58,15 @@ for run in ("full", "word"):
         share, nm, kept = float(r["needle_kept_share"]), float(r["needle_mass"]), float(r["needle_kept"])
         check(0 < nm < 1 and 0 <= share <= 1 and 0 <= kept <= 1 and 0 < float(r["rel_err"]) < 2,
               f"{run}: {r['cache']} depth {r['depth']} link metrics in range (share {share:.3f})")
+    # The offline scores (docs/tasks.md): shares in [0, 1]; the worst layer is no better than the mean
+    # over layers (every layer has the same rows); the exact cache keeps every top-k token.
+    for r in by("window(memory=0.5)") + by("h2o(memory=0.5)"):
+        f = {k: float(r[k]) for k in ("rel_err", "kept_mass", "topk_kept", "rel_err_rheads", "kept_mass_rheads",
+                                      "topk_kept_rheads", "rel_err_worst_layer", "kept_mass_worst_layer", "topk_kept_worst_layer")}
+        check(all(0 <= f[k] <= 1 for k in f if "kept" in k) and f["rel_err_rheads"] > 0
+              and f["rel_err_worst_layer"] >= f["rel_err"] - 1e-6 and f["kept_mass_worst_layer"] <= f["kept_mass"] + 1e-6
+              and f["topk_kept_worst_layer"] <= f["topk_kept"] + 1e-6 and f["topk_kept"] < 1,
+              f"{run}: {r['cache']} depth {r['depth']} offline scores in range ({f['topk_kept']:.3f}, {f['rel_err_rheads']:.3f})")
     # window(memory = 0.5) keeps the newest 128 tokens: at question step t (1-based, t = question_begin
     # + 1 .. 256) it holds [t - 128, t), so its needle_kept is the mean of that window's overlap with
     # the needle (the same in every layer and head).
@@ -103,7 +112,7 @@ rc=$?
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/killed" --threads 2 --resume > /dev/null 2> "$TMP/resumed.err" || bad "resume"
 grep -q "(checkpointed)" "$TMP/resumed.err" && ok "the resumed run reused a checkpointed trial" || bad "no checkpointed trial reused: $(cat "$TMP/resumed.err")"
 [ -f "$TMP/killed/trials.csv" ] && [ ! -e "$TMP/killed/trials" ] && ok "a finished run leaves no checkpoints" || bad "checkpoints left behind"
-[ -f "$TMP/full/trials.csv" ] && cmp <(cut -d, -f1-22 "$TMP/full/trials.csv") <(cut -d, -f1-22 "$TMP/killed/trials.csv") > /dev/null \
+[ -f "$TMP/full/trials.csv" ] && cmp <(cut -d, -f1-29 "$TMP/full/trials.csv") <(cut -d, -f1-29 "$TMP/killed/trials.csv") > /dev/null \
   && ok "resumed trials.csv = uninterrupted (timings aside)" || bad "resumed trials.csv differs"
 # Bad input: one line naming the key, exit 2.
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/bad" --set task.depth=0.5 > /dev/null 2> "$TMP/bad.err"

@@ -8,9 +8,12 @@
 // exact tensors at the question's query steps (rel_err, eps (SubGen's ε), kept_mass, needle_mass, needle_kept_mass,
 // needle_kept) link the attention error to the answer.
 #pragma once
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kvsim/io/results.hpp"
 #include "kvsim/io/spec.hpp"
 #include "kvsim/model/retrieval.hpp"
 
@@ -57,6 +60,14 @@ struct TaskRow {
   /// control and where a metric does not apply (needle_kept_share = Σ needle_kept_mass / Σ needle_mass).
   double rel_err = NAN, eps = NAN, kept_mass = NAN, needle_mass = NAN, needle_kept_mass = NAN, needle_kept = NAN,
          needle_kept_share = NAN;
+  /// Offline scores that need no needle position (docs/tasks.md, "Offline scores"), over the same
+  /// rows: the mean share of each query's exact top-k tokens kept (metric topk_kept, k = [eval] topk
+  /// or 16); rel_err, kept_mass and topk_kept restricted to the retrieval heads (the ⌈10%⌉ of
+  /// (layer, query head) pairs whose exact attention at the question is most concentrated: largest
+  /// mean topk_mass, chosen from the exact rows alone); and the worst layer's mean (largest rel_err,
+  /// smallest kept_mass and topk_kept).
+  double topk_kept = NAN, rel_err_rheads = NAN, kept_mass_rheads = NAN, topk_kept_rheads = NAN,
+         rel_err_worst_layer = NAN, kept_mass_worst_layer = NAN, topk_kept_worst_layer = NAN;
   double cache_tokens = NAN;  ///< closed loop: mean cached tokens per (layer, cache) after the answer
   double seconds = 0;         ///< the trial's wall time (the same for every cache of the trial)
 };
@@ -78,6 +89,22 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt);
 /// [[policy]] label's cache size in tokens, pinned as run_task pins it; -1 for none) and tokens.
 /// Throws kvsim::Error naming task.filler when the filler cannot be read.
 void write_task_prompts(const TaskConfig& c, const std::string& path);
+
+/// One of TaskRow's offline scores as a trials.csv column (and a checkpoint key): its name and field.
+struct ScoreColumn {
+  const char* name;
+  double TaskRow::*field;
+};
+/// TaskRow's offline scores in column order (topk_kept, rel_err_rheads, …, topk_kept_worst_layer).
+const std::vector<ScoreColumn>& offline_score_columns();
+/// The retrieval heads of an open loop run with `[eval] topk` > 0: the ⌈10%⌉ (at least one) of its
+/// (layer, query head) pairs with the largest mean topk_mass over the rows (the exact attention's
+/// concentration, the same for every policy), ties to the earlier pair. Empty without topk_mass.
+std::set<std::pair<int, int>> retrieval_heads(const RunResult& res);
+/// Fills r's offline scores from one policy's open-loop rows: topk_kept's mean; rel_err, kept_mass
+/// and topk_kept over the rows of `rheads`; each one's worst layer mean (the largest rel_err, the
+/// smallest kept_mass and topk_kept). NaN where no row has the metric.
+void offline_scores(const PolicyResult& pol, const std::set<std::pair<int, int>>& rheads, TaskRow& r);
 
 /// accuracy.csv's rows as a table: per (L, cache) trials, correct, accuracy and its 95% Wilson interval.
 std::string task_report(const TaskConfig& c, const std::vector<TaskRow>& rows);

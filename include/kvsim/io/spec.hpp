@@ -70,6 +70,10 @@ struct EvalSpec {
   /// needle, several, a chain of assignments, a word's occurrences), and the metrics needle_mass,
   /// needle_kept_mass and needle_kept then apply over their union.
   std::vector<std::pair<int64_t, int64_t>> needle_spans;
+  /// k of the metrics topk_mass and topk_kept (the exact row's k largest weights and the share of
+  /// them a cache keeps); 0 (default) leaves both out. `kvsim task`'s open loop sets it
+  /// (docs/tasks.md, "Offline scores").
+  int64_t topk = 0;
 };
 
 struct Experiment {

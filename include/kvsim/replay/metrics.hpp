@@ -38,6 +38,7 @@ class MetricContext {
   double loaded_bytes = 0;           ///< bytes read to answer the query (all instances; PartialLoad)
   double policy_ns = 0;              ///< mean policy time per step since the last evaluated step
   const std::vector<std::pair<int64_t, int64_t>>* needle_spans = nullptr;  ///< EvalSpec::needle_spans
+  int64_t topk = 0;                  ///< EvalSpec::topk (topk_mass, topk_kept; 0: off)
   // H2O objectives (H2O §4.1): on when `objectives`; the facility-location triple only at steps
   // `objectives_due`. `attn_all` is [T_obj, T_obj] full causal attention; `greedy_cache` memoizes
   // (greedy, OPT) per (query head, t, |S|) across policies of a cell.
@@ -51,7 +52,7 @@ class MetricContext {
   /// Memoizes functions of the exact row alone per (query head, t, key) across the policies of a cell
   /// (row_memo): oracle_mass's top-m sum (key = m ≥ 0: most policies at one memory share a cache
   /// size, and its partial sort over t entries was ~10% of a SmolLM2 run), attn_sparsity (−1),
-  /// sink_mass (−2).
+  /// sink_mass (−2), topk_kept's k-th largest weight (−3) and the count of weights at or above it (−4).
   std::map<std::tuple<int, int64_t, int64_t>, double>* row_cache = nullptr;
   std::vector<double>* scratch = nullptr;
 
