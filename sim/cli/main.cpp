@@ -188,6 +188,9 @@ void add_task(CLI::App& app) {
   auto* resume = task->add_flag("--resume", t_opt.resume, "continue the unfinished run in --out (its finished trials are kept)");
   task->add_flag("--force", t_opt.force, "discard an unfinished run in --out and start over")->excludes(resume);
   task->add_flag("--quiet", t_opt.quiet, "no per-trial progress on stderr");
+  task->add_flag("--open-loop", t_opt.open_loop_only,
+                 "replay the policies open-loop at the question's steps only (no answers, no generation): "
+                 "open_loop.csv with the link and the offline scores");
   static std::string t_prompts;
   task->add_option("--prompts", t_prompts, "write every trial's prompt tokens as JSON Lines to FILE and exit (nothing is run)")
       ->excludes(resume);
@@ -201,6 +204,10 @@ void add_task(CLI::App& app) {
     if (t_opt.threads <= 0) t_opt.threads = int(std::max(1u, std::thread::hardware_concurrency()));
     if (t_opt.out.empty()) t_opt.out = "results/" + c.name;
     const auto rows = run_task(c, t_opt);
+    if (t_opt.open_loop_only) {
+      std::cout << "wrote " << t_opt.out << "/open_loop.csv (" << rows.size() << " rows)\n";
+      return;
+    }
     std::cout << task_report(c, rows) << "wrote " << t_opt.out << "/trials.csv and accuracy.csv\n";
   });
 }

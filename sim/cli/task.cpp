@@ -44,41 +44,6 @@ std::vector<PolicySpec> pin_budgets(const std::vector<PolicySpec>& specs, int L)
   return out;
 }
 
-/// Per policy, the means over its open-loop rows (layer, query head, question step) of the link's
-/// metrics and the offline scores, written into rows[p].
-void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, const TaskTrial& tr, const TrialSource& src,
-                    int threads, std::vector<TaskRow*>& rows) {
-  Experiment ex;
-  ex.name = c.name;
-  ex.seed = c.seed;
-  ex.data.prefill = tr.question_begin;
-  ex.eval = c.eval;
-  ex.eval.from = tr.question_begin + 1;
-  ex.eval.every = 1;
-  if (ex.eval.topk == 0) ex.eval.topk = 16;  // TaskRow's offline scores
-  for (const Span& sp : tr.evidence) ex.eval.needle_spans.push_back({sp.begin, sp.end});
-  ex.policies = specs;
-  const RunResult res = run_experiment(ex, src, threads);
-  const std::set<std::pair<int, int>> rheads = retrieval_heads(res);
-  const size_t kRel = metric_index("rel_err"), kKept = metric_index("kept_mass"), kNm = metric_index("needle_mass"),
-               kNkm = metric_index("needle_kept_mass"), kNk = metric_index("needle_kept"), kEps = metric_index("eps_spectral");
-  for (size_t p = 0; p < specs.size(); ++p) {
-    double sum[6] = {0, 0, 0, 0, 0, 0}, nkm_all = 0, nm_all = 0;
-    int64_t cnt[6] = {0, 0, 0, 0, 0, 0};
-    for (const auto& row : res.policies[p].rows) {
-      const size_t idx[6] = {kRel, kKept, kNm, kNkm, kNk, kEps};
-      for (int i = 0; i < 6; ++i)
-        if (!std::isnan(row.value[idx[i]])) sum[i] += row.value[idx[i]], ++cnt[i];
-      if (!std::isnan(row.value[kNkm])) nkm_all += row.value[kNkm], nm_all += row.value[kNm];
-    }
-    auto mean = [&](int i) { return cnt[i] ? sum[i] / double(cnt[i]) : NAN; };
-    TaskRow& r = *rows[p];
-    r.rel_err = mean(0), r.kept_mass = mean(1), r.needle_mass = mean(2), r.needle_kept_mass = mean(3), r.needle_kept = mean(4), r.eps = mean(5);
-    r.needle_kept_share = nm_all > 0 ? nkm_all / nm_all : NAN;
-    offline_scores(res.policies[p], rheads, r);
-  }
-}
-
 /// The spans as "b-e b-e …" (trials.csv's evidence column).
 std::string evidence_text(const std::vector<Span>& spans) {
   std::string s;
@@ -88,6 +53,30 @@ std::string evidence_text(const std::vector<Span>& spans) {
 
 /// One trial: the exact prefill, the closed loop of every cache on the context then the question,
 /// the answers scored, and the open loop on the same tensors. Rows: exact, the policies, the control.
+/// The rows of a trial run open-loop only (TaskRunOptions::open_loop_only): one per policy.
+std::vector<TaskRow> open_loop_trial(const TaskConfig& c, const LlamaModel& model, const TaskTrial& tr, int L, double depth,
+                                     int index, int threads) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto specs = pin_budgets(c.policies, L);
+  const TrialTensors tt = exact_tensors(model, tr.tokens, threads);
+  std::vector<TaskRow> rows(specs.size());
+  std::vector<TaskRow*> policy_rows;
+  for (size_t p = 0; p < specs.size(); ++p) {
+    TaskRow& r = rows[p];
+    r.cache = specs[p].label, r.policy = specs[p].name;
+    r.length = L, r.depth = depth, r.trial = index, r.needle_depth = tr.depth;
+    r.needle_begin = tr.needle_begin, r.needle_end = tr.needle_end, r.question_begin = tr.question_begin;
+    r.answer = tr.value, r.evidence = evidence_text(tr.evidence);
+    r.correct = -1, r.score = NAN;
+    policy_rows.push_back(&r);
+  }
+  const TrialSource src(tt, model.config(), c.checkpoint);
+  if (!specs.empty()) open_loop_link(c, specs, tr, src, threads, policy_rows);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& r : rows) r.seconds = secs;
+  return rows;
+}
+
 std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, const Tokenizer& tok, const TaskTrial& tr,
                                int L, double depth, int index, int threads, std::vector<double>& phases) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -360,15 +349,18 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
   const fs::path out(opt.out), ckpt = out / "trials";
   std::error_code ec;
   if (opt.force) fs::remove_all(ckpt, ec);
+  // An open-loop-only run checkpoints its own kind of rows: the mode is part of what must match.
+  const std::string run_text = c.config_text + (opt.open_loop_only ? "\n# kvsim task --open-loop\n" : "");
   if (fs::exists(ckpt / "config.toml")) {
     std::ifstream cf(ckpt / "config.toml");
     const std::string prev((std::istreambuf_iterator<char>(cf)), std::istreambuf_iterator<char>());
     if (!opt.resume) throw Error(opt.out + ": holds an unfinished task run (trials/); pass --resume to continue it or --force to start over");
-    if (prev != c.config_text) throw Error(opt.out + ": the unfinished run there had another config; pass --force to start over");
+    if (prev != run_text)
+      throw Error(opt.out + ": the unfinished run there had another config (or the other of --open-loop and a full run); pass --force to start over");
   }
   fs::create_directories(ckpt, ec);
   if (ec) throw Error(ckpt.string() + ": cannot create the checkpoint folder: " + ec.message());
-  write_file_atomically((ckpt / "config.toml").string(), c.config_text);
+  write_file_atomically((ckpt / "config.toml").string(), run_text);
   // Trials run trial-index-major (every depth's trial #0, then every depth's #1, …), so that a run
   // stopped part-way (a long length, resumed later) has covered every depth about equally; the rows
   // are written in the (L, depth, trial) order of the config all the same.
@@ -388,14 +380,18 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
           trial = from_toml(file.string());
         } else {
           const TaskTrial tr = make_trial(TrialSpec{c.kind, c.templ, L, c.depths[di], i, c.seed, c.settings}, tok, filler);
-          trial = run_trial(c, model, tok, tr, L, c.depths[di], i, opt.threads, phases);
+          trial = opt.open_loop_only ? open_loop_trial(c, model, tr, L, c.depths[di], i, opt.threads)
+                                     : run_trial(c, model, tok, tr, L, c.depths[di], i, opt.threads, phases);
           std::ostringstream s;
           s << to_toml(trial);
           write_file_atomically(file.string(), s.str());
         }
         int right = 0;
         for (size_t b = 1; b < trial.size(); ++b) right += trial[b].correct;
-        if (!opt.quiet) {
+        if (!opt.quiet && opt.open_loop_only) {
+          std::fprintf(stderr, "kvsim task: trial %d/%d (L=%d, depth %g, #%d): open loop of %zu caches, %.1f s%s\n", done + 1, total,
+                       L, c.depths[di], i, trial.size(), trial.empty() ? 0.0 : trial[0].seconds, phases.empty() && fs::exists(file) ? " (checkpointed)" : "");
+        } else if (!opt.quiet) {
           std::fprintf(stderr, "kvsim task: trial %d/%d (L=%d, depth %g, #%d): exact %s, %d/%zu other caches right, %.1f s",
                        done + 1, total, L, c.depths[di], i, trial[0].correct ? "right" : "wrong", right, trial.size() - 1,
                        trial[0].seconds);
@@ -407,8 +403,12 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
       }
   std::vector<TaskRow> rows;
   for (auto& [key, trial] : by_trial) rows.insert(rows.end(), trial.begin(), trial.end());
-  write_trials_csv(c, rows, (out / "trials.csv").string());
-  write_file_atomically((out / "accuracy.csv").string(), accuracy_csv(c, rows));
+  if (opt.open_loop_only) {
+    write_trials_csv(c, rows, (out / "open_loop.csv").string());
+  } else {
+    write_trials_csv(c, rows, (out / "trials.csv").string());
+    write_file_atomically((out / "accuracy.csv").string(), accuracy_csv(c, rows));
+  }
   fs::remove_all(ckpt, ec);
   return rows;
 }

@@ -7,7 +7,9 @@
 #include <map>
 
 #include "kvsim/cli/task.hpp"
+#include "kvsim/replay/engine.hpp"
 #include "kvsim/replay/metrics.hpp"
+#include "task_trial.hpp"
 
 namespace kvsim {
 namespace {
@@ -81,4 +83,42 @@ void offline_scores(const PolicyResult& pol, const std::set<std::pair<int, int>>
   r.rel_err_worst_layer = worst[0], r.kept_mass_worst_layer = worst[1], r.topk_kept_worst_layer = worst[2];
 }
 
+namespace task_detail {
+
+/// Per policy, the means over its open-loop rows (layer, query head, question step) of the link's
+/// metrics and the offline scores, written into rows[p].
+void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, const TaskTrial& tr, const TrialSource& src,
+                    int threads, std::vector<TaskRow*>& rows) {
+  Experiment ex;
+  ex.name = c.name;
+  ex.seed = c.seed;
+  ex.data.prefill = tr.question_begin;
+  ex.eval = c.eval;
+  ex.eval.from = tr.question_begin + 1;
+  ex.eval.every = 1;
+  if (ex.eval.topk == 0) ex.eval.topk = 16;  // TaskRow's offline scores
+  for (const Span& sp : tr.evidence) ex.eval.needle_spans.push_back({sp.begin, sp.end});
+  ex.policies = specs;
+  const RunResult res = run_experiment(ex, src, threads);
+  const std::set<std::pair<int, int>> rheads = retrieval_heads(res);
+  const size_t kRel = metric_index("rel_err"), kKept = metric_index("kept_mass"), kNm = metric_index("needle_mass"),
+               kNkm = metric_index("needle_kept_mass"), kNk = metric_index("needle_kept"), kEps = metric_index("eps_spectral");
+  for (size_t p = 0; p < specs.size(); ++p) {
+    double sum[6] = {0, 0, 0, 0, 0, 0}, nkm_all = 0, nm_all = 0;
+    int64_t cnt[6] = {0, 0, 0, 0, 0, 0};
+    for (const auto& row : res.policies[p].rows) {
+      const size_t idx[6] = {kRel, kKept, kNm, kNkm, kNk, kEps};
+      for (int i = 0; i < 6; ++i)
+        if (!std::isnan(row.value[idx[i]])) sum[i] += row.value[idx[i]], ++cnt[i];
+      if (!std::isnan(row.value[kNkm])) nkm_all += row.value[kNkm], nm_all += row.value[kNm];
+    }
+    auto mean = [&](int i) { return cnt[i] ? sum[i] / double(cnt[i]) : NAN; };
+    TaskRow& r = *rows[p];
+    r.rel_err = mean(0), r.kept_mass = mean(1), r.needle_mass = mean(2), r.needle_kept_mass = mean(3), r.needle_kept = mean(4), r.eps = mean(5);
+    r.needle_kept_share = nm_all > 0 ? nkm_all / nm_all : NAN;
+    offline_scores(res.policies[p], rheads, r);
+  }
+}
+
+}  // namespace task_detail
 }  // namespace kvsim

@@ -7,6 +7,7 @@
 #include "kvsim/io/recording.hpp"
 #include "kvsim/model/llama.hpp"
 #include "kvsim/model/policy_attention.hpp"
+#include "kvsim/cli/task.hpp"
 #include "kvsim/model/retrieval.hpp"
 
 namespace kvsim::task_detail {
@@ -50,5 +51,11 @@ class EvictSpanAttention final : public KVAttention {
   std::vector<int64_t> kept_;  ///< the prompt positions kept, ascending
   std::vector<MatD> k_, v_;  ///< [layer · n_kv_heads + kvh] → [tokens, hd], appended as decoding goes
 };
+
+/// Per policy of `specs`, the means over its open-loop rows (layer, query head, question step) at the
+/// trial's question steps of the link's metrics and the offline scores, written into rows[p]
+/// (sim/cli/task_scores.cpp).
+void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, const TaskTrial& tr, const TrialSource& src,
+                    int threads, std::vector<TaskRow*>& rows);
 
 }  // namespace kvsim::task_detail

@@ -38,6 +38,21 @@ TOML
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/full" --threads 2 > "$TMP/full.txt" 2> "$TMP/full.err" || bad "uninterrupted run ($(tail -1 "$TMP/full.err"))"
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/word" --threads 2 --set task.kind=word --quiet > /dev/null || bad "word run"
 "$KVSIM" task "$TMP/t.toml" --prompts "$TMP/prompts.jsonl" > /dev/null || bad "--prompts"
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/open" --threads 2 --open-loop --quiet > /dev/null || bad "--open-loop run"
+# --open-loop: the policies' rows of the full run, open-loop columns to the bit, and no answers.
+"$PY" - "$TMP" <<'PY' || fails=$((fails+1))
+import csv, os, sys
+tmp = sys.argv[1]
+full = [r for r in csv.DictReader(open(f"{tmp}/full/trials.csv")) if r["cache"] not in ("exact", "evict_needle")]
+ol = list(csv.DictReader(open(f"{tmp}/open/open_loop.csv")))
+cols = ["length", "depth", "trial", "cache", "needle_begin", "question_begin", "rel_err", "eps", "kept_mass", "needle_kept_share",
+        "topk_kept", "rel_err_rheads", "kept_mass_rheads", "topk_kept_rheads", "rel_err_worst_layer", "topk_kept_worst_layer"]
+same = len(ol) == len(full) and all(a[c] == b[c] for a, b in zip(full, ol) for c in cols)
+print(("ok: " if same else "FAIL: ") + f"--open-loop rows = the full run's policy rows ({len(ol)} rows)")
+ok2 = all(r["correct"] == "-1" and r["generated"] == "" for r in ol) and not os.path.exists(f"{tmp}/open/accuracy.csv")
+print(("ok: " if ok2 else "FAIL: ") + "--open-loop runs no cache: correct = -1, nothing generated, no accuracy.csv")
+sys.exit(0 if same and ok2 else 1)
+PY
 "$PY" - "$TMP" <<'PY' || fails=$((fails+1))
 import csv, math, re, sys
 tmp = sys.argv[1]

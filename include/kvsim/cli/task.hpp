@@ -77,6 +77,11 @@ struct TaskRunOptions {
   int threads = 0;
   bool resume = false, force = false;  ///< as `kvsim run`: continue / discard an unfinished run in out
   bool quiet = false;
+  /// Only the open loop (`kvsim task --open-loop`): per trial the exact prefill and every policy's
+  /// replay at the question's steps, no cache answers, no generation; rows for the policies only, with
+  /// correct = −1, score and cache_tokens NaN; written to open_loop.csv (trials.csv's columns), no
+  /// accuracy.csv. The offline scores' input (docs/tasks.md, "Offline scores").
+  bool open_loop_only = false;
 };
 
 /// Runs every trial, writes trials.csv and accuracy.csv into opt.out (atomically; each finished trial
