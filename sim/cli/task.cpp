@@ -376,7 +376,8 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
         const fs::path file = ckpt / name;
         std::vector<TaskRow> trial;
         std::vector<double> phases;  // prefill, caches, decode, open loop (s)
-        if (fs::exists(file)) {
+        const bool checkpointed = fs::exists(file);
+        if (checkpointed) {
           trial = from_toml(file.string());
         } else {
           const TaskTrial tr = make_trial(TrialSpec{c.kind, c.templ, L, c.depths[di], i, c.seed, c.settings}, tok, filler);
@@ -390,14 +391,14 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
         for (size_t b = 1; b < trial.size(); ++b) right += trial[b].correct;
         if (!opt.quiet && opt.open_loop_only) {
           std::fprintf(stderr, "kvsim task: trial %d/%d (L=%d, depth %g, #%d): open loop of %zu caches, %.1f s%s\n", done + 1, total,
-                       L, c.depths[di], i, trial.size(), trial.empty() ? 0.0 : trial[0].seconds, phases.empty() && fs::exists(file) ? " (checkpointed)" : "");
+                       L, c.depths[di], i, trial.size(), trial.empty() ? 0.0 : trial[0].seconds, checkpointed ? " (checkpointed)" : "");
         } else if (!opt.quiet) {
           std::fprintf(stderr, "kvsim task: trial %d/%d (L=%d, depth %g, #%d): exact %s, %d/%zu other caches right, %.1f s",
                        done + 1, total, L, c.depths[di], i, trial[0].correct ? "right" : "wrong", right, trial.size() - 1,
                        trial[0].seconds);
           if (phases.size() == 4)
             std::fprintf(stderr, " (prefill %.1f, caches %.1f, decode %.1f, open loop %.1f)", phases[0], phases[1], phases[2], phases[3]);
-          std::fprintf(stderr, fs::exists(file) && phases.empty() ? " (checkpointed)\n" : "\n");
+          std::fprintf(stderr, checkpointed ? " (checkpointed)\n" : "\n");
         }
         by_trial[{li, di, i}] = std::move(trial);
       }

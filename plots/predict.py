@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Can an offline score predict the answer? (docs/results.md, "Can attention error predict the answer?")
+
+Usage: .venv/bin/python plots/predict.py --answers DIR [DIR ...] --open-loop DIR [DIR ...]
+                                          [--replace DIR ...] [--out-dir OUT]
+
+--answers: `kvsim task` runs (trials.csv, or an unfinished run's checkpoints): whether each cache answered.
+--open-loop: `kvsim task --open-loop` runs of the same configs (open_loop.csv): the offline scores of the
+    same (kind, length, depth, trial, cache), computed from the recording and the replay alone. Their
+    columns replace the answers' open-loop columns (runs made before the offline scores have none).
+--replace: later runs whose rows replace the answers' rows of the same (kind, length, depth, trial, cache)
+    (e.g. a policy re-measured after a fix).
+
+Only policy rows of counting cells (the exact cache answers >= 80%) enter. For each candidate score
+(log10 rel_err, log10 eps, kept_mass, topk_kept, each over the retrieval heads and at the worst layer) and
+the needle's kept share (an upper reference: it needs the needle's position), a logistic fit of the answer
+on the score gives:
+  in sample       McFadden R^2 and ROC AUC;
+  out of sample   leave-one-policy-out: each policy's trials predicted by the fit on every other policy's;
+                  the pooled AUC and Brier score of those predictions, and the ranking test: per (kind,
+                  length, memory) cell the Spearman correlation between the policies' mean predicted
+                  probability and their actual accuracy (the question a screening run asks: which policy
+                  answers more?), its mean over cells and the share of cells with rho >= 0.8.
+Writes OUT/predict.csv (one row per score), OUT/ranking.csv (one row per score and cell) and
+OUT/reliability.csv (per score, the held-out predictions in ten bins against the observed rate), and
+prints predict.csv as a markdown table.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from retrieval import auc, load, load_unfinished  # noqa: E402
+
+KEYS = ["kind", "length", "depth", "trial", "cache"]
+OPEN_LOOP = ["rel_err", "eps", "kept_mass", "needle_kept_share", "topk_kept", "rel_err_rheads", "kept_mass_rheads",
+             "topk_kept_rheads", "rel_err_worst_layer", "kept_mass_worst_layer", "topk_kept_worst_layer"]
+# (name, column, log10?): the candidates (no needle position), then the upper reference.
+SCORES = (("log10 rel_err", "rel_err", True), ("log10 eps", "eps", True), ("kept_mass", "kept_mass", False),
+          ("topk_kept", "topk_kept", False), ("log10 rel_err, retrieval heads", "rel_err_rheads", True),
+          ("kept_mass, retrieval heads", "kept_mass_rheads", False), ("topk_kept, retrieval heads", "topk_kept_rheads", False),
+          ("log10 rel_err, worst layer", "rel_err_worst_layer", True), ("kept_mass, worst layer", "kept_mass_worst_layer", False),
+          ("topk_kept, worst layer", "topk_kept_worst_layer", False), ("needle_kept_share (reference)", "needle_kept_share", False))
+
+
+def load_open_loop(dirs):
+    """Every folder's open_loop.csv (or its checkpoints so far) as one DataFrame."""
+    frames = []
+    for d in dirs:
+        path = os.path.join(d, "open_loop.csv")
+        if os.path.exists(path):
+            frames.append(pd.read_csv(path, keep_default_na=False, na_values=["nan"]))
+            continue
+        part = load_unfinished(d)
+        if part is None:
+            sys.exit(f"error: {path} not found (run `kvsim task CONFIG --open-loop --out {d}` first)")
+        frames.append(part)
+    o = pd.concat(frames, ignore_index=True)
+    return o.drop_duplicates(KEYS, keep="last")[KEYS + [c for c in OPEN_LOOP if c in o.columns]]
+
+
+def combine(answers, replace, open_loop):
+    """The answers' policy rows (with --replace's rows instead of theirs) of counting cells, their open-loop
+    columns taken from `open_loop` where it has the row."""
+    t = answers
+    if replace is not None:
+        r = replace[~replace.cache.isin(["exact", "evict_needle"])]
+        t = pd.concat([t.merge(r[KEYS], on=KEYS, how="left", indicator=True).query("_merge == 'left_only'").drop(columns="_merge"),
+                       r.drop(columns="exact_acc", errors="ignore").merge(t[["kind", "length", "exact_acc"]].drop_duplicates(),
+                                                                          on=["kind", "length"])], ignore_index=True)
+    t = t[~t.cache.isin(["exact", "evict_needle"]) & (t.exact_acc >= 0.8)].copy()
+    if open_loop is not None:
+        o = open_loop.set_index(KEYS)
+        idx = pd.MultiIndex.from_frame(t[KEYS])
+        have = idx.isin(o.index)
+        for c in o.columns:
+            vals = t[c].to_numpy(float) if c in t.columns else np.full(len(t), np.nan)
+            vals[have] = o.loc[idx[have], c].to_numpy(float)
+            t[c] = vals
+    return t.reset_index(drop=True)
+
+
+def logit_fit(x, y):
+    import statsmodels.api as sm
+    return sm.Logit(y, sm.add_constant(x)).fit(disp=0, warn_convergence=False)
+
+
+def spearman(a, b):
+    from scipy.stats import spearmanr
+    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return np.nan
+    return float(spearmanr(a, b).statistic)
+
+
+def evaluate(t, name, col, log):
+    """One score's row of predict.csv, its ranking rows and its reliability bins."""
+    g = t[np.isfinite(t[col].astype(float)) & ((t[col] > 0) if log else True)] if col in t.columns else t.iloc[:0]
+    y = g.correct.to_numpy(int)
+    row = {"score": name, "trials": len(g), "policies": g.policy.nunique()}
+    if len(g) < 10 or y.min() == y.max():
+        return row, [], []
+    x = np.log10(g[col].to_numpy(float)) if log else g[col].to_numpy(float)
+    fit = logit_fit(x, y)
+    sign = np.sign(fit.params[1]) or 1.0
+    held = np.full(len(g), np.nan)
+    pol = g.policy.to_numpy()
+    for q in np.unique(pol):
+        train = pol != q
+        if y[train].min() == y[train].max():
+            continue
+        f = logit_fit(x[train], y[train])
+        held[~train] = 1 / (1 + np.exp(-(f.params[0] + f.params[1] * x[~train])))
+    ok = np.isfinite(held)
+    row.update({"mcfadden_r2": float(fit.prsquared), "auc": auc(sign * x, y),
+                "auc_lopo": auc(held[ok], y[ok]), "brier_lopo": float(np.mean((held[ok] - y[ok]) ** 2))})
+    g = g.assign(held=held)
+    ranking = []
+    for (kind, length, memory), c in g[ok].groupby(["kind", "length", "memory"]):
+        per = c.groupby("policy").agg(actual=("correct", "mean"), predicted=("held", "mean"))
+        ranking.append({"score": name, "kind": kind, "length": length, "memory": memory, "policies": len(per),
+                        "rho": spearman(per.predicted.to_numpy(), per.actual.to_numpy())})
+    rho = np.array([r["rho"] for r in ranking], float)
+    rho = rho[np.isfinite(rho)]
+    row.update({"cells": len(rho), "rho_mean": float(rho.mean()) if len(rho) else np.nan,
+                "rho_ge_0.8": float((rho >= 0.8).mean()) if len(rho) else np.nan})
+    bins = np.minimum((held[ok] * 10).astype(int), 9)
+    reliability = [{"score": name, "bin": b, "predicted": float(held[ok][bins == b].mean()),
+                    "observed": float(y[ok][bins == b].mean()), "trials": int((bins == b).sum())}
+                   for b in range(10) if (bins == b).any()]
+    return row, ranking, reliability
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--answers", nargs="+", required=True)
+    ap.add_argument("--open-loop", nargs="*", default=[])
+    ap.add_argument("--replace", nargs="*", default=[])
+    ap.add_argument("--out-dir", default="results/predict")
+    a = ap.parse_args(argv)
+    answers = load(a.answers)
+    replace = load(a.replace) if a.replace else None
+    open_loop = load_open_loop(a.open_loop) if a.open_loop else None
+    t = combine(answers, replace, open_loop)
+    if t.empty:
+        sys.exit("error: no policy trials in counting cells (the exact cache answers < 80% everywhere?)")
+    rows, ranking, reliability = [], [], []
+    for name, col, log in SCORES:
+        r, k, b = evaluate(t, name, col, log)
+        rows.append(r)
+        ranking += k
+        reliability += b
+    os.makedirs(a.out_dir, exist_ok=True)
+    p = pd.DataFrame(rows)
+    p.to_csv(os.path.join(a.out_dir, "predict.csv"), index=False, na_rep="nan")
+    pd.DataFrame(ranking).to_csv(os.path.join(a.out_dir, "ranking.csv"), index=False, na_rep="nan")
+    pd.DataFrame(reliability).to_csv(os.path.join(a.out_dir, "reliability.csv"), index=False, na_rep="nan")
+    cols = ["trials", "policies", "mcfadden_r2", "auc", "auc_lopo", "brier_lopo", "cells", "rho_mean", "rho_ge_0.8"]
+    print("| score | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
+    for _, r in p.iterrows():
+        cells = [f"{r.get(c, np.nan):.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
+        print(f"| {r['score']} | " + " | ".join(cells) + " |")
+    print(f"wrote {a.out_dir}/predict.csv, ranking.csv and reliability.csv")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""plots/predict.py (docs/results.md, "Can attention error predict the answer?") on synthetic `kvsim task`
+folders whose law is known: each (policy, memory) has a quality q, a trial answers with probability
+1/(1 + exp(-10 (q - 0.5))), and the open-loop run's topk_kept over the retrieval heads is q plus noise.
+That score must rank the policies as their accuracy ranks them, out of sample; rel_err, drawn
+independently of the answers, must not (the negative control). The answers' trials.csv has no offline
+columns: they come from open_loop.csv by (kind, length, depth, trial, cache), and --replace swaps a
+policy's rows."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "plots"))
+import predict  # noqa: E402
+
+QUALITY = {"h2o": [0.2, 0.45, 0.7], "snapkv": [0.3, 0.55, 0.8], "window": [0.1, 0.35, 0.6], "quest": [0.5, 0.75, 0.95]}
+MEMORY = [0.25, 0.5, 0.75]
+
+
+def write(tmp):
+    rng = np.random.default_rng(11)
+    ans, ol = [], []
+    for trial in range(60):
+        base = dict(kind="niah_single", length=1024, depth=0.5, trial=trial, needle_depth=0.5, needle_begin=10, needle_end=20,
+                    question_begin=1000, answer="x", evidence="10-20", model="m", seconds=1, cache_tokens=100)
+        ans.append({**base, "cache": "exact", "policy": "exact", "correct": 1, "score": 1, "generated": "x"})
+        for pol, qs in QUALITY.items():
+            for m, q in zip(MEMORY, qs):
+                cache = f"{pol}(memory={m})"
+                ok = int(rng.uniform() < 1 / (1 + np.exp(-10 * (q - 0.5))))
+                ans.append({**base, "cache": cache, "policy": pol, "correct": ok, "score": ok, "generated": "x" if ok else "y",
+                            "rel_err": np.nan, "topk_kept_rheads": np.nan})
+                ol.append({**base, "cache": cache, "policy": pol, "correct": -1, "score": np.nan, "generated": "",
+                           "rel_err": rng.uniform(0.05, 0.5), "topk_kept_rheads": float(np.clip(q + rng.normal(0, 0.05), 0, 1)),
+                           "needle_kept_share": float(np.clip(q + rng.normal(0, 0.02), 0, 1))})
+    (tmp / "answers").mkdir()
+    (tmp / "open").mkdir()
+    pd.DataFrame(ans).to_csv(tmp / "answers" / "trials.csv", index=False, na_rep="nan")
+    pd.DataFrame(ol).to_csv(tmp / "open" / "open_loop.csv", index=False, na_rep="nan")
+    # --replace: window re-measured, now answering every trial.
+    rep = [r for r in ans if r["policy"] in ("exact", "window")]
+    (tmp / "replace").mkdir()
+    pd.DataFrame([{**r, "correct": 1, "score": 1, "generated": "x"} for r in rep]).to_csv(
+        tmp / "replace" / "trials.csv", index=False, na_rep="nan")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("predict")
+    write(tmp)
+    subprocess.run([sys.executable, str(ROOT / "plots" / "predict.py"), "--answers", str(tmp / "answers"), "--open-loop",
+                    str(tmp / "open"), "--out-dir", str(tmp / "out")], check=True, capture_output=True)
+    return tmp, pd.read_csv(tmp / "out" / "predict.csv").set_index("score")
+
+
+def test_an_informative_score_ranks_policies_out_of_sample(run):
+    _, p = run
+    s = p.loc["topk_kept, retrieval heads"]
+    assert s.trials == 60 * 12 and s.policies == 4  # joined from open_loop.csv: the answers have no such column
+    assert s.auc_lopo > 0.75 and s.cells == 3 and s.rho_mean > 0.8, s
+    assert s.brier_lopo < 0.2
+
+
+def test_an_uninformative_score_does_not(run):
+    _, p = run
+    s = p.loc["log10 rel_err"]  # drawn independently of the answers
+    # Held out, a score that carries nothing predicts each policy the other policies' base rate, so a
+    # better policy is predicted worse: the ranking inverts (rho -> -1) and the pooled AUC drops below
+    # 0.5. Either way it must not pass for a predictor.
+    assert s.auc_lopo < 0.6 and s.rho_mean < 0.5, s
+    # a score no row has is reported with its trial count only
+    assert p.loc["kept_mass"].trials == 0
+
+
+def test_reliability_bins_cover_every_held_out_prediction(run):
+    tmp, _ = run
+    r = pd.read_csv(tmp / "out" / "reliability.csv")
+    s = r[r.score == "topk_kept, retrieval heads"]
+    assert s.trials.sum() == 60 * 12 and ((s.predicted >= 0) & (s.predicted <= 1)).all()
+    # well-specified law: the observed rate rises with the predicted one
+    assert np.corrcoef(s.predicted, s.observed)[0, 1] > 0.8
+
+
+def test_replace_swaps_a_policys_rows(run):
+    tmp, _ = run
+    answers = predict.load([str(tmp / "answers")])
+    t = predict.combine(answers, predict.load([str(tmp / "replace")]), predict.load_open_loop([str(tmp / "open")]))
+    assert len(t) == 60 * 12
+    assert t[t.policy == "window"].correct.mean() == 1 and t[t.policy == "h2o"].correct.mean() < 1
+    assert np.isfinite(t.topk_kept_rheads).all()
