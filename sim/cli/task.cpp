@@ -297,6 +297,23 @@ std::vector<int> filler_tokens(const TaskConfig& c, const Tokenizer& tok) {
   return tok.encode(text, false, false);
 }
 
+/// One line of progress per trial on stderr: what was run (or read from its checkpoint) and how long it took.
+void print_progress(const TaskRunOptions& opt, const std::vector<TaskRow>& trial, const std::vector<double>& phases, int done,
+                    int total, int L, double depth, int i, bool checkpointed) {
+  if (opt.open_loop_only) {
+    std::fprintf(stderr, "kvsim task: trial %d/%d (L=%d, depth %g, #%d): open loop of %zu caches, %.1f s%s\n", done + 1, total, L,
+                 depth, i, trial.size(), trial.empty() ? 0.0 : trial[0].seconds, checkpointed ? " (checkpointed)" : "");
+    return;
+  }
+  int right = 0;
+  for (size_t b = 1; b < trial.size(); ++b) right += trial[b].correct;
+  std::fprintf(stderr, "kvsim task: trial %d/%d (L=%d, depth %g, #%d): exact %s, %d/%zu other caches right, %.1f s", done + 1,
+               total, L, depth, i, trial[0].correct ? "right" : "wrong", right, trial.size() - 1, trial[0].seconds);
+  if (phases.size() == 4)
+    std::fprintf(stderr, " (prefill %.1f, caches %.1f, decode %.1f, open loop %.1f)", phases[0], phases[1], phases[2], phases[3]);
+  std::fprintf(stderr, checkpointed ? " (checkpointed)\n" : "\n");
+}
+
 }  // namespace
 
 void write_task_prompts(const TaskConfig& c, const std::string& path) {
@@ -387,19 +404,7 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
           s << to_toml(trial);
           write_file_atomically(file.string(), s.str());
         }
-        int right = 0;
-        for (size_t b = 1; b < trial.size(); ++b) right += trial[b].correct;
-        if (!opt.quiet && opt.open_loop_only) {
-          std::fprintf(stderr, "kvsim task: trial %d/%d (L=%d, depth %g, #%d): open loop of %zu caches, %.1f s%s\n", done + 1, total,
-                       L, c.depths[di], i, trial.size(), trial.empty() ? 0.0 : trial[0].seconds, checkpointed ? " (checkpointed)" : "");
-        } else if (!opt.quiet) {
-          std::fprintf(stderr, "kvsim task: trial %d/%d (L=%d, depth %g, #%d): exact %s, %d/%zu other caches right, %.1f s",
-                       done + 1, total, L, c.depths[di], i, trial[0].correct ? "right" : "wrong", right, trial.size() - 1,
-                       trial[0].seconds);
-          if (phases.size() == 4)
-            std::fprintf(stderr, " (prefill %.1f, caches %.1f, decode %.1f, open loop %.1f)", phases[0], phases[1], phases[2], phases[3]);
-          std::fprintf(stderr, checkpointed ? " (checkpointed)\n" : "\n");
-        }
+        if (!opt.quiet) print_progress(opt, trial, phases, done, total, L, c.depths[di], i, checkpointed);
         by_trial[{li, di, i}] = std::move(trial);
       }
   std::vector<TaskRow> rows;
