@@ -246,8 +246,9 @@ TEST_CASE("policies: GPU replays of uniform buzz k-center and subgen carry tau, 
 TEST_CASE("policies: every replay kind's table row names the registered policy whose twin gives it, and checks its sizes",
           "[policies][cuda][registry]") {
   // cuda::kReplayKindTable is the one place a GPU twin's capacity, size checks and answer form live;
-  // each policy's gpu_replay() (its own file) picks the row. Every row must be reached by a registered
-  // example of the policy it names, with a capacity ≥ 1 that its size check accepts.
+  // each policy's gpu_replay() (its own file) picks the row. Every example's spec must have a capacity
+  // ≥ 1 that its row's size check accepts, and every row must be reached by an example of the policy
+  // it names.
   StreamInfo s;
   s.n = 256;
   s.head_dim = 16;
@@ -261,10 +262,11 @@ TEST_CASE("policies: every replay kind's table row names the registered policy w
     const cuda::ReplayKindInfo& row = cuda::replay_kind_info(spec->kind);
     INFO(x.spec.label << " → replay kind " << row.name);
     CHECK(row.kind == spec->kind);
-    CHECK(std::string(row.name) == x.spec.name);
     CHECK(row.capacity(*spec) >= 1);
     CHECK(row.sizes_ok(*spec, int(std::max<size_t>(1, spec->seeds.size())), s.n));
-    ++reached[int(spec->kind)];
+    // Another policy may reuse a kind (its cache is one an existing kernel computes); the kind's own
+    // policy must reach it.
+    if (std::string(row.name) == x.spec.name) ++reached[int(spec->kind)];
   }
   for (int k = 0; k < cuda::kReplayKindCount; ++k) {
     INFO("replay kind " << cuda::kReplayKindTable[k].name);
