@@ -16,12 +16,13 @@ Only policy rows of counting cells (the exact cache answers >= 80%) enter. For e
 the needle's kept share (an upper reference: it needs the needle's position), a logistic fit of the answer
 on the score gives:
   in sample       McFadden R^2 and ROC AUC;
-  out of sample   leave-one-policy-out: each policy's trials predicted by the fit on every other policy's;
+  out of sample   leave one policy out (and, where the runs hold more than one, one task kind, one length,
+                  one model): each group's trials predicted by the fit on every other group's;
                   the pooled AUC and Brier score of those predictions, and the ranking test: per (kind,
                   length, memory) cell the Spearman correlation between the policies' mean predicted
                   probability and their actual accuracy (the question a screening run asks: which policy
                   answers more?), its mean over cells and the share of cells with rho >= 0.8.
-Writes OUT/predict.csv (one row per score), OUT/ranking.csv (one row per score and cell) and
+Writes OUT/predict.csv (one row per score and split), OUT/ranking.csv (one row per score, split and cell) and
 OUT/reliability.csv (per score, the held-out predictions in ten bins against the observed rate), and
 prints predict.csv as a markdown table.
 """
@@ -95,39 +96,48 @@ def spearman(a, b):
     return float(spearmanr(a, b).statistic)
 
 
-def evaluate(t, name, col, log):
-    """One score's row of predict.csv, its ranking rows and its reliability bins."""
+SPLITS = ("policy", "kind", "length", "model")
+
+
+def evaluate(t, name, col, log, split="policy"):
+    """One score's row of predict.csv for one out-of-sample split (each value of `split` held out in
+    turn and predicted by the fit on the others), its ranking rows and its reliability bins."""
     g = t[np.isfinite(t[col].astype(float)) & ((t[col] > 0) if log else True)] if col in t.columns else t.iloc[:0]
     y = g.correct.to_numpy(int)
-    row = {"score": name, "trials": len(g), "policies": g.policy.nunique()}
+    row = {"score": name, "held_out": split, "trials": len(g), "policies": g.policy.nunique(),
+           "groups": g[split].nunique() if split in g.columns else 0}
     if len(g) < 10 or y.min() == y.max():
         return row, [], []
     x = np.log10(g[col].to_numpy(float)) if log else g[col].to_numpy(float)
     fit = logit_fit(x, y)
     sign = np.sign(fit.params[1]) or 1.0
+    row.update({"mcfadden_r2": float(fit.prsquared), "auc": auc(sign * x, y)})
+    if row["groups"] < 2:
+        return row, [], []
     held = np.full(len(g), np.nan)
-    pol = g.policy.to_numpy()
-    for q in np.unique(pol):
-        train = pol != q
+    grp = g[split].to_numpy()
+    for q in pd.unique(grp):
+        train = grp != q
         if y[train].min() == y[train].max():
             continue
         f = logit_fit(x[train], y[train])
         held[~train] = 1 / (1 + np.exp(-(f.params[0] + f.params[1] * x[~train])))
     ok = np.isfinite(held)
-    row.update({"mcfadden_r2": float(fit.prsquared), "auc": auc(sign * x, y),
-                "auc_lopo": auc(held[ok], y[ok]), "brier_lopo": float(np.mean((held[ok] - y[ok]) ** 2))})
+    if not ok.any():
+        return row, [], []
+    row.update({"auc_out": auc(held[ok], y[ok]), "brier_out": float(np.mean((held[ok] - y[ok]) ** 2))})
     g = g.assign(held=held)
     ranking = []
     for (kind, length, memory), c in g[ok].groupby(["kind", "length", "memory"]):
         per = c.groupby("policy").agg(actual=("correct", "mean"), predicted=("held", "mean"))
-        ranking.append({"score": name, "kind": kind, "length": length, "memory": memory, "policies": len(per),
-                        "rho": spearman(per.predicted.to_numpy(), per.actual.to_numpy())})
+        ranking.append({"score": name, "held_out": split, "kind": kind, "length": length, "memory": memory,
+                        "policies": len(per), "rho": spearman(per.predicted.to_numpy(), per.actual.to_numpy())})
     rho = np.array([r["rho"] for r in ranking], float)
     rho = rho[np.isfinite(rho)]
     row.update({"cells": len(rho), "rho_mean": float(rho.mean()) if len(rho) else np.nan,
                 "rho_ge_0.8": float((rho >= 0.8).mean()) if len(rho) else np.nan})
     bins = np.minimum((held[ok] * 10).astype(int), 9)
-    reliability = [{"score": name, "bin": b, "predicted": float(held[ok][bins == b].mean()),
+    reliability = [{"score": name, "held_out": split, "bin": b, "predicted": float(held[ok][bins == b].mean()),
                     "observed": float(y[ok][bins == b].mean()), "trials": int((bins == b).sum())}
                    for b in range(10) if (bins == b).any()]
     return row, ranking, reliability
@@ -147,21 +157,24 @@ def main(argv=None):
     if t.empty:
         sys.exit("error: no policy trials in counting cells (the exact cache answers < 80% everywhere?)")
     rows, ranking, reliability = [], [], []
-    for name, col, log in SCORES:
-        r, k, b = evaluate(t, name, col, log)
-        rows.append(r)
-        ranking += k
-        reliability += b
+    for split in SPLITS:
+        for name, col, log in SCORES:
+            r, k, b = evaluate(t, name, col, log, split)
+            if split != "policy" and r.get("groups", 0) < 2:
+                continue  # one task, length or model only: nothing to hold out
+            rows.append(r)
+            ranking += k
+            reliability += b
     os.makedirs(a.out_dir, exist_ok=True)
     p = pd.DataFrame(rows)
     p.to_csv(os.path.join(a.out_dir, "predict.csv"), index=False, na_rep="nan")
     pd.DataFrame(ranking).to_csv(os.path.join(a.out_dir, "ranking.csv"), index=False, na_rep="nan")
     pd.DataFrame(reliability).to_csv(os.path.join(a.out_dir, "reliability.csv"), index=False, na_rep="nan")
-    cols = ["trials", "policies", "mcfadden_r2", "auc", "auc_lopo", "brier_lopo", "cells", "rho_mean", "rho_ge_0.8"]
-    print("| score | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
+    cols = ["trials", "policies", "groups", "mcfadden_r2", "auc", "auc_out", "brier_out", "cells", "rho_mean", "rho_ge_0.8"]
+    print("| score | held out | " + " | ".join(cols) + " |\n|---|---|" + "---:|" * len(cols))
     for _, r in p.iterrows():
         cells = [f"{r.get(c, np.nan):.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
-        print(f"| {r['score']} | " + " | ".join(cells) + " |")
+        print(f"| {r['score']} | {r['held_out']} | " + " | ".join(cells) + " |")
     print(f"wrote {a.out_dir}/predict.csv, ranking.csv and reliability.csv")
 
 

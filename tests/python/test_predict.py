@@ -24,8 +24,8 @@ MEMORY = [0.25, 0.5, 0.75]
 def write(tmp):
     rng = np.random.default_rng(11)
     ans, ol = [], []
-    for trial in range(60):
-        base = dict(kind="niah_single", length=1024, depth=0.5, trial=trial, needle_depth=0.5, needle_begin=10, needle_end=20,
+    for kind, trial in [(k, i) for k in ("niah_single", "niah_multikey") for i in range(30)]:
+        base = dict(kind=kind, length=1024, depth=0.5, trial=trial, needle_depth=0.5, needle_begin=10, needle_end=20,
                     question_begin=1000, answer="x", evidence="10-20", model="m", seconds=1, cache_tokens=100)
         ans.append({**base, "cache": "exact", "policy": "exact", "correct": 1, "score": 1, "generated": "x"})
         for pol, qs in QUALITY.items():
@@ -54,32 +54,36 @@ def run(tmp_path_factory):
     write(tmp)
     subprocess.run([sys.executable, str(ROOT / "plots" / "predict.py"), "--answers", str(tmp / "answers"), "--open-loop",
                     str(tmp / "open"), "--out-dir", str(tmp / "out")], check=True, capture_output=True)
-    return tmp, pd.read_csv(tmp / "out" / "predict.csv").set_index("score")
+    p = pd.read_csv(tmp / "out" / "predict.csv")
+    assert set(p.held_out) == {"policy", "kind"}  # two kinds, one length, one model: nothing else to hold out
+    return tmp, p.set_index("score")
 
 
 def test_an_informative_score_ranks_policies_out_of_sample(run):
     _, p = run
-    s = p.loc["topk_kept, retrieval heads"]
+    s = p[p.held_out == "policy"].loc["topk_kept, retrieval heads"]
     assert s.trials == 60 * 12 and s.policies == 4  # joined from open_loop.csv: the answers have no such column
-    assert s.auc_lopo > 0.75 and s.cells == 3 and s.rho_mean > 0.8, s
-    assert s.brier_lopo < 0.2
+    assert s.auc_out > 0.75 and s.cells == 6 and s.rho_mean > 0.8, s
+    assert s.brier_out < 0.2
+    k = p[p.held_out == "kind"].loc["topk_kept, retrieval heads"]  # the other kind's fit predicts this one
+    assert k.groups == 2 and k.auc_out > 0.75 and k.rho_mean > 0.8, k
 
 
 def test_an_uninformative_score_does_not(run):
     _, p = run
-    s = p.loc["log10 rel_err"]  # drawn independently of the answers
+    s = p[p.held_out == "policy"].loc["log10 rel_err"]  # drawn independently of the answers
     # Held out, a score that carries nothing predicts each policy the other policies' base rate, so a
     # better policy is predicted worse: the ranking inverts (rho -> -1) and the pooled AUC drops below
     # 0.5. Either way it must not pass for a predictor.
-    assert s.auc_lopo < 0.6 and s.rho_mean < 0.5, s
+    assert s.auc_out < 0.6 and s.rho_mean < 0.5, s
     # a score no row has is reported with its trial count only
-    assert p.loc["kept_mass"].trials == 0
+    assert p[p.held_out == "policy"].loc["kept_mass"].trials == 0
 
 
 def test_reliability_bins_cover_every_held_out_prediction(run):
     tmp, _ = run
     r = pd.read_csv(tmp / "out" / "reliability.csv")
-    s = r[r.score == "topk_kept, retrieval heads"]
+    s = r[(r.score == "topk_kept, retrieval heads") & (r.held_out == "policy")]
     assert s.trials.sum() == 60 * 12 and ((s.predicted >= 0) & (s.predicted <= 1)).all()
     # well-specified law: the observed rate rises with the predicted one
     assert np.corrcoef(s.predicted, s.observed)[0, 1] > 0.8
