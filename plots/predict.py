@@ -21,10 +21,13 @@ on the score gives:
                   the pooled AUC and Brier score of those predictions, and the ranking test: per (kind,
                   length, memory) cell the Spearman correlation between the policies' mean predicted
                   probability and their actual accuracy (the question a screening run asks: which policy
-                  answers more?), its mean over cells and the share of cells with rho >= 0.8.
-Writes OUT/predict.csv (one row per score and split), OUT/ranking.csv (one row per score, split and cell) and
-OUT/reliability.csv (per score, the held-out predictions in ten bins against the observed rate), and
-prints predict.csv as a markdown table.
+                  answers more?), its mean over cells and the share of cells with rho >= 0.8; and the
+                  coverage: the share of (policy, kind, length, memory) cells whose actual accuracy falls
+                  in the 95% prediction interval of the held-out predictions (prediction_cells).
+Writes OUT/predict.csv (one row per score and split), OUT/ranking.csv (one row per score, split and cell),
+OUT/reliability.csv (per score and split, the held-out predictions in ten bins against the observed rate),
+OUT/cells.csv (per score, split and (policy, kind, length, memory): actual and predicted accuracy with the
+95% prediction interval) and OUT/predict.png (figure()), and prints predict.csv as a markdown table.
 """
 import argparse
 import os
@@ -99,6 +102,23 @@ def spearman(a, b):
 SPLITS = ("policy", "kind", "length", "model")
 
 
+def prediction_cells(c):
+    """Per policy of one (kind, length, memory) cell: its trials, actual accuracy, the held-out predicted
+    accuracy (the mean of the trials' predicted probabilities) and a 95% prediction interval for the
+    accuracy of those n trials if the predictions are right (the trials as independent Bernoulli draws
+    with their predicted probabilities: mean ± 1.96 sd of a Poisson-binomial count over n, widened by
+    half a trial, the count's step), and whether the actual accuracy falls inside it."""
+    rows = []
+    for pol, d in c.groupby("policy"):
+        p, n = d.held.to_numpy(float), len(d)
+        half = 1.96 * np.sqrt(np.sum(p * (1 - p))) / n + 0.5 / n
+        lo, hi = max(0.0, p.mean() - half), min(1.0, p.mean() + half)
+        actual = d.correct.mean()
+        rows.append({"kind": d.kind.iloc[0], "length": d.length.iloc[0], "memory": d.memory.iloc[0], "policy": pol, "trials": n,
+                     "actual": actual, "predicted": p.mean(), "low": lo, "high": hi, "covered": bool(lo <= actual <= hi)})
+    return pd.DataFrame(rows)
+
+
 def evaluate(t, name, col, log, split="policy"):
     """One score's row of predict.csv for one out-of-sample split (each value of `split` held out in
     turn and predicted by the fit on the others), its ranking rows and its reliability bins."""
@@ -131,16 +151,53 @@ def evaluate(t, name, col, log, split="policy"):
     for (kind, length, memory), c in g[ok].groupby(["kind", "length", "memory"]):
         per = c.groupby("policy").agg(actual=("correct", "mean"), predicted=("held", "mean"))
         ranking.append({"score": name, "held_out": split, "kind": kind, "length": length, "memory": memory,
-                        "policies": len(per), "rho": spearman(per.predicted.to_numpy(), per.actual.to_numpy())})
+                        "policies": len(per), "rho": spearman(per.predicted.to_numpy(), per.actual.to_numpy()),
+                        "cells": prediction_cells(c)})
     rho = np.array([r["rho"] for r in ranking], float)
     rho = rho[np.isfinite(rho)]
+    cells = pd.concat([r["cells"] for r in ranking], ignore_index=True)
     row.update({"cells": len(rho), "rho_mean": float(rho.mean()) if len(rho) else np.nan,
-                "rho_ge_0.8": float((rho >= 0.8).mean()) if len(rho) else np.nan})
+                "rho_ge_0.8": float((rho >= 0.8).mean()) if len(rho) else np.nan,
+                "coverage": float(cells.covered.mean()), "policy_cells": len(cells)})
+    for r in ranking:
+        r["covered"] = float(cells[(cells.kind == r["kind"]) & (cells.length == r["length"]) & (cells.memory == r["memory"])].covered.mean())
     bins = np.minimum((held[ok] * 10).astype(int), 9)
     reliability = [{"score": name, "held_out": split, "bin": b, "predicted": float(held[ok][bins == b].mean()),
                     "observed": float(y[ok][bins == b].mean()), "trials": int((bins == b).sum())}
                    for b in range(10) if (bins == b).any()]
     return row, ranking, reliability
+
+
+def figure(p, cells, reliability, path):
+    """predict.png: (left) reliability of the held-out predictions (policy held out) for the baseline
+    (log10 rel_err), the best candidate score by held-out AUC and the needle-share reference; (right)
+    every (policy, kind, length, memory) cell's actual accuracy against the best candidate's predicted
+    one, with its 95% prediction interval."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    pol = p[(p.held_out == "policy") & np.isfinite(p.get("auc_out", pd.Series(np.nan, index=p.index)))]
+    cand = pol[~pol.score.str.contains("reference")]
+    if cand.empty:
+        return None
+    best = cand.sort_values("auc_out", ascending=False).score.iloc[0]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for name, style in (("log10 rel_err", "o:"), (best, "s-"), ("needle_kept_share (reference)", "^--")):
+        r = reliability[(reliability.score == name) & (reliability.held_out == "policy")]
+        if len(r):
+            a.plot(r.predicted, r.observed, style, label=name)
+    a.plot([0, 1], [0, 1], color="grey", lw=0.8)
+    a.set(xlabel="predicted P(answer), policy held out", ylabel="observed rate", title="reliability", xlim=(0, 1), ylim=(0, 1))
+    a.legend(fontsize=7)
+    c = cells[(cells.score == best) & (cells.held_out == "policy")]
+    b.errorbar(c.predicted, c.actual, xerr=[c.predicted - c.low, c.high - c.predicted], fmt="o", ms=3, lw=0.6, alpha=0.7)
+    b.plot([0, 1], [0, 1], color="grey", lw=0.8)
+    b.set(xlabel=f"predicted accuracy ({best}), policy held out", ylabel="actual accuracy",
+          title=f"{len(c)} cells, {c.covered.mean():.0%} inside the 95% interval", xlim=(-0.02, 1.02), ylim=(-0.02, 1.02))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return best
 
 
 def main(argv=None):
@@ -156,13 +213,15 @@ def main(argv=None):
     t = combine(answers, replace, open_loop)
     if t.empty:
         sys.exit("error: no policy trials in counting cells (the exact cache answers < 80% everywhere?)")
-    rows, ranking, reliability = [], [], []
+    rows, ranking, reliability, cells = [], [], [], []
     for split in SPLITS:
         for name, col, log in SCORES:
             r, k, b = evaluate(t, name, col, log, split)
             if split != "policy" and r.get("groups", 0) < 2:
                 continue  # one task, length or model only: nothing to hold out
             rows.append(r)
+            for x in k:
+                cells.append(x.pop("cells").assign(score=name, held_out=split))
             ranking += k
             reliability += b
     os.makedirs(a.out_dir, exist_ok=True)
@@ -170,12 +229,18 @@ def main(argv=None):
     p.to_csv(os.path.join(a.out_dir, "predict.csv"), index=False, na_rep="nan")
     pd.DataFrame(ranking).to_csv(os.path.join(a.out_dir, "ranking.csv"), index=False, na_rep="nan")
     pd.DataFrame(reliability).to_csv(os.path.join(a.out_dir, "reliability.csv"), index=False, na_rep="nan")
-    cols = ["trials", "policies", "groups", "mcfadden_r2", "auc", "auc_out", "brier_out", "cells", "rho_mean", "rho_ge_0.8"]
+    cells = pd.concat(cells, ignore_index=True) if cells else pd.DataFrame()
+    cells.to_csv(os.path.join(a.out_dir, "cells.csv"), index=False, na_rep="nan")
+    best = figure(p, cells, pd.DataFrame(reliability), os.path.join(a.out_dir, "predict.png")) if len(cells) else None
+    cols = ["trials", "policies", "groups", "mcfadden_r2", "auc", "auc_out", "brier_out", "cells", "rho_mean", "rho_ge_0.8",
+            "coverage"]
     print("| score | held out | " + " | ".join(cols) + " |\n|---|---|" + "---:|" * len(cols))
     for _, r in p.iterrows():
         cells = [f"{r.get(c, np.nan):.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
         print(f"| {r['score']} | {r['held_out']} | " + " | ".join(cells) + " |")
-    print(f"wrote {a.out_dir}/predict.csv, ranking.csv and reliability.csv")
+    if best:
+        print(f"best candidate by held-out AUC (policy held out): {best}")
+    print(f"wrote {a.out_dir}/predict.csv, ranking.csv, reliability.csv, cells.csv" + (" and predict.png" if best else ""))
 
 
 if __name__ == "__main__":

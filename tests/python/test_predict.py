@@ -65,6 +65,7 @@ def test_an_informative_score_ranks_policies_out_of_sample(run):
     assert s.trials == 60 * 12 and s.policies == 4  # joined from open_loop.csv: the answers have no such column
     assert s.auc_out > 0.75 and s.cells == 6 and s.rho_mean > 0.8, s
     assert s.brier_out < 0.2
+    assert s.coverage >= 0.7 and s.policy_cells == 24  # 4 policies x 3 memories x 2 kinds; the law is the fit's form
     k = p[p.held_out == "kind"].loc["topk_kept, retrieval heads"]  # the other kind's fit predicts this one
     assert k.groups == 2 and k.auc_out > 0.75 and k.rho_mean > 0.8, k
 
@@ -76,12 +77,17 @@ def test_an_uninformative_score_does_not(run):
     # better policy is predicted worse: the ranking inverts (rho -> -1) and the pooled AUC drops below
     # 0.5. Either way it must not pass for a predictor.
     assert s.auc_out < 0.6 and s.rho_mean < 0.5, s
+    assert s.coverage < 0.7  # nor do its intervals hold the actual accuracies
     # a score no row has is reported with its trial count only
     assert p[p.held_out == "policy"].loc["kept_mass"].trials == 0
 
 
 def test_reliability_bins_cover_every_held_out_prediction(run):
     tmp, _ = run
+    assert (tmp / "out" / "predict.png").stat().st_size > 10000
+    c = pd.read_csv(tmp / "out" / "cells.csv")
+    c = c[(c.score == "topk_kept, retrieval heads") & (c.held_out == "policy")]
+    assert len(c) == 24 and (c.low <= c.predicted).all() and (c.predicted <= c.high).all() and c.trials.sum() == 720
     r = pd.read_csv(tmp / "out" / "reliability.csv")
     s = r[(r.score == "topk_kept, retrieval heads") & (r.held_out == "policy")]
     assert s.trials.sum() == 60 * 12 and ((s.predicted >= 0) & (s.predicted <= 1)).all()
