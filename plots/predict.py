@@ -2,7 +2,7 @@
 """Can an offline score predict the answer? (docs/results.md, "Can attention error predict the answer?")
 
 Usage: .venv/bin/python plots/predict.py --answers DIR [DIR ...] --open-loop DIR [DIR ...]
-                                          [--replace DIR ...] [--out-dir OUT]
+                                          [--replace DIR ...] [--out-dir OUT] [--new DIR ... [--score NAME]]
 
 --answers: `kvsim task` runs (trials.csv, or an unfinished run's checkpoints): whether each cache answered.
 --open-loop: `kvsim task --open-loop` runs of the same configs (open_loop.csv): the offline scores of the
@@ -10,6 +10,9 @@ Usage: .venv/bin/python plots/predict.py --answers DIR [DIR ...] --open-loop DIR
     columns replace the answers' open-loop columns (runs made before the offline scores have none).
 --replace: later runs whose rows replace the answers' rows of the same (kind, length, depth, trial, cache)
     (e.g. a policy re-measured after a fix).
+--new: `kvsim task --open-loop` runs of policies to screen without a closed loop: `--score`'s fit on every
+    answered trial predicts their accuracy per (policy, kind, length, memory), with a 95% prediction
+    interval (OUT/screened.csv).
 
 Only policy rows of counting cells (the exact cache answers >= 80%) enter. For each candidate score
 (log10 rel_err, log10 eps, kept_mass, topk_kept, each over the retrieval heads and at the worst layer) and
@@ -63,7 +66,7 @@ def load_open_loop(dirs):
             sys.exit(f"error: {path} not found (run `kvsim task CONFIG --open-loop --out {d}` first)")
         frames.append(part)
     o = pd.concat(frames, ignore_index=True)
-    return o.drop_duplicates(KEYS, keep="last")[KEYS + [c for c in OPEN_LOOP if c in o.columns]]
+    return o.drop_duplicates(KEYS, keep="last")[KEYS + ["policy"] + [c for c in OPEN_LOOP if c in o.columns]]
 
 
 def combine(answers, replace, open_loop):
@@ -77,7 +80,7 @@ def combine(answers, replace, open_loop):
                                                                           on=["kind", "length"])], ignore_index=True)
     t = t[~t.cache.isin(["exact", "evict_needle"]) & (t.exact_acc >= 0.8)].copy()
     if open_loop is not None:
-        o = open_loop.set_index(KEYS)
+        o = open_loop.drop(columns="policy").set_index(KEYS)
         idx = pd.MultiIndex.from_frame(t[KEYS])
         have = idx.isin(o.index)
         for c in o.columns:
@@ -200,13 +203,32 @@ def figure(p, cells, reliability, path):
     return best
 
 
+def predict_new(t, new, score):
+    """The `--new` screening: `score`'s logistic fit on every answered trial in `t`, applied to the
+    open-loop rows `new` of policies that need not have run in the closed loop; per (policy, kind,
+    length, memory) the predicted accuracy and its 95% prediction interval (prediction_cells)."""
+    name, col, log = next(x for x in SCORES if x[0] == score)
+    g = t[np.isfinite(t[col].astype(float)) & ((t[col] > 0) if log else True)]
+    f = logit_fit(np.log10(g[col].to_numpy(float)) if log else g[col].to_numpy(float), g.correct.to_numpy(int))
+    n = new[np.isfinite(new[col].astype(float)) & ((new[col] > 0) if log else True)].copy()
+    x = np.log10(n[col].to_numpy(float)) if log else n[col].to_numpy(float)
+    n["held"] = 1 / (1 + np.exp(-(f.params[0] + f.params[1] * x)))
+    n["correct"] = np.nan
+    out = pd.concat([prediction_cells(c) for _, c in n.groupby(["kind", "length", "memory"])], ignore_index=True)
+    return out.drop(columns=["actual", "covered"]).assign(score=name)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--answers", nargs="+", required=True)
     ap.add_argument("--open-loop", nargs="*", default=[])
     ap.add_argument("--replace", nargs="*", default=[])
     ap.add_argument("--out-dir", default="results/predict")
+    ap.add_argument("--new", nargs="*", default=[], help="open-loop runs of policies to screen: their accuracy predicted")
+    ap.add_argument("--score", default="topk_kept, retrieval heads", help="the score --new predicts with")
     a = ap.parse_args(argv)
+    if a.score not in [x[0] for x in SCORES]:
+        sys.exit(f"error: --score {a.score!r} is not one of: " + ", ".join(x[0] for x in SCORES))
     answers = load(a.answers)
     replace = load(a.replace) if a.replace else None
     open_loop = load_open_loop(a.open_loop) if a.open_loop else None
@@ -240,6 +262,16 @@ def main(argv=None):
         print(f"| {r['score']} | {r['held_out']} | " + " | ".join(cells) + " |")
     if best:
         print(f"best candidate by held-out AUC (policy held out): {best}")
+    if a.new:
+        new = load_open_loop(a.new)
+        inner = new["cache"].str.extract(r"\((.*)\)$")[0].fillna("")
+        new["memory"] = [float(dict(kv.split("=", 1) for kv in s.split(",") if "=" in kv).get("memory", "nan")) for s in inner]
+        screened = predict_new(t, new, a.score)
+        screened.to_csv(os.path.join(a.out_dir, "screened.csv"), index=False, na_rep="nan")
+        print(f"\n| policy | kind | L | memory | trials | predicted accuracy [95% prediction interval] ({a.score}) |\n|---|---|---:|---:|---:|---|")
+        for _, r in screened.iterrows():
+            print(f"| {r.policy} | {r.kind} | {r.length} | {r.memory:g} | {r.trials} | {r.predicted:.2f} [{r.low:.2f}, {r.high:.2f}] |")
+        print(f"wrote {a.out_dir}/screened.csv")
     print(f"wrote {a.out_dir}/predict.csv, ranking.csv, reliability.csv, cells.csv" + (" and predict.png" if best else ""))
 
 

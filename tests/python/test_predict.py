@@ -19,6 +19,7 @@ import predict  # noqa: E402
 
 QUALITY = {"h2o": [0.2, 0.45, 0.7], "snapkv": [0.3, 0.55, 0.8], "window": [0.1, 0.35, 0.6], "quest": [0.5, 0.75, 0.95]}
 MEMORY = [0.25, 0.5, 0.75]
+NEW_QUALITY = [0.4, 0.6, 0.9]
 
 
 def write(tmp):
@@ -41,6 +42,14 @@ def write(tmp):
     (tmp / "open").mkdir()
     pd.DataFrame(ans).to_csv(tmp / "answers" / "trials.csv", index=False, na_rep="nan")
     pd.DataFrame(ol).to_csv(tmp / "open" / "open_loop.csv", index=False, na_rep="nan")
+    # --new: a policy that never ran in the closed loop, open loop only.
+    new = []
+    for kind, trial in [(k, i) for k in ("niah_single", "niah_multikey") for i in range(30)]:
+        for m, q in zip(MEMORY, NEW_QUALITY):
+            new.append(dict(kind=kind, length=1024, depth=0.5, trial=trial, cache=f"tova(memory={m})", policy="tova", correct=-1,
+                            rel_err=rng.uniform(0.05, 0.5), topk_kept_rheads=float(np.clip(q + rng.normal(0, 0.05), 0, 1))))
+    (tmp / "new").mkdir()
+    pd.DataFrame(new).to_csv(tmp / "new" / "open_loop.csv", index=False, na_rep="nan")
     # --replace: window re-measured, now answering every trial.
     rep = [r for r in ans if r["policy"] in ("exact", "window")]
     (tmp / "replace").mkdir()
@@ -53,7 +62,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("predict")
     write(tmp)
     subprocess.run([sys.executable, str(ROOT / "plots" / "predict.py"), "--answers", str(tmp / "answers"), "--open-loop",
-                    str(tmp / "open"), "--out-dir", str(tmp / "out")], check=True, capture_output=True)
+                    str(tmp / "open"), "--out-dir", str(tmp / "out"), "--new", str(tmp / "new")], check=True, capture_output=True)
     p = pd.read_csv(tmp / "out" / "predict.csv")
     assert set(p.held_out) == {"policy", "kind"}  # two kinds, one length, one model: nothing else to hold out
     return tmp, p.set_index("score")
@@ -102,3 +111,15 @@ def test_replace_swaps_a_policys_rows(run):
     assert len(t) == 60 * 12
     assert t[t.policy == "window"].correct.mean() == 1 and t[t.policy == "h2o"].correct.mean() < 1
     assert np.isfinite(t.topk_kept_rheads).all()
+
+
+def test_a_new_policy_is_screened_from_its_open_loop_alone(run):
+    tmp, _ = run
+    s = pd.read_csv(tmp / "out" / "screened.csv")
+    assert set(s.policy) == {"tova"} and len(s) == 6 and (s.trials == 30).all()
+    for _, r in s.iterrows():  # the law's accuracy at the new policy's quality lies in the interval
+        q = NEW_QUALITY[MEMORY.index(r.memory)]
+        truth = 1 / (1 + np.exp(-10 * (q - 0.5)))
+        assert r.low - 0.05 <= truth <= r.high + 0.05, (r, truth)
+    by_memory = s.groupby("memory").predicted.mean()
+    assert by_memory.is_monotonic_increasing
