@@ -195,7 +195,7 @@ double topk_threshold(MetricContext& c) {
 /// of the exact row's top-k tokens (all tokens tied with the k-th) the cache keeps. NaN for policies
 /// that keep no token subset.
 double topk_kept(MetricContext& c) {
-  if (!c.has_kept()) return NAN;
+  if (c.topk <= 0 || !c.has_kept()) return NAN;  // off ([eval] topk = 0): every metric is computed, not written
   const double v = topk_threshold(c);
   const int64_t top = c.row_memo(-4, [&] {
     int64_t m = 0;
@@ -320,10 +320,13 @@ const std::vector<Metric> kMetrics = {
      "Σ of the exact row a_t's k largest weights (k = min([eval] topk, t)): how concentrated the query's attention "
      "is (a property of the data, the same for every policy; ranks retrieval heads in `kvsim task`)",
      "kvsim; H2O Fig. 2 (the oracle's top-k mass)",
-     [](MetricContext& c) { return c.row_memo(std::min(c.topk, c.t), [&] {
-       std::vector<double> own;
-       return top_mass(c.probs, c.t, std::min(c.topk, c.t), c.scratch ? *c.scratch : own);
-     }); },
+     [](MetricContext& c) {
+       if (c.topk <= 0) return double(NAN);  // off: every metric is computed, only applying ones are written
+       return c.row_memo(std::min(c.topk, c.t), [&] {
+         std::vector<double> own;
+         return top_mass(c.probs, c.t, std::min(c.topk, c.t), c.scratch ? *c.scratch : own);
+       });
+     },
      topk_on},
     {"topk_kept", "1",
      "share of the exact row's top-k tokens (k = min([eval] topk, t); ties with the k-th included) the cache keeps "

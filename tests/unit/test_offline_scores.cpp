@@ -37,6 +37,12 @@ TEST_CASE("metrics: topk_kept counts the exact row's top-k tokens in the cache, 
   CHECK(compute("topk_kept", c) == Approx(2.0 / 5.0));
   a.has_kept = false;  // a policy with no token subset
   CHECK(std::isnan(compute("topk_kept", c)));
+  // Off ([eval] topk = 0): the engine computes every metric for every row and writes only those that
+  // apply, so both must return NaN without touching the row (k − 1 = −1 would read before it).
+  a.has_kept = true;
+  c.topk = 0;
+  CHECK(std::isnan(compute("topk_kept", c)));
+  CHECK(std::isnan(compute("topk_mass", c)));
 }
 
 TEST_CASE("metrics: topk_kept is 1 for exact and oracle_topk at budget k, below 1 for a window, and off without eval.topk",
