@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvsim_results import parse_params  # noqa: E402
 from retrieval import auc, load, load_unfinished  # noqa: E402
 
 KEYS = ["kind", "length", "depth", "trial", "cache"]
@@ -265,7 +266,7 @@ def main(argv=None):
     if a.new:
         new = load_open_loop(a.new)
         inner = new["cache"].str.extract(r"\((.*)\)$")[0].fillna("")
-        new["memory"] = [float(dict(kv.split("=", 1) for kv in s.split(",") if "=" in kv).get("memory", "nan")) for s in inner]
+        new["memory"] = [float(parse_params(s).get("memory", "nan")) for s in inner]
         screened = predict_new(t, new, a.score)
         screened.to_csv(os.path.join(a.out_dir, "screened.csv"), index=False, na_rep="nan")
         print(f"\n| policy | kind | L | memory | trials | predicted accuracy [95% prediction interval] ({a.score}) |\n|---|---|---:|---:|---:|---|")
