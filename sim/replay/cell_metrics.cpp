@@ -62,7 +62,7 @@ void Metrics::record(size_t p, const Evaluated& e, std::vector<MetricRow>& out) 
     m.layer = cell_.layer;
     m.head = cell_.heads[size_t(g)];
     m.step = e.t;
-    compute_metrics(c, m);
+    compute_metrics(c, m, applies_);
     out.push_back(m);
   }
 }

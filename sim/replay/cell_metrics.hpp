@@ -25,7 +25,7 @@ struct Evaluated {
 class Metrics {
  public:
   Metrics(const Experiment& ex, const Cell& cell, int64_t n, int head_dim, Reference& reference)
-      : ex_(ex), cell_(cell), n_(n), d_(head_dim), ref_(reference) {}
+      : ex_(ex), cell_(cell), n_(n), d_(head_dim), ref_(reference), applies_(metrics_applying(ex.eval)) {}
 
   /// The equal-memory rule (docs/policies.md) of policy p, whose `memory = M` is `memory_tokens` (−1:
   /// none): min(M, t) tokens' worth at every step (±2%), or never more than M tokens' worth (+2%) when
@@ -46,6 +46,7 @@ class Metrics {
   const int64_t n_;
   const int d_;
   Reference& ref_;
+  const std::vector<char> applies_;  // per registry metric: computed under ex_.eval (else NaN, never run)
   std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>> greedy_cache_;  // (g, t, m) -> greedy, opt
   std::map<std::pair<int, int64_t>, PowerLawFit> powerlaw_cache_;                        // (g, t) -> H2O Fig. 2 fit
   std::map<std::tuple<int, int64_t, int64_t>, double> row_cache_;  // (g, t, key) -> MetricContext::row_memo

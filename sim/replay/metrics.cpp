@@ -353,8 +353,9 @@ std::vector<MetricColumn> metric_columns() {
 std::vector<MetricColumn> metric_columns(const EvalSpec& eval) {
   std::vector<MetricColumn> out;
   const auto& r = metric_registry();
+  const std::vector<char> on = metrics_applying(eval);
   for (size_t i = 0; i < r.size(); ++i)
-    if (!r[i].applies || r[i].applies(eval)) out.push_back({r[i].name, r[i].unit, r[i].description, r[i].source, i});
+    if (on[i]) out.push_back({r[i].name, r[i].unit, r[i].description, r[i].source, i});
   return out;
 }
 
@@ -400,9 +401,16 @@ std::string metrics_markdown() {
   return o.str();
 }
 
-void compute_metrics(MetricContext& c, MetricRow& row) {
+std::vector<char> metrics_applying(const EvalSpec& eval) {
+  std::vector<char> on;
+  for (const auto& m : metric_registry()) on.push_back(!m.applies || m.applies(eval));
+  return on;
+}
+
+void compute_metrics(MetricContext& c, MetricRow& row, const std::vector<char>& applies) {
   const auto& r = metric_registry();
-  for (size_t i = 0; i < r.size(); ++i) row[i] = r[i].compute(c);
+  if (applies.size() != r.size()) throw Error("compute_metrics: an applies mask of " + std::to_string(applies.size()) + " metrics, not " + std::to_string(r.size()));
+  for (size_t i = 0; i < r.size(); ++i) row[i] = applies[i] ? r[i].compute(c) : NAN;
 }
 
 }  // namespace kvsim

@@ -4,6 +4,8 @@
 // control.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "helpers.hpp"
 #include "kvsim/cli/task.hpp"
@@ -37,8 +39,8 @@ TEST_CASE("metrics: topk_kept counts the exact row's top-k tokens in the cache, 
   CHECK(compute("topk_kept", c) == Approx(2.0 / 5.0));
   a.has_kept = false;  // a policy with no token subset
   CHECK(std::isnan(compute("topk_kept", c)));
-  // Off ([eval] topk = 0): the engine computes every metric for every row and writes only those that
-  // apply, so both must return NaN without touching the row (k − 1 = −1 would read before it).
+  // Off ([eval] topk = 0): the engine does not run them (compute_metrics' mask, below); called all the
+  // same, both return NaN without touching the row (k − 1 = −1 would read before it).
   a.has_kept = true;
   c.topk = 0;
   CHECK(std::isnan(compute("topk_kept", c)));
@@ -74,6 +76,36 @@ TEST_CASE("metrics: topk_kept is 1 for exact and oracle_topk at budget k, below 
   ex.eval.topk = 0;
   const RunResult none = run_experiment(ex, *src, 1);
   for (const auto& m : none.metrics) CHECK(std::string(m.name).rfind("topk", 0) != 0);
+}
+
+TEST_CASE("metrics: compute_metrics runs only the metrics that apply under the eval, as the writers' columns", "[metrics]") {
+  EvalSpec eval;
+  eval.topk = 0;
+  const std::vector<char> on = metrics_applying(eval);
+  const auto& reg = metric_registry();
+  REQUIRE(on.size() == reg.size());
+  std::set<std::string> columns;
+  for (const auto& col : metric_columns(eval)) columns.insert(col.name);
+  for (size_t i = 0; i < reg.size(); ++i) CHECK(bool(on[i]) == (columns.count(reg[i].name) > 0));
+  CHECK(!on[metric_index("topk_mass")]);
+  CHECK(on[metric_index("rel_err")]);
+  // A row whose context would give topk_mass 0.6: the mask decides whether it runs, not the metric's
+  // own guard (the negative control: masked off, it is NaN although c.topk = 2).
+  const std::vector<double> probs = {0.4, 0.2, 0.2, 0.1, 0.1};
+  Answer a;
+  MetricContext c;
+  c.t = 5, c.probs = probs.data(), c.answer = &a, c.topk = 2;
+  std::vector<char> only(reg.size(), 0);
+  only[metric_index("topk_mass")] = 1;
+  MetricRow row;
+  compute_metrics(c, row, only);
+  CHECK(row.value[metric_index("topk_mass")] == Approx(0.6));
+  for (size_t i = 0; i < reg.size(); ++i)
+    if (!only[i]) CHECK(std::isnan(row.value[i]));
+  only[metric_index("topk_mass")] = 0;
+  compute_metrics(c, row, only);
+  CHECK(std::isnan(row.value[metric_index("topk_mass")]));
+  CHECK_THROWS_WITH(compute_metrics(c, row, std::vector<char>(3, 1)), Catch::Contains("an applies mask of 3 metrics"));
 }
 
 namespace {

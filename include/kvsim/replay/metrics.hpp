@@ -108,7 +108,11 @@ double top_mass(const double* p, int64_t t, int64_t m, std::vector<double>& scra
 /// `kvsim metrics --markdown`: docs/metrics.md, the registry as a Markdown table with its notation.
 std::string metrics_markdown();
 
-/// Fills row[i] for every registry metric i.
-void compute_metrics(MetricContext& c, MetricRow& row);
+/// Per registry metric, whether it is computed under `eval` (Metric::applies; the writers' columns).
+std::vector<char> metrics_applying(const EvalSpec& eval);
+/// Fills row[i] for every registry metric i with applies[i] (metrics_applying); the others are NaN and
+/// never run, so a metric switched off (e.g. topk_kept at [eval] topk = 0) cannot read what its
+/// setting did not prepare.
+void compute_metrics(MetricContext& c, MetricRow& row, const std::vector<char>& applies);
 
 }  // namespace kvsim
