@@ -54,8 +54,8 @@ std::string evidence_text(const std::vector<Span>& spans) {
 /// One trial: the exact prefill, the closed loop of every cache on the context then the question,
 /// the answers scored, and the open loop on the same tensors. Rows: exact, the policies, the control.
 /// The rows of a trial run open-loop only (TaskRunOptions::open_loop_only): one per policy.
-std::vector<TaskRow> open_loop_trial(const TaskConfig& c, const LlamaModel& model, const TaskTrial& tr, int L, double depth,
-                                     int index, int threads) {
+std::vector<TaskRow> open_loop_trial(const TaskConfig& c, const LlamaModel& model, const Tokenizer& tok, const TaskTrial& tr,
+                                     int L, double depth, int index, int threads) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto specs = pin_budgets(c.policies, L);
   const TrialTensors tt = exact_tensors(model, tr.tokens, threads);
@@ -70,8 +70,9 @@ std::vector<TaskRow> open_loop_trial(const TaskConfig& c, const LlamaModel& mode
     r.correct = -1, r.score = NAN;
     policy_rows.push_back(&r);
   }
-  const TrialSource src(tt, model.config(), c.checkpoint);
-  if (!specs.empty()) open_loop_link(c, specs, tr, src, threads, policy_rows);
+  const bool answer_steps = c.link_steps == "answer" && !specs.empty();
+  link_trial(c, model, specs, tr, tt, answer_steps ? exact_generation(c, model, tt, tr, threads) : tr.tokens, stop_tokens(tok),
+             threads, policy_rows);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (auto& r : rows) r.seconds = secs;
   return rows;
@@ -113,7 +114,7 @@ std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, con
   lap();
   const auto gen = batched_greedy(model, tr.tokens, tr.question_begin, total, nullptr, attn, threads);
   lap();
-  const std::vector<int> stop = {tok.eos_id(), tok.control_id("<|im_end|>"), tok.control_id("<end_of_turn>")};
+  const std::vector<int> stop = stop_tokens(tok);
   for (size_t b = 0; b < rows.size(); ++b) {
     TaskRow& r = rows[b];
     r.length = L, r.depth = depth, r.trial = index, r.needle_depth = tr.depth;
@@ -127,8 +128,7 @@ std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, con
   }
   std::vector<TaskRow*> policy_rows;
   for (size_t p = 0; p < specs.size(); ++p) policy_rows.push_back(&rows[p + 1]);
-  const TrialSource src(tt, cfg, c.checkpoint);
-  if (!specs.empty()) open_loop_link(c, specs, tr, src, threads, policy_rows);
+  link_trial(c, model, specs, tr, tt, gen.at(0), stop, threads, policy_rows);
   lap();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (auto& r : rows) r.seconds = secs;
@@ -398,7 +398,7 @@ std::vector<TaskRow> run_task(const TaskConfig& c, const TaskRunOptions& opt) {
           trial = from_toml(file.string());
         } else {
           const TaskTrial tr = make_trial(TrialSpec{c.kind, c.templ, L, c.depths[di], i, c.seed, c.settings}, tok, filler);
-          trial = opt.open_loop_only ? open_loop_trial(c, model, tr, L, c.depths[di], i, opt.threads)
+          trial = opt.open_loop_only ? open_loop_trial(c, model, tok, tr, L, c.depths[di], i, opt.threads)
                                      : run_trial(c, model, tok, tr, L, c.depths[di], i, opt.threads, phases);
           std::ostringstream s;
           s << to_toml(trial);

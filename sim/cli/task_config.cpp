@@ -15,8 +15,8 @@ using TV = toml::value;
 namespace {
 
 /// The [task] keys every kind takes, and those of one kind only (refused for the others).
-const std::vector<std::string> kCommonKeys = {"kind",   "filler",   "lengths", "depths", "trials", "generate", "evict_needle",
-                                              "prefix", "needle",   "question", "format", "match"};
+const std::vector<std::string> kCommonKeys = {"kind",   "filler", "lengths",  "depths", "trials", "generate", "evict_needle",
+                                              "link_steps", "prefix", "needle", "question", "format", "match"};
 std::vector<std::string> kind_keys(const std::string& kind) {
   if (kind == "niah_single") return {"value_type"};
   if (kind.rfind("niah_", 0) == 0) return {"value_type", "needles"};
@@ -119,6 +119,9 @@ void parse_task_table(const TV& t, TaskConfig& c) {
     if (!t.at("evict_needle").is_boolean()) fail_at(t.at("evict_needle"), "task.evict_needle must be true or false");
     c.evict_needle = t.at("evict_needle").as_boolean();
   }
+  c.link_steps = get_string(t, "link_steps", c.link_steps, "task.");
+  if (c.link_steps != "question" && c.link_steps != "answer")
+    fail_at(t.at("link_steps"), "task.link_steps must be \"question\" or \"answer\" (got \"" + c.link_steps + "\")");
 }
 
 }  // namespace

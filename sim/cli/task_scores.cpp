@@ -85,16 +85,16 @@ void offline_scores(const PolicyResult& pol, const std::set<std::pair<int, int>>
 
 namespace task_detail {
 
-/// Per policy, the means over its open-loop rows (layer, query head, question step) of the link's
+/// Per policy, the means over its open-loop rows (layer, query head, step ≥ from) of the link's
 /// metrics and the offline scores, written into rows[p].
 void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, const TaskTrial& tr, const TrialSource& src,
-                    int threads, std::vector<TaskRow*>& rows) {
+                    int64_t from, int threads, std::vector<TaskRow*>& rows) {
   Experiment ex;
   ex.name = c.name;
   ex.seed = c.seed;
   ex.data.prefill = tr.question_begin;
   ex.eval = c.eval;
-  ex.eval.from = tr.question_begin + 1;
+  ex.eval.from = from;
   ex.eval.every = 1;
   if (ex.eval.topk == 0) ex.eval.topk = 16;  // TaskRow's offline scores
   for (const Span& sp : tr.evidence) ex.eval.needle_spans.push_back({sp.begin, sp.end});

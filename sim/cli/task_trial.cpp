@@ -108,4 +108,38 @@ double EvictSpanAttention::mean_cache_tokens() const {  // over the global layer
   return n ? s / double(n) : 0;
 }
 
+std::vector<int> stop_tokens(const Tokenizer& tok) {
+  return {tok.eos_id(), tok.control_id("<|im_end|>"), tok.control_id("<end_of_turn>")};
+}
+
+std::vector<int> exact_generation(const TaskConfig& c, const LlamaModel& model, const TrialTensors& tt, const TaskTrial& tr,
+                                  int threads) {
+  const auto& cfg = model.config();
+  const int total = int(tr.tokens.size()) + c.generate;
+  PolicyKVAttention exact(cfg, PolicySpec{"exact", "exact", Params{}}, total, c.seed, c.eval.gqa, c.eval.group_agg,
+                          tr.question_begin, c.eval.policy_precision == Precision::float32);
+  exact.load_prompt(context_tensors(tt, cfg, tr.question_begin));
+  return batched_greedy(model, tr.tokens, tr.question_begin, total, nullptr, {&exact}, threads).at(0);
+}
+
+void link_trial(const TaskConfig& c, const LlamaModel& model, const std::vector<PolicySpec>& specs, const TaskTrial& tr,
+                const TrialTensors& tt, const std::vector<int>& exact_generated, const std::vector<int>& stop, int threads,
+                std::vector<TaskRow*>& rows) {
+  if (specs.empty()) return;
+  if (c.link_steps == "question") {
+    const TrialSource src(tt, model.config(), c.checkpoint);
+    open_loop_link(c, specs, tr, src, tr.question_begin + 1, threads, rows);
+    return;
+  }
+  const int64_t L = int64_t(tr.tokens.size());
+  std::vector<int> tokens = tr.tokens;
+  for (size_t i = size_t(L); i < exact_generated.size(); ++i) {
+    if (std::find(stop.begin(), stop.end(), exact_generated[i]) != stop.end()) break;
+    tokens.push_back(exact_generated[i]);
+  }
+  const TrialTensors ta = exact_tensors(model, tokens, threads);
+  const TrialSource src(ta, model.config(), c.checkpoint);
+  open_loop_link(c, specs, tr, src, L, threads, rows);
+}
+
 }  // namespace kvsim::task_detail

@@ -52,10 +52,28 @@ class EvictSpanAttention final : public KVAttention {
   std::vector<MatD> k_, v_;  ///< [layer · n_kv_heads + kvh] → [tokens, hd], appended as decoding goes
 };
 
-/// Per policy of `specs`, the means over its open-loop rows (layer, query head, question step) at the
-/// trial's question steps of the link's metrics and the offline scores, written into rows[p]
-/// (sim/cli/task_scores.cpp).
+/// Per policy of `specs`, the means over its open-loop rows (layer, query head, step) at the steps
+/// from `from` on (the link's steps, below) of the link's metrics and the offline scores, written into
+/// rows[p] (sim/cli/task_scores.cpp).
 void open_loop_link(const TaskConfig& c, const std::vector<PolicySpec>& specs, const TaskTrial& tr, const TrialSource& src,
-                    int threads, std::vector<TaskRow*>& rows);
+                    int64_t from, int threads, std::vector<TaskRow*>& rows);
+
+/// The tokens an answer stops at: EOS, and <|im_end|> and <end_of_turn> where the vocabulary has them.
+std::vector<int> stop_tokens(const Tokenizer& tok);
+
+/// The exact cache's greedy tokens for the trial's prompt (prompt + `c.generate` tokens), decoded alone
+/// (the open loop's answer steps need them when no closed loop ran).
+std::vector<int> exact_generation(const TaskConfig& c, const LlamaModel& model, const TrialTensors& tt, const TaskTrial& tr,
+                                  int threads);
+
+/// The open loop of one trial ([task] link_steps, docs/tasks.md "A trial, step by step"): the context
+/// is the policies' prefill and the evaluated steps are either the question's ("question": the prompt's
+/// tensors `tt`, steps question_begin + 1 … L) or those that produce the exact cache's answer ("answer":
+/// the prompt followed by `exact_generated`'s tokens after the prompt up to the first of `stop`, its
+/// tensors from one more prefill, steps L … L + answer length, whose queries are the prompt's last token
+/// and each answer token). Fills rows as open_loop_link.
+void link_trial(const TaskConfig& c, const LlamaModel& model, const std::vector<PolicySpec>& specs, const TaskTrial& tr,
+                const TrialTensors& tt, const std::vector<int>& exact_generated, const std::vector<int>& stop, int threads,
+                std::vector<TaskRow*>& rows);
 
 }  // namespace kvsim::task_detail

@@ -39,6 +39,9 @@ TOML
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/word" --threads 2 --set task.kind=word --quiet > /dev/null || bad "word run"
 "$KVSIM" task "$TMP/t.toml" --prompts "$TMP/prompts.jsonl" > /dev/null || bad "--prompts"
 "$KVSIM" task "$TMP/t.toml" --out "$TMP/open" --threads 2 --open-loop --quiet > /dev/null || bad "--open-loop run"
+# [task] link_steps = "answer": the open loop at the steps that produce the exact cache's answer.
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/full_ans" --threads 2 --set 'task.link_steps="answer"' --quiet > /dev/null || bad "link_steps = answer run"
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/open_ans" --threads 2 --set 'task.link_steps="answer"' --open-loop --quiet > /dev/null || bad "link_steps = answer --open-loop run"
 # --open-loop: the policies' rows of the full run, open-loop columns to the bit, and no answers.
 "$PY" - "$TMP" <<'PY' || fails=$((fails+1))
 import csv, os, sys
@@ -51,7 +54,18 @@ same = len(ol) == len(full) and all(a[c] == b[c] for a, b in zip(full, ol) for c
 print(("ok: " if same else "FAIL: ") + f"--open-loop rows = the full run's policy rows ({len(ol)} rows)")
 ok2 = all(r["correct"] == "-1" and r["generated"] == "" for r in ol) and not os.path.exists(f"{tmp}/open/accuracy.csv")
 print(("ok: " if ok2 else "FAIL: ") + "--open-loop runs no cache: correct = -1, nothing generated, no accuracy.csv")
-sys.exit(0 if same and ok2 else 1)
+# At the answer's steps (its own decode of the exact answer for --open-loop) the rows equal the full run's,
+# and they are other steps than the question's (negative control): the exact model, copying the pass key,
+# puts more attention on the needle there than while it reads the question.
+fa = [r for r in csv.DictReader(open(f"{tmp}/full_ans/trials.csv")) if r["cache"] not in ("exact", "evict_needle")]
+oa = list(csv.DictReader(open(f"{tmp}/open_ans/open_loop.csv")))
+same_a = len(oa) == len(fa) and all(a[c] == b[c] for a, b in zip(fa, oa) for c in cols)
+print(("ok: " if same_a else "FAIL: ") + f"link_steps = answer: --open-loop rows = the full run's ({len(oa)} rows)")
+differ = all(a["rel_err"] != b["rel_err"] for a, b in zip(fa, full))
+mean = lambda rows: sum(float(r["needle_mass"]) for r in rows) / len(rows)
+more = mean(fa) > 1.5 * mean(full)
+print(("ok: " if differ and more else "FAIL: ") + f"answer steps differ from the question's; needle mass {mean(fa):.3f} vs {mean(full):.3f}")
+sys.exit(0 if same and ok2 and same_a and differ and more else 1)
 PY
 "$PY" - "$TMP" <<'PY' || fails=$((fails+1))
 import csv, math, re, sys
@@ -185,5 +199,8 @@ rc=$?
 "$KVSIM" task "$TMP/t.toml" --prompts "$TMP/p.jsonl" --set 'task.lengths=[4294967552]' > /dev/null 2> "$TMP/bad.err"
 rc=$?
 [ $rc -eq 2 ] && grep -q "task.lengths: 4294967552 does not fit in 32 bits" "$TMP/bad.err" && ok "task.lengths past 32 bits refused, not wrapped" || bad "lengths: rc $rc, $(cat "$TMP/bad.err")"
+"$KVSIM" task "$TMP/t.toml" --out "$TMP/bad" --set 'task.link_steps="answers"' > /dev/null 2> "$TMP/bad.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q 'task.link_steps must be "question" or "answer" (got "answers")' "$TMP/bad.err" && ok "an unknown task.link_steps refused by key" || bad "link_steps: rc $rc, $(cat "$TMP/bad.err")"
 [ $fails -eq 0 ] && echo "task_test: all passed" || echo "task_test: $fails failed"
 exit $((fails > 0))

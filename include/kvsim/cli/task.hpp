@@ -32,13 +32,16 @@ struct TaskConfig {
   int trials = 10;                  ///< trials per (L, depth)
   int generate = 12;                ///< greedy tokens decoded per answer
   bool evict_needle = true;         ///< add the evict_needle control cache
+  /// The open loop's evaluated steps: "question" (the question's tokens) or "answer" (the steps that
+  /// produce the exact cache's answer, replayed over the prompt followed by that answer).
+  std::string link_steps = "question";
   EvalSpec eval;                    ///< gqa, group_agg, policy_precision (the link's evaluation)
   std::vector<PolicySpec> policies; ///< budgets as fractions are fractions of L
   std::string config_text;          ///< as given, with --set overrides (a resumed run must match it)
 };
 
 /// TOML: name, seed, [model] checkpoint, tokenizer; [task] kind, filler, lengths, depths, trials,
-/// generate, evict_needle, prefix, needle, question, format, match and the kind's own settings
+/// generate, evict_needle, link_steps, prefix, needle, question, format, match and the kind's own settings
 /// (value_type, needles, hops, chains, common, common_repeats, uncommon_repeats, alpha, vocab; a key
 /// that does not apply to the kind is refused); [eval]; [[policy]]. Throws kvsim::Error naming
 /// FILE:LINE and the key.
