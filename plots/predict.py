@@ -7,7 +7,8 @@ Usage: .venv/bin/python plots/predict.py --answers DIR [DIR ...] --open-loop DIR
 --answers: `kvsim task` runs (trials.csv, or an unfinished run's checkpoints): whether each cache answered.
 --open-loop: `kvsim task --open-loop` runs of the same configs (open_loop.csv): the offline scores of the
     same (kind, length, depth, trial, cache), computed from the recording and the replay alone. Their
-    columns replace the answers' open-loop columns (runs made before the offline scores have none).
+    columns replace the answers' open-loop columns (runs made before the offline scores have none). The
+    runs must share one `[task] link_steps` (the question's or the answer's steps; predict.csv's column).
 --replace: later runs whose rows replace the answers' rows of the same (kind, length, depth, trial, cache)
     (e.g. a policy re-measured after a fix).
 --new: `kvsim task --open-loop` runs of policies to screen without a closed loop: `--score`'s fit on every
@@ -54,8 +55,9 @@ SCORES = (("log10 rel_err", "rel_err", True), ("log10 eps", "eps", True), ("kept
           ("topk_kept, worst layer", "topk_kept_worst_layer", False), ("needle_kept_share (reference)", "needle_kept_share", False))
 
 
-def load_open_loop(dirs):
-    """Every folder's open_loop.csv (or its checkpoints so far) as one DataFrame."""
+def load_open_loop(dirs, what="--open-loop"):
+    """Every folder's open_loop.csv (or its checkpoints so far) as one DataFrame; folders of other
+    link_steps than the first are refused (link_mode)."""
     frames = []
     for d in dirs:
         path = os.path.join(d, "open_loop.csv")
@@ -67,7 +69,18 @@ def load_open_loop(dirs):
             sys.exit(f"error: {path} not found (run `kvsim task CONFIG --open-loop --out {d}` first)")
         frames.append(part)
     o = pd.concat(frames, ignore_index=True)
-    return o.drop_duplicates(KEYS, keep="last")[KEYS + ["policy"] + [c for c in OPEN_LOOP if c in o.columns]]
+    link_mode(o, what)
+    return o.drop_duplicates(KEYS, keep="last")[KEYS + [c for c in ["policy", "link_steps"] + OPEN_LOOP if c in o.columns]]
+
+
+def link_mode(frame, what):
+    """The one `[task] link_steps` of a set of runs (runs written before the column are "question");
+    runs that mix the question's and the answer's steps are refused."""
+    steps = frame["link_steps"].replace("", np.nan).fillna("question") if "link_steps" in frame.columns else pd.Series(["question"])
+    modes = sorted(set(steps))
+    if len(modes) > 1:
+        sys.exit(f"error: the {what} runs mix link_steps ({', '.join(modes)}); give runs of one")
+    return modes[0]
 
 
 def combine(answers, replace, open_loop):
@@ -81,7 +94,7 @@ def combine(answers, replace, open_loop):
                                                                           on=["kind", "length"])], ignore_index=True)
     t = t[~t.cache.isin(["exact", "evict_needle"]) & (t.exact_acc >= 0.8)].copy()
     if open_loop is not None:
-        o = open_loop.drop(columns="policy").set_index(KEYS)
+        o = open_loop.drop(columns=["policy", "link_steps"], errors="ignore").set_index(KEYS)
         idx = pd.MultiIndex.from_frame(t[KEYS])
         have = idx.isin(o.index)
         for c in o.columns:
@@ -233,6 +246,7 @@ def main(argv=None):
     answers = load(a.answers)
     replace = load(a.replace) if a.replace else None
     open_loop = load_open_loop(a.open_loop) if a.open_loop else None
+    mode = link_mode(open_loop if open_loop is not None else answers, "--open-loop" if a.open_loop else "--answers")
     t = combine(answers, replace, open_loop)
     if t.empty:
         sys.exit("error: no policy trials in counting cells (the exact cache answers < 80% everywhere?)")
@@ -249,6 +263,7 @@ def main(argv=None):
             reliability += b
     os.makedirs(a.out_dir, exist_ok=True)
     p = pd.DataFrame(rows)
+    p["link_steps"] = mode
     p.to_csv(os.path.join(a.out_dir, "predict.csv"), index=False, na_rep="nan")
     pd.DataFrame(ranking).to_csv(os.path.join(a.out_dir, "ranking.csv"), index=False, na_rep="nan")
     pd.DataFrame(reliability).to_csv(os.path.join(a.out_dir, "reliability.csv"), index=False, na_rep="nan")
@@ -257,6 +272,7 @@ def main(argv=None):
     best = figure(p, cells, pd.DataFrame(reliability), os.path.join(a.out_dir, "predict.png")) if len(cells) else None
     cols = ["trials", "policies", "groups", "mcfadden_r2", "auc", "auc_out", "brier_out", "cells", "rho_mean", "rho_ge_0.8",
             "coverage"]
+    print(f"open-loop scores at the {mode}'s steps (link_steps = {mode})")
     print("| score | held out | " + " | ".join(cols) + " |\n|---|---|" + "---:|" * len(cols))
     for _, r in p.iterrows():
         cells = [f"{r.get(c, np.nan):.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
@@ -264,7 +280,9 @@ def main(argv=None):
     if best:
         print(f"best candidate by held-out AUC (policy held out): {best}")
     if a.new:
-        new = load_open_loop(a.new)
+        new = load_open_loop(a.new, "--new")
+        if link_mode(new, "--new") != mode:
+            sys.exit(f"error: the --new runs' link_steps ({link_mode(new, '--new')}) differ from the fit's ({mode}); screen at the same steps")
         inner = new["cache"].str.extract(r"\((.*)\)$")[0].fillna("")
         new["memory"] = [float(parse_params(s).get("memory", "nan")) for s in inner]
         screened = predict_new(t, new, a.score)

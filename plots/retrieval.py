@@ -74,7 +74,7 @@ def merge_runs(t, dirs):
 
 def load_unfinished(d):
     """The trials an unfinished run (`kvsim task`, stopped or still running) has checkpointed in
-    d/trials/, as trials.csv's rows: kind and model from its config.toml, newlines in `generated`
+    d/trials/, as trials.csv's rows: kind, model and link_steps from its config.toml, newlines in `generated`
     written as the two characters \\n as trials.csv writes them. None when there are none."""
     import glob
     import tomllib
@@ -94,6 +94,7 @@ def load_unfinished(d):
     t["generated"] = t["generated"].str.replace("\n", "\\n", regex=False)
     t.insert(0, "kind", cfg["task"]["kind"])
     t["model"] = os.path.splitext(os.path.basename(cfg["model"]["checkpoint"]))[0]
+    t["link_steps"] = cfg["task"].get("link_steps", "question")
     print(f"{d}: an unfinished run, {len(files)} trials checkpointed so far")
     return t
 

@@ -196,7 +196,7 @@ void write_trials_csv(const TaskConfig& c, const std::vector<TaskRow>& rows, con
   o << "kind,length,depth,trial,needle_depth,needle_begin,needle_end,question_begin,cache,policy,answer,generated,correct,"
        "score,evidence,rel_err,eps,kept_mass,needle_mass,needle_kept_mass,needle_kept,needle_kept_share,";
   for (const ScoreColumn& s : offline_score_columns()) o << s.name << ',';
-  o << "cache_tokens,seconds,model\n";
+  o << "cache_tokens,seconds,model,link_steps\n";
   const std::string model = csv_field(fs::path(c.checkpoint).stem().string());
   for (const auto& r : rows) {
     o << c.kind << ',' << r.length << ',' << fmt(r.depth) << ',' << r.trial << ',' << fmt(r.needle_depth) << ',' << r.needle_begin
@@ -206,7 +206,7 @@ void write_trials_csv(const TaskConfig& c, const std::vector<TaskRow>& rows, con
       << fmt(r.kept_mass) << ',' << fmt(r.needle_mass) << ',' << fmt(r.needle_kept_mass) << ',' << fmt(r.needle_kept) << ','
       << fmt(r.needle_kept_share) << ',';
     for (const ScoreColumn& s : offline_score_columns()) o << fmt(r.*s.field) << ',';
-    o << fmt(r.cache_tokens) << ',' << fmt(r.seconds) << ',' << model << '\n';
+    o << fmt(r.cache_tokens) << ',' << fmt(r.seconds) << ',' << model << ',' << c.link_steps << '\n';
   }
   write_file_atomically(path, o.str());
 }

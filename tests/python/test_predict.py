@@ -123,3 +123,23 @@ def test_a_new_policy_is_screened_from_its_open_loop_alone(run):
         assert r.low - 0.05 <= truth <= r.high + 0.05, (r, truth)
     by_memory = s.groupby("memory").predicted.mean()
     assert by_memory.is_monotonic_increasing
+
+
+def test_link_steps_are_reported_and_runs_of_both_are_refused(run, tmp_path):
+    tmp, p = run
+    assert set(p.link_steps) == {"question"}  # runs without the column are the question's steps
+    ol = pd.read_csv(tmp / "open" / "open_loop.csv")
+    (tmp_path / "ans").mkdir()
+    (tmp_path / "q").mkdir()
+    ol.assign(link_steps="answer").to_csv(tmp_path / "ans" / "open_loop.csv", index=False, na_rep="nan")
+    ol.assign(link_steps="question").to_csv(tmp_path / "q" / "open_loop.csv", index=False, na_rep="nan")
+    out = subprocess.run([sys.executable, str(ROOT / "plots" / "predict.py"), "--answers", str(tmp / "answers"), "--open-loop",
+                          str(tmp_path / "ans"), "--out-dir", str(tmp_path / "out")], capture_output=True, text=True)
+    assert out.returncode == 0 and set(pd.read_csv(tmp_path / "out" / "predict.csv").link_steps) == {"answer"}
+    # negative controls: the question's and the answer's steps mixed in one fit, or a screen at other steps
+    mixed = subprocess.run([sys.executable, str(ROOT / "plots" / "predict.py"), "--answers", str(tmp / "answers"), "--open-loop",
+                            str(tmp_path / "ans"), str(tmp_path / "q"), "--out-dir", str(tmp_path / "out2")], capture_output=True, text=True)
+    assert mixed.returncode != 0 and "mix link_steps (answer, question)" in mixed.stderr
+    other = subprocess.run([sys.executable, str(ROOT / "plots" / "predict.py"), "--answers", str(tmp / "answers"), "--open-loop",
+                            str(tmp_path / "ans"), "--new", str(tmp / "new"), "--out-dir", str(tmp_path / "out3")], capture_output=True, text=True)
+    assert other.returncode != 0 and "screen at the same steps" in other.stderr
