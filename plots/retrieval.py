@@ -37,7 +37,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from kvsim_results import color, parse_params, save
+import kvsim
+from kvsim.tasks import auc, load, load_unfinished, merge_runs  # noqa: F401  (the readers of `kvsim task` runs)
+from kvsim_results import color, save
 
 CONTROLS = ("exact", "evict_needle")
 BINS = [0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0001]
@@ -51,77 +53,6 @@ def wilson(k, n, z=1.959963984540054):
     p, z2n = k / n, z * z / n
     centre, half = (p + z2n / 2) / (1 + z2n), z / (1 + z2n) * np.sqrt(p * (1 - p) / n + z2n / (4 * n))
     return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def merge_runs(t, dirs):
-    """One row per (task, length, depth, trial, cache, model): folders of the same task and seed (e.g.
-    smollm2_passkey.toml and smollm2_retrieval_evictors.toml) both hold the exact cache and the
-    evict_needle control, which must answer alike trial by trial; each is then counted once. Exits with
-    one line naming the first trial whose answers differ (not the same prompts: another seed or config)."""
-    keys = [c for c in ("kind", "length", "depth", "trial", "cache", "model") if c in t.columns]
-    same = [c for c in ("correct", "generated", "answer") if c in t.columns]
-    dup = t.duplicated(keys, keep=False)
-    if not dup.any():
-        return t
-    differ = t[dup].groupby(keys)[same].nunique(dropna=False)
-    differ = differ[(differ > 1).any(axis=1)]
-    if len(differ):
-        where = ", ".join(f"{k}={v}" for k, v in zip(keys, differ.index[0]))
-        sys.exit(f"error: {' and '.join(dirs)}: the same trial answers differently ({where}): "
-                 "were these runs made with the same task, seed and model?")
-    return t.drop_duplicates(keys, keep="first").reset_index(drop=True)
-
-
-def load_unfinished(d):
-    """The trials an unfinished run (`kvsim task`, stopped or still running) has checkpointed in
-    d/trials/, as trials.csv's rows: kind, model and link_steps from its config.toml, newlines in `generated`
-    written as the two characters \\n as trials.csv writes them. None when there are none."""
-    import glob
-    import tomllib
-    files = sorted(glob.glob(os.path.join(d, "trials", "L*_d*_t*.toml")))
-    if not files:
-        return None
-    try:
-        with open(os.path.join(d, "trials", "config.toml"), "rb") as f:
-            cfg = tomllib.load(f)
-        rows = []
-        for path in files:
-            with open(path, "rb") as f:
-                rows += tomllib.load(f)["row"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError) as e:
-        sys.exit(f"error: {d}/trials: unreadable checkpoint ({e})")
-    t = pd.DataFrame(rows)
-    t["generated"] = t["generated"].str.replace("\n", "\\n", regex=False)
-    t.insert(0, "kind", cfg["task"]["kind"])
-    t["model"] = os.path.splitext(os.path.basename(cfg["model"]["checkpoint"]))[0]
-    t["link_steps"] = cfg["task"].get("link_steps", "question")
-    print(f"{d}: an unfinished run, {len(files)} trials checkpointed so far")
-    return t
-
-
-def load(dirs):
-    """Every folder's trials.csv as one DataFrame with the memory fraction parsed from the label. A
-    folder without trials.csv but with checkpoints (an unfinished run) gives the trials done so far."""
-    frames = []
-    for d in dirs:
-        path = os.path.join(d, "trials.csv")
-        if not os.path.exists(path):
-            part = load_unfinished(d)
-            if part is None:
-                sys.exit(f"error: {path} not found (run `kvsim task CONFIG --out {d}` first)")
-            frames.append(part)
-            continue
-        frames.append(pd.read_csv(path, keep_default_na=False, na_values=["nan"]))
-    t = merge_runs(pd.concat(frames, ignore_index=True), dirs)
-    inner = t["cache"].str.extract(r"\((.*)\)$")[0].fillna("")
-    t["memory"] = [float(parse_params(s).get("memory", "nan")) for s in inner]
-    # A policy run with two settings besides memory (kivi at 4 and 2 bits) is two policies: name each by
-    # its other parameters, so that no figure or table pools them. A single setting keeps the bare name.
-    rest = [",".join(kv for kv in s.split(",") if kv and not kv.startswith("memory=")) for s in inner]
-    settings = pd.Series(rest, index=t.index).groupby(t.policy).nunique()
-    t["policy"] = [f"{p}({r})" if settings[p] > 1 and r else p for p, r in zip(t.policy, rest)]
-    exact = t[t.cache == "exact"].groupby(["kind", "length"]).correct.mean().rename("exact_acc")
-    return t.join(exact, on=["kind", "length"])
 
 
 def heatmaps(t, out_dir):
@@ -185,7 +116,9 @@ def memory_figure(t, out_dir):
             g = s[s.policy == name].groupby("memory").correct.agg(["sum", "count"]).sort_index()
             lo_hi = np.array([wilson(k, n) for k, n in zip(g["sum"], g["count"])])
             acc = (g["sum"] / g["count"]).to_numpy()
-            ax.errorbar(g.index, acc, yerr=[acc - lo_hi[:, 0], lo_hi[:, 1] - acc], marker="o", capsize=3, label=name,
+            # Wilson's bounds at 0/n and n/n equal the accuracy up to rounding: clip so matplotlib gets no -1e-17.
+            yerr = np.maximum(0, [acc - lo_hi[:, 0], lo_hi[:, 1] - acc])
+            ax.errorbar(g.index, acc, yerr=yerr, marker="o", capsize=3, label=name,
                         color=color(name), ls="-" if seen[base] == 1 else "--")
         for name, style in (("exact", "-"), ("evict_needle", ":")):
             if (s.cache == name).any():
@@ -221,15 +154,6 @@ def fit_logit(x, y, seed=1, resamples=1000):
             continue
     lo, hi = np.percentile(boots, [2.5, 97.5]) if len(boots) > 50 else (np.nan, np.nan)
     return fit, x50, (lo, hi)
-
-
-def auc(x, y):
-    """ROC AUC: the probability that a success has a larger x than a failure (ties count half); the
-    caller passes x times the fitted slope's sign, so that 0.5 is chance and 1 a perfect ranking."""
-    pos, neg = x[y == 1], x[y == 0]
-    if len(pos) == 0 or len(neg) == 0:
-        return np.nan
-    return float(((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (len(pos) * len(neg)))
 
 
 def link(t, out_dir):
@@ -309,4 +233,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except kvsim.Error as e:
+        sys.exit(f"error: {e}")

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvsim  # noqa: E402
 from retrieval import auc, load, wilson  # noqa: E402  (the same reader, interval and AUC as the retrieval figures)
 
 COUNTS_AT = 0.8
@@ -181,4 +182,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except kvsim.Error as e:
+        sys.exit(f"error: {e}")

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "plots"))
-import predict  # noqa: E402
+import kvsim  # noqa: E402
+from kvsim import tasks  # noqa: E402
 
 QUALITY = {"h2o": [0.2, 0.45, 0.7], "snapkv": [0.3, 0.55, 0.8], "window": [0.1, 0.35, 0.6], "quest": [0.5, 0.75, 0.95]}
 MEMORY = [0.25, 0.5, 0.75]
@@ -106,8 +106,8 @@ def test_reliability_bins_cover_every_held_out_prediction(run):
 
 def test_replace_swaps_a_policys_rows(run):
     tmp, _ = run
-    answers = predict.load([str(tmp / "answers")])
-    t = predict.combine(answers, predict.load([str(tmp / "replace")]), predict.load_open_loop([str(tmp / "open")]))
+    answers = tasks.load([str(tmp / "answers")])
+    t = tasks.combine(answers, tasks.load([str(tmp / "replace")]), tasks.load_open_loop([str(tmp / "open")]))
     assert len(t) == 60 * 12
     assert t[t.policy == "window"].correct.mean() == 1 and t[t.policy == "h2o"].correct.mean() < 1
     assert np.isfinite(t.topk_kept_rheads).all()
@@ -143,3 +143,19 @@ def test_link_steps_are_reported_and_runs_of_both_are_refused(run, tmp_path):
     other = subprocess.run([sys.executable, str(ROOT / "plots" / "predict.py"), "--answers", str(tmp / "answers"), "--open-loop",
                             str(tmp_path / "ans"), "--new", str(tmp / "new"), "--out-dir", str(tmp_path / "out3")], capture_output=True, text=True)
     assert other.returncode != 0 and "screen at the same steps" in other.stderr
+
+
+def test_predict_accuracy_is_the_scripts_screen(run):
+    tmp, _ = run
+    s = kvsim.predict_accuracy([str(tmp / "answers")], [str(tmp / "open")], [str(tmp / "new")])
+    cli = pd.read_csv(tmp / "out" / "screened.csv")
+    assert len(s) == len(cli) == 6
+    assert np.allclose(s.predicted.to_numpy(), cli.predicted.to_numpy()) and np.allclose(s.high.to_numpy(), cli.high.to_numpy())
+    # frames work as folders do; an unknown score and a screen without answered trials are kvsim.Error
+    frames = kvsim.predict_accuracy(tasks.load([str(tmp / "answers")]), tasks.load_open_loop([str(tmp / "open")]),
+                                    tasks.load_open_loop([str(tmp / "new")]))
+    assert np.allclose(frames.predicted.to_numpy(), s.predicted.to_numpy())
+    with pytest.raises(kvsim.Error, match="is not one of"):
+        kvsim.predict_accuracy([str(tmp / "answers")], [str(tmp / "open")], [str(tmp / "new")], score="attention")
+    with pytest.raises(kvsim.Error, match="not found"):
+        kvsim.predict_accuracy([str(tmp / "nowhere")], None, [str(tmp / "new")])

@@ -8,6 +8,7 @@ The C++ engine of the `kvsim` command, one import away (docs/python.md):
   kvsim.policies(), metrics() the registries: names, parameters, defaults, units, paper sources
   kvsim.Policy, Answer, Param, register_policy, attend
                               write a policy in Python; the engine measures it with every metric
+  kvsim.predict_accuracy(...) a new policy's task accuracy from its open loop alone (kvsim.tasks)
   kvsim.Error                 every bad input (the message the CLI prints)
 
 Build: `bash scripts/setup.sh` puts this package in build/python (PYTHONPATH=build/python).
@@ -18,14 +19,15 @@ from . import _kvsim
 from ._config import to_sets, to_toml
 from ._policy import Answer, Param, Policy, attend, register_policy
 from ._results import Results
+from .tasks import predict_accuracy
 
 Error = _kvsim.Error
 Stream = _kvsim.Stream
 __version__ = _kvsim._version()
 git_commit = _kvsim._git_commit()
 
-__all__ = ["run", "Results", "Recording", "synth", "kept_tokens", "policies", "metrics", "Error", "Policy", "Answer", "Param",
-           "register_policy", "attend", "Stream", "__version__"]
+__all__ = ["run", "Results", "Recording", "synth", "kept_tokens", "policies", "metrics", "predict_accuracy", "Error", "Policy",
+           "Answer", "Param", "register_policy", "attend", "Stream", "__version__"]
 
 
 def run(config, *, threads=None, out=None, overrides=None):
