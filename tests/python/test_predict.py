@@ -159,3 +159,16 @@ def test_predict_accuracy_is_the_scripts_screen(run):
         kvsim.predict_accuracy([str(tmp / "answers")], [str(tmp / "open")], [str(tmp / "new")], score="attention")
     with pytest.raises(kvsim.Error, match="not found"):
         kvsim.predict_accuracy([str(tmp / "nowhere")], None, [str(tmp / "new")])
+
+
+def test_a_partial_open_loop_scores_only_its_trials(run):
+    tmp, _ = run
+    answers = tasks.load([str(tmp / "answers")])
+    answers["rel_err"] = 0.1  # the answers' own open-loop values (e.g. of the question's steps) must not leak in
+    ol = tasks.load_open_loop([str(tmp / "open")])
+    part = ol[ol.trial < 10]
+    t = tasks.combine(answers, None, part)
+    assert np.isfinite(t.rel_err).sum() == 2 * 10 * 12 and (t[t.trial >= 10].rel_err.isna()).all()
+    assert not (t.rel_err == 0.1).any()
+    # negative control: without an open loop the answers' own columns are the scores
+    assert (tasks.combine(answers, None, None).rel_err == 0.1).all()

@@ -136,8 +136,10 @@ def link_mode(frame, what):
 
 
 def combine(answers, replace, open_loop):
-    """The answers' policy rows (with --replace's rows instead of theirs) of counting cells, their open-loop
-    columns taken from `open_loop` where it has the row."""
+    """The answers' policy rows (with --replace's rows instead of theirs) of counting cells. Given
+    `open_loop`, every open-loop column (OPEN_LOOP) comes from it alone: NaN for a row it lacks, never the
+    answers' own value (which may be of other steps: link_steps), so a partial open loop scores only its
+    trials."""
     t = answers
     if replace is not None:
         r = replace[~replace.cache.isin(["exact", "evict_needle"])]
@@ -149,9 +151,10 @@ def combine(answers, replace, open_loop):
         o = open_loop.drop(columns=["policy", "link_steps"], errors="ignore").set_index(KEYS)
         idx = pd.MultiIndex.from_frame(t[KEYS])
         have = idx.isin(o.index)
-        for c in o.columns:
-            vals = t[c].to_numpy(float) if c in t.columns else np.full(len(t), np.nan)
-            vals[have] = o.loc[idx[have], c].to_numpy(float)
+        for c in OPEN_LOOP:
+            vals = np.full(len(t), np.nan)
+            if c in o.columns:
+                vals[have] = o.loc[idx[have], c].to_numpy(float)
             t[c] = vals
     return t.reset_index(drop=True)
 
