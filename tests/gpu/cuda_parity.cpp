@@ -121,11 +121,7 @@ name = "exact"
 )";
   Experiment cpu = parse_experiment(cfg, "parity.toml");
   Experiment gpu = parse_experiment(cfg, "parity.toml", {"eval.device=\"cuda\""});
-  StreamInfo s;
-  s.n = 512;
-  s.head_dim = 64;
-  s.n_queries = 2;
-  s.policy_f32 = true;
+  const StreamInfo s = test::stream_info(512, 64, 2, true);
   int twins = 0;
   for (const auto& x : test::registry_examples(s))
     if (x.gpu) {
@@ -220,12 +216,8 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
   std::vector<std::unique_ptr<Policy>> pols;
   cuda::PolicyReplay gp;
   for (int kvh = 0; kvh < Hkv; ++kvh) {
-    StreamInfo info;
-    info.n = n;
-    info.head_dim = d;
-    info.n_queries = G;
+    StreamInfo info = test::stream_info(n, d, G, true);
     info.group_agg = *parse_choice<GroupAgg>(agg);
-    info.policy_f32 = true;
     info.seed = derive_seed({99, uint64_t(kvh)});
     pols.push_back(make_policy(name, params, info));
     const std::optional<cuda::PolicyReplay> spec = gpu_replay(*pols.back());
@@ -304,11 +296,7 @@ std::vector<int64_t> steps_every(int64_t every, int64_t n) {
 TEST_CASE("cuda: every registered GPU twin replays as its CPU policy, example by example", "[cuda]") {
   // The registry's examples (tests/unit/registry_examples.hpp) whose instance has a GPU twin, at both
   // group aggregations: a new policy with a twin is compared here without editing a list.
-  StreamInfo s;
-  s.n = 600;
-  s.head_dim = 64;
-  s.n_queries = 4;
-  s.policy_f32 = true;
+  const StreamInfo s = test::stream_info(600, 64, 4, true);
   int twins = 0;
   for (const auto& x : test::registry_examples(s)) {
     if (!x.gpu) continue;

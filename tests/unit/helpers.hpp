@@ -11,6 +11,7 @@
 #include "kvsim/io/recording.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/io/synth.hpp"
+#include "kvsim/policies/policy.hpp"
 
 namespace kvsim::test {
 
@@ -54,6 +55,17 @@ inline SynthParams small_synth(const std::string& preset = "gaussian", int64_t n
   p.n_kv_heads = kv_heads;
   p.seed = 7;
   return p;
+}
+
+/// The stream a policy under test is built for: n tokens of head_dim d, `queries` query heads per KV head,
+/// float32 arithmetic when f32 (the GPU twins' precision); every other field its default.
+inline StreamInfo stream_info(int64_t n, int d, int queries = 1, bool f32 = false) {
+  StreamInfo s;
+  s.n = n;
+  s.head_dim = d;
+  s.n_queries = queries;
+  s.policy_f32 = f32;
+  return s;
 }
 
 }  // namespace kvsim::test

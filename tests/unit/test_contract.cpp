@@ -134,12 +134,8 @@ TEST_CASE("contract: a policy's GPU twin is what the registry says, for every ex
   // PolicyInfo::gpu is documentation ("no", "yes", "yes (mode = …)"); gpu_replay() is what the engine
   // uses. They must agree: "no" never has a twin, "yes" always, "yes (…)" for some example. The exact
   // policy is answered from the GPU reference instead (ReferenceAnswered), with no replay.
-  StreamInfo s;
-  s.n = 96;
-  s.head_dim = 16;
-  s.n_queries = 2;
+  StreamInfo s = test::stream_info(96, 16, 2, true);
   s.prefill = kPrompt;
-  s.policy_f32 = true;
   const std::vector<test::Example> all = test::registry_examples(s);
   int twins = 0;
   for (const auto* info : policy_registry()) {

@@ -87,10 +87,7 @@ int64_t def21_violation(Policy& pol, const SynthSource& src, int64_t B, int64_t 
 }  // namespace
 
 TEST_CASE("h2o: Definition 2.1 invariants and the recent window at every step", "[h2o]") {
-  StreamInfo info;
-  info.n = 300;
-  info.head_dim = 8;
-  info.n_queries = 2;
+  const StreamInfo info = test::stream_info(300, 8, 2);
   for (std::string preset : {"heavy_hitter", "gaussian"}) {
     SynthSource src(test::small_synth(preset, 300, 8, 1, 2, 1));
     for (int64_t B : {10, 33}) {
@@ -188,9 +185,7 @@ TEST_CASE("h2o oracle: global scores are attention column sums and eviction keep
   // With fixed scores, the heavy part of the cache ends as the top-B_heavy global scores among the
   // tokens that have left the recent window.
   const int64_t B = 20, recent = 10;
-  StreamInfo info;
-  info.n = 120;
-  info.head_dim = 8;
+  const StreamInfo info = test::stream_info(120, 8);
   Params p = h2o(B);
   p.set("score", std::string("oracle"));
   auto pol = make_policy("h2o", p, info);
