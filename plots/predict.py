@@ -12,7 +12,7 @@ Usage: .venv/bin/python plots/predict.py --answers DIR [DIR ...] --open-loop DIR
 --replace: later runs whose rows replace the answers' rows of the same (kind, length, depth, trial, cache)
     (e.g. a policy re-measured after a fix).
 --new: `kvsim task --open-loop` runs of policies to screen without a closed loop: `--score`'s fit on every
-    answered trial predicts their accuracy per (policy, kind, length, memory), with a 95% prediction
+    answered trial predicts their accuracy per (policy, model, kind, length, memory), with a 95% prediction
     interval (OUT/screened.csv).
 
 The fits and the screen are kvsim.tasks' (score_table, predict_accuracy); this script writes their tables
@@ -23,15 +23,15 @@ on the score gives:
   in sample       McFadden R^2 and ROC AUC;
   out of sample   leave one policy out (and, where the runs hold more than one, one task kind, one length,
                   one model): each group's trials predicted by the fit on every other group's;
-                  the pooled AUC and Brier score of those predictions, and the ranking test: per (kind,
+                  the pooled AUC and Brier score of those predictions, and the ranking test: per (model, kind,
                   length, memory) cell the Spearman correlation between the policies' mean predicted
                   probability and their actual accuracy (the question a screening run asks: which policy
                   answers more?), its mean over cells and the share of cells with rho >= 0.8; and the
-                  coverage: the share of (policy, kind, length, memory) cells whose actual accuracy falls
+                  coverage: the share of (policy, model, kind, length, memory) cells whose actual accuracy falls
                   in the 95% prediction interval of the held-out predictions (prediction_cells).
 Writes OUT/predict.csv (one row per score and split), OUT/ranking.csv (one row per score, split and cell),
 OUT/reliability.csv (per score and split, the held-out predictions in ten bins against the observed rate),
-OUT/cells.csv (per score, split and (policy, kind, length, memory): actual and predicted accuracy with the
+OUT/cells.csv (per score, split and (policy, model, kind, length, memory): actual and predicted accuracy with the
 95% prediction interval) and OUT/predict.png (figure()), and prints predict.csv as a markdown table.
 """
 import argparse
@@ -48,7 +48,7 @@ from kvsim import tasks
 def figure(p, cells, reliability, path):
     """predict.png: (left) reliability of the held-out predictions (policy held out) for the baseline
     (log10 rel_err), the best candidate score by held-out AUC and the needle-share reference; (right)
-    every (policy, kind, length, memory) cell's actual accuracy against the best candidate's predicted
+    every (policy, model, kind, length, memory) cell's actual accuracy against the best candidate's predicted
     one, with its 95% prediction interval."""
     import matplotlib
     matplotlib.use("Agg")

@@ -172,3 +172,24 @@ def test_a_partial_open_loop_scores_only_its_trials(run):
     assert not (t.rel_err == 0.1).any()
     # negative control: without an open loop the answers' own columns are the scores
     assert (tasks.combine(answers, None, None).rel_err == 0.1).all()
+
+
+def test_two_models_with_the_same_prompts_stay_apart(run, tmp_path):
+    tmp, _ = run
+    # A second model on the same trials and cache labels (the same seed poses the same prompts), run as a
+    # full run: its trials.csv serves as its own open loop. Its rows must neither replace the first
+    # model's nor pool with them in a ranking cell.
+    ans = pd.read_csv(tmp / "answers" / "trials.csv")
+    ol = pd.read_csv(tmp / "open" / "open_loop.csv")
+    full = ans.drop(columns=["rel_err", "topk_kept_rheads"]).merge(
+        ol[["kind", "length", "depth", "trial", "cache", "rel_err", "topk_kept_rheads", "needle_kept_share"]], how="left")
+    (tmp_path / "m2").mkdir()
+    full.assign(model="m2").to_csv(tmp_path / "m2" / "trials.csv", index=False, na_rep="nan")
+    answers = tasks.load([str(tmp / "answers"), str(tmp_path / "m2")])
+    o = tasks.load_open_loop([str(tmp / "open"), str(tmp_path / "m2")])
+    t = tasks.combine(answers, None, o)
+    assert len(t) == 2 * 60 * 12 and set(t.model) == {"m", "m2"} and np.isfinite(t.topk_kept_rheads).all()
+    p, ranking, _, cells = tasks.score_table(answers, o)
+    assert set(ranking.model) == {"m", "m2"} and len(cells[(cells.score == "topk_kept, retrieval heads")
+                                                         & (cells.held_out == "policy")]) == 2 * 24
+    assert (p[p.held_out == "model"].groups == 2).all()  # and the model split now holds one out

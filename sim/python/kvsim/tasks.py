@@ -4,7 +4,7 @@
   kvsim.tasks.load(dirs)              trials.csv of `kvsim task` runs (or an unfinished run's checkpoints)
   kvsim.tasks.load_open_loop(dirs)    open_loop.csv of `kvsim task --open-loop` runs
   kvsim.tasks.score_table(...)        every candidate score's fit, held out by policy, kind, length, model
-  kvsim.predict_accuracy(...)         a new policy's accuracy per (kind, length, memory) from its open loop
+  kvsim.predict_accuracy(...)         a new policy's accuracy per (model, kind, length, memory) from its open loop
 
 A score's fit is a logistic regression of the answer (1/0) on the score (statsmodels `Logit`); held out,
 each group's trials are predicted by the fit on every other group's. Bad input (a missing run, runs that
@@ -25,7 +25,7 @@ def parse_params(s):
     return dict(kv.split("=", 1) for kv in s.split(",") if "=" in kv)
 
 
-KEYS = ["kind", "length", "depth", "trial", "cache"]
+KEYS = ["kind", "length", "depth", "trial", "cache", "model"]  # one trial's cache (the same prompts per model)
 OPEN_LOOP = ["rel_err", "eps", "kept_mass", "needle_kept_share", "topk_kept", "rel_err_rheads", "kept_mass_rheads",
              "topk_kept_rheads", "rel_err_worst_layer", "kept_mass_worst_layer", "topk_kept_worst_layer"]
 # (name, column, log10?): the candidates (no needle position), then the upper reference.
@@ -95,7 +95,10 @@ def load(dirs):
             frames.append(part)
             continue
         frames.append(pd.read_csv(path, keep_default_na=False, na_values=["nan"]))
-    t = merge_runs(pd.concat(frames, ignore_index=True), dirs)
+    t = pd.concat(frames, ignore_index=True)
+    if "model" not in t.columns:
+        t["model"] = ""
+    t = merge_runs(t, dirs)
     inner = t["cache"].str.extract(r"\((.*)\)$")[0].fillna("")
     t["memory"] = [float(parse_params(s).get("memory", "nan")) for s in inner]
     # A policy run with two settings besides memory (kivi at 4 and 2 bits) is two policies: name each by
@@ -108,19 +111,24 @@ def load(dirs):
 
 
 def load_open_loop(dirs, what="--open-loop"):
-    """Every folder's open_loop.csv (or its checkpoints so far) as one DataFrame; folders of other
-    link_steps than the first are refused (link_mode)."""
+    """Every folder's open-loop rows as one DataFrame: its open_loop.csv (`kvsim task --open-loop`), else
+    a full run's trials.csv (whose open-loop columns are the same, to the bit), else its checkpoints so
+    far. Folders of other link_steps than the first are refused (link_mode)."""
     frames = []
     for d in dirs:
         path = os.path.join(d, "open_loop.csv")
-        if os.path.exists(path):
-            frames.append(pd.read_csv(path, keep_default_na=False, na_values=["nan"]))
+        full = os.path.join(d, "trials.csv")
+        if os.path.exists(path) or os.path.exists(full):
+            f = pd.read_csv(path if os.path.exists(path) else full, keep_default_na=False, na_values=["nan"])
+            frames.append(f[~f.cache.isin(["exact", "evict_needle"])])
             continue
         part = load_unfinished(d)
         if part is None:
             raise Error(f"{path} not found (run `kvsim task CONFIG --open-loop --out {d}` first)")
         frames.append(part)
     o = pd.concat(frames, ignore_index=True)
+    if "model" not in o.columns:
+        o["model"] = ""
     link_mode(o, what)
     return o.drop_duplicates(KEYS, keep="last")[KEYS + [c for c in ["policy", "link_steps"] + OPEN_LOOP if c in o.columns]]
 
@@ -184,7 +192,7 @@ SPLITS = ("policy", "kind", "length", "model")
 
 
 def prediction_cells(c):
-    """Per policy of one (kind, length, memory) cell: its trials, actual accuracy, the held-out predicted
+    """Per policy of one (model, kind, length, memory) cell: its trials, actual accuracy, the held-out predicted
     accuracy (the mean of the trials' predicted probabilities) and a 95% prediction interval for the
     accuracy of those n trials if the predictions are right (the trials as independent Bernoulli draws
     with their predicted probabilities: mean ± 1.96 sd of a Poisson-binomial count over n, widened by
@@ -195,7 +203,7 @@ def prediction_cells(c):
         half = 1.96 * np.sqrt(np.sum(p * (1 - p))) / n + 0.5 / n
         lo, hi = max(0.0, p.mean() - half), min(1.0, p.mean() + half)
         actual = d.correct.mean()
-        rows.append({"kind": d.kind.iloc[0], "length": d.length.iloc[0], "memory": d.memory.iloc[0], "policy": pol, "trials": n,
+        rows.append({"model": d.model.iloc[0], "kind": d.kind.iloc[0], "length": d.length.iloc[0], "memory": d.memory.iloc[0], "policy": pol, "trials": n,
                      "actual": actual, "predicted": p.mean(), "low": lo, "high": hi, "covered": bool(lo <= actual <= hi)})
     return pd.DataFrame(rows)
 
@@ -229,9 +237,9 @@ def evaluate(t, name, col, log, split="policy"):
     row.update({"auc_out": auc(held[ok], y[ok]), "brier_out": float(np.mean((held[ok] - y[ok]) ** 2))})
     g = g.assign(held=held)
     ranking = []
-    for (kind, length, memory), c in g[ok].groupby(["kind", "length", "memory"]):
+    for (model, kind, length, memory), c in g[ok].groupby(["model", "kind", "length", "memory"]):
         per = c.groupby("policy").agg(actual=("correct", "mean"), predicted=("held", "mean"))
-        ranking.append({"score": name, "held_out": split, "kind": kind, "length": length, "memory": memory,
+        ranking.append({"score": name, "held_out": split, "model": model, "kind": kind, "length": length, "memory": memory,
                         "policies": len(per), "rho": spearman(per.predicted.to_numpy(), per.actual.to_numpy()),
                         "cells": prediction_cells(c)})
     rho = np.array([r["rho"] for r in ranking], float)
@@ -241,7 +249,8 @@ def evaluate(t, name, col, log, split="policy"):
                 "rho_ge_0.8": float((rho >= 0.8).mean()) if len(rho) else np.nan,
                 "coverage": float(cells.covered.mean()), "policy_cells": len(cells)})
     for r in ranking:
-        r["covered"] = float(cells[(cells.kind == r["kind"]) & (cells.length == r["length"]) & (cells.memory == r["memory"])].covered.mean())
+        r["covered"] = float(cells[(cells.model == r["model"]) & (cells.kind == r["kind"]) & (cells.length == r["length"])
+                                   & (cells.memory == r["memory"])].covered.mean())
     bins = np.minimum((held[ok] * 10).astype(int), 9)
     reliability = [{"score": name, "held_out": split, "bin": b, "predicted": float(held[ok][bins == b].mean()),
                     "observed": float(y[ok][bins == b].mean()), "trials": int((bins == b).sum())}
@@ -260,7 +269,7 @@ def predict_new(t, new, score):
     x = np.log10(n[col].to_numpy(float)) if log else n[col].to_numpy(float)
     n["held"] = 1 / (1 + np.exp(-(f.params[0] + f.params[1] * x)))
     n["correct"] = np.nan
-    out = pd.concat([prediction_cells(c) for _, c in n.groupby(["kind", "length", "memory"])], ignore_index=True)
+    out = pd.concat([prediction_cells(c) for _, c in n.groupby(["model", "kind", "length", "memory"])], ignore_index=True)
     return out.drop(columns=["actual", "covered"]).assign(score=name)
 
 
@@ -307,7 +316,7 @@ def predict_accuracy(answers, open_loop, new, score="topk_kept, retrieval heads"
       configs (or load_open_loop()'s frame, or None to use the answers' own open-loop columns); new:
       `--open-loop` folders (or frame) of the policies to screen, at the same link_steps; score: one of
       SCORES' names; replace: folders (or frame) of re-measured rows.
-    Returns a DataFrame, one row per (policy, kind, length, memory): trials, predicted accuracy (the
+    Returns a DataFrame, one row per (policy, model, kind, length, memory): trials, predicted accuracy (the
     mean predicted probability), and `low`, `high`: a 95% prediction interval for the accuracy of those
     trials (prediction_cells). Raises kvsim.Error for an unknown score, missing runs, runs that mix
     link_steps, or a screen at other steps than the fit's.
