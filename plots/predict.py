@@ -84,7 +84,7 @@ def main(argv=None):
     ap.add_argument("--replace", nargs="*", default=[])
     ap.add_argument("--out-dir", default="results/predict")
     ap.add_argument("--new", nargs="*", default=[], help="open-loop runs of policies to screen: their accuracy predicted")
-    ap.add_argument("--score", default="topk_kept, retrieval heads", help="the score --new predicts with")
+    ap.add_argument("--score", default="log10 rel_err, retrieval heads", help="the score --new predicts with")
     a = ap.parse_args(argv)
     if a.score not in [x[0] for x in tasks.SCORES]:
         sys.exit(f"error: --score {a.score!r} is not one of: " + ", ".join(x[0] for x in tasks.SCORES))

@@ -20,6 +20,7 @@ from kvsim import tasks  # noqa: E402
 QUALITY = {"h2o": [0.2, 0.45, 0.7], "snapkv": [0.3, 0.55, 0.8], "window": [0.1, 0.35, 0.6], "quest": [0.5, 0.75, 0.95]}
 MEMORY = [0.25, 0.5, 0.75]
 NEW_QUALITY = [0.4, 0.6, 0.9]
+SCORE = "topk_kept, retrieval heads"  # the synthetic law's informative score (the default is rel_err's)
 
 
 def write(tmp):
@@ -62,7 +63,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("predict")
     write(tmp)
     subprocess.run([sys.executable, str(ROOT / "plots" / "predict.py"), "--answers", str(tmp / "answers"), "--open-loop",
-                    str(tmp / "open"), "--out-dir", str(tmp / "out"), "--new", str(tmp / "new")], check=True, capture_output=True)
+                    str(tmp / "open"), "--out-dir", str(tmp / "out"), "--new", str(tmp / "new"), "--score", SCORE], check=True, capture_output=True)
     p = pd.read_csv(tmp / "out" / "predict.csv")
     assert set(p.held_out) == {"policy", "kind"}  # two kinds, one length, one model: nothing else to hold out
     return tmp, p.set_index("score")
@@ -147,13 +148,13 @@ def test_link_steps_are_reported_and_runs_of_both_are_refused(run, tmp_path):
 
 def test_predict_accuracy_is_the_scripts_screen(run):
     tmp, _ = run
-    s = kvsim.predict_accuracy([str(tmp / "answers")], [str(tmp / "open")], [str(tmp / "new")])
+    s = kvsim.predict_accuracy([str(tmp / "answers")], [str(tmp / "open")], [str(tmp / "new")], score=SCORE)
     cli = pd.read_csv(tmp / "out" / "screened.csv")
     assert len(s) == len(cli) == 6
     assert np.allclose(s.predicted.to_numpy(), cli.predicted.to_numpy()) and np.allclose(s.high.to_numpy(), cli.high.to_numpy())
     # frames work as folders do; an unknown score and a screen without answered trials are kvsim.Error
     frames = kvsim.predict_accuracy(tasks.load([str(tmp / "answers")]), tasks.load_open_loop([str(tmp / "open")]),
-                                    tasks.load_open_loop([str(tmp / "new")]))
+                                    tasks.load_open_loop([str(tmp / "new")]), score=SCORE)
     assert np.allclose(frames.predicted.to_numpy(), s.predicted.to_numpy())
     with pytest.raises(kvsim.Error, match="is not one of"):
         kvsim.predict_accuracy([str(tmp / "answers")], [str(tmp / "open")], [str(tmp / "new")], score="attention")

@@ -307,7 +307,7 @@ def score_table(answers, open_loop=None, replace=None):
     return p, pd.DataFrame(ranking), pd.DataFrame(reliability), cells
 
 
-def predict_accuracy(answers, open_loop, new, score="topk_kept, retrieval heads", replace=None):
+def predict_accuracy(answers, open_loop, new, score="log10 rel_err, retrieval heads", replace=None):
     """A new policy's task accuracy predicted from its open loop alone (no closed loop, no generation
     of its own): `score`'s logistic fit on every answered trial, applied to the new policy's trials.
 
