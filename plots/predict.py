@@ -2,7 +2,7 @@
 """Can an offline score predict the answer? (docs/results.md, "Can attention error predict the answer?")
 
 Usage: .venv/bin/python plots/predict.py --answers DIR [DIR ...] --open-loop DIR [DIR ...]
-                                          [--replace DIR ...] [--out-dir OUT] [--new DIR ... [--score NAME]]
+                                          [--replace DIR ...] [--out-dir OUT] [--new DIR ... [--score NAME] [--check DIR ...]]
 
 --answers: `kvsim task` runs (trials.csv, or an unfinished run's checkpoints): whether each cache answered.
 --open-loop: `kvsim task --open-loop` runs of the same configs (open_loop.csv): the offline scores of the
@@ -11,6 +11,8 @@ Usage: .venv/bin/python plots/predict.py --answers DIR [DIR ...] --open-loop DIR
     runs must share one `[task] link_steps` (the question's or the answer's steps; predict.csv's column).
 --replace: later runs whose rows replace the answers' rows of the same (kind, length, depth, trial, cache)
     (e.g. a policy re-measured after a fix).
+--check: closed-loop runs of the --new policies (made afterwards): each screened cell's actual accuracy and
+    whether it falls inside the interval (screened.csv's `actual` and `covered`).
 --new: `kvsim task --open-loop` runs of policies to screen without a closed loop: `--score`'s fit on every
     answered trial predicts their accuracy per (policy, model, kind, length, memory), with a 95% prediction
     interval (OUT/screened.csv).
@@ -84,6 +86,7 @@ def main(argv=None):
     ap.add_argument("--replace", nargs="*", default=[])
     ap.add_argument("--out-dir", default="results/predict")
     ap.add_argument("--new", nargs="*", default=[], help="open-loop runs of policies to screen: their accuracy predicted")
+    ap.add_argument("--check", nargs="*", default=[], help="closed-loop runs of the --new policies: their actual accuracy per cell")
     ap.add_argument("--score", default="log10 rel_err, retrieval heads", help="the score --new predicts with")
     a = ap.parse_args(argv)
     if a.score not in [x[0] for x in tasks.SCORES]:
@@ -93,7 +96,7 @@ def main(argv=None):
         replace = tasks.load(a.replace) if a.replace else None
         open_loop = tasks.load_open_loop(a.open_loop) if a.open_loop else None
         p, ranking, reliability, cells = tasks.score_table(answers, open_loop, replace)
-        screened = tasks.predict_accuracy(answers, open_loop, a.new, a.score, replace) if a.new else None
+        screened = tasks.predict_accuracy(answers, open_loop, a.new, a.score, replace, a.check or None) if a.new else None
     except kvsim.Error as e:
         sys.exit(f"error: {e}")
     os.makedirs(a.out_dir, exist_ok=True)
@@ -114,9 +117,14 @@ def main(argv=None):
         print(f"best candidate by held-out AUC (policy held out): {best}")
     if screened is not None:
         screened.to_csv(os.path.join(a.out_dir, "screened.csv"), index=False, na_rep="nan")
-        print(f"\n| policy | kind | L | memory | trials | predicted accuracy [95% prediction interval] ({a.score}) |\n|---|---|---:|---:|---:|---|")
+        chk = "actual" in screened.columns
+        print(f"\n| policy | model | kind | L | memory | trials | predicted accuracy [95% prediction interval] ({a.score}) |"
+              + (" actual | inside |" if chk else "") + "\n|---|---|---|---:|---:|---:|---|" + ("---:|:-:|" if chk else ""))
         for _, r in screened.iterrows():
-            print(f"| {r.policy} | {r.kind} | {r.length} | {r.memory:g} | {r.trials} | {r.predicted:.2f} [{r.low:.2f}, {r.high:.2f}] |")
+            print(f"| {r.policy} | {r.model} | {r.kind} | {r.length} | {r.memory:g} | {r.trials} | {r.predicted:.2f} [{r.low:.2f}, {r.high:.2f}] |"
+                  + (f" {r.actual:.2f} | {'yes' if r.covered else 'no'} |" if chk else ""))
+        if chk:
+            print(f"{int(screened.covered.sum())} of {int(screened.actual.notna().sum())} checked cells inside their interval")
         print(f"wrote {a.out_dir}/screened.csv")
     print(f"wrote {a.out_dir}/predict.csv, ranking.csv, reliability.csv, cells.csv" + (" and predict.png" if best else ""))
 

@@ -47,7 +47,7 @@ def write(tmp):
     new = []
     for kind, trial in [(k, i) for k in ("niah_single", "niah_multikey") for i in range(30)]:
         for m, q in zip(MEMORY, NEW_QUALITY):
-            new.append(dict(kind=kind, length=1024, depth=0.5, trial=trial, cache=f"tova(memory={m})", policy="tova", correct=-1,
+            new.append(dict(kind=kind, length=1024, depth=0.5, trial=trial, cache=f"tova(memory={m})", policy="tova", correct=-1, model="m",
                             rel_err=rng.uniform(0.05, 0.5), topk_kept_rheads=float(np.clip(q + rng.normal(0, 0.05), 0, 1))))
     (tmp / "new").mkdir()
     pd.DataFrame(new).to_csv(tmp / "new" / "open_loop.csv", index=False, na_rep="nan")
@@ -194,3 +194,27 @@ def test_two_models_with_the_same_prompts_stay_apart(run, tmp_path):
     assert set(ranking.model) == {"m", "m2"} and len(cells[(cells.score == "topk_kept, retrieval heads")
                                                          & (cells.held_out == "policy")]) == 2 * 24
     assert (p[p.held_out == "model"].groups == 2).all()  # and the model split now holds one out
+
+
+def test_check_compares_a_screen_with_the_closed_loop_run_afterwards(run, tmp_path):
+    tmp, _ = run
+    rng = np.random.default_rng(5)
+    new = pd.read_csv(tmp / "new" / "open_loop.csv")
+    rows = []
+    for _, r in new.iterrows():
+        q = NEW_QUALITY[MEMORY.index(float(r.cache.split("=")[1].rstrip(")")))]
+        ok = int(rng.uniform() < 1 / (1 + np.exp(-10 * (q - 0.5))))
+        rows.append(dict(kind=r.kind, length=1024, depth=0.5, trial=r.trial, cache=r.cache, policy="tova", correct=ok, model="m"))
+    exact = [dict(kind=k, length=1024, depth=0.5, trial=i, cache="exact", policy="exact", correct=1, model="m")
+             for k in ("niah_single", "niah_multikey") for i in range(30)]
+    (tmp_path / "check").mkdir()
+    pd.DataFrame(exact + rows).to_csv(tmp_path / "check" / "trials.csv", index=False)
+    s = kvsim.predict_accuracy([str(tmp / "answers")], [str(tmp / "open")], [str(tmp / "new")], score=SCORE,
+                               check=[str(tmp_path / "check")])
+    assert s.actual.notna().all() and s.covered.sum() >= 5, s
+    # negative control: a closed loop that never answers lies outside the high-quality cells' intervals
+    (tmp_path / "wrong").mkdir()
+    pd.DataFrame(exact + [{**r, "correct": 0} for r in rows]).to_csv(tmp_path / "wrong" / "trials.csv", index=False)
+    w = kvsim.predict_accuracy([str(tmp / "answers")], [str(tmp / "open")], [str(tmp / "new")], score=SCORE,
+                               check=[str(tmp_path / "wrong")])
+    assert not w[w.memory == 0.75].covered.any() and (w.actual == 0).all()

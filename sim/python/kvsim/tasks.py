@@ -307,7 +307,7 @@ def score_table(answers, open_loop=None, replace=None):
     return p, pd.DataFrame(ranking), pd.DataFrame(reliability), cells
 
 
-def predict_accuracy(answers, open_loop, new, score="log10 rel_err, retrieval heads", replace=None):
+def predict_accuracy(answers, open_loop, new, score="log10 rel_err, retrieval heads", replace=None, check=None):
     """A new policy's task accuracy predicted from its open loop alone (no closed loop, no generation
     of its own): `score`'s logistic fit on every answered trial, applied to the new policy's trials.
 
@@ -315,10 +315,12 @@ def predict_accuracy(answers, open_loop, new, score="log10 rel_err, retrieval he
       the closed loop, with their answers; open_loop: `kvsim task --open-loop` folders of the same
       configs (or load_open_loop()'s frame, or None to use the answers' own open-loop columns); new:
       `--open-loop` folders (or frame) of the policies to screen, at the same link_steps; score: one of
-      SCORES' names; replace: folders (or frame) of re-measured rows.
+      SCORES' names; replace: folders (or frame) of re-measured rows; check: closed-loop runs (folders
+      or load()'s frame) of the screened policies, run afterwards to check the screen.
     Returns a DataFrame, one row per (policy, model, kind, length, memory): trials, predicted accuracy (the
     mean predicted probability), and `low`, `high`: a 95% prediction interval for the accuracy of those
-    trials (prediction_cells). Raises kvsim.Error for an unknown score, missing runs, runs that mix
+    trials (prediction_cells); with `check`, also `actual` (the closed loop's accuracy on the same
+    trials; NaN for a cell it did not run) and `covered` (low <= actual <= high). Raises kvsim.Error for an unknown score, missing runs, runs that mix
     link_steps, or a screen at other steps than the fit's.
     """
     if score not in [x[0] for x in SCORES]:
@@ -337,4 +339,12 @@ def predict_accuracy(answers, open_loop, new, score="log10 rel_err, retrieval he
     new = new.copy()
     inner = new["cache"].str.extract(r"\((.*)\)$")[0].fillna("")
     new["memory"] = [float(parse_params(s).get("memory", "nan")) for s in inner]
-    return predict_new(t, new, score)
+    out = predict_new(t, new, score)
+    if check is not None:
+        c = as_frame(check, load)
+        keys = ["policy", "model", "kind", "length", "memory"]
+        screened = new[KEYS].merge(c[KEYS + ["correct"]], on=KEYS).merge(new[KEYS + ["policy", "memory"]], on=KEYS)
+        actual = screened.groupby(keys).correct.mean().rename("actual").reset_index()
+        out = out.merge(actual, on=keys, how="left")
+        out["covered"] = (out.low <= out.actual) & (out.actual <= out.high)
+    return out
