@@ -1,5 +1,5 @@
 // kvsim task's offline scores (TaskRow::topk_kept …; docs/tasks.md, "Offline scores"): scores of a
-// policy's open-loop replay at the question's steps that need no needle position and no generation,
+// policy's open-loop replay at the link's steps ([task] link_steps) that need no needle position and no policy's generation,
 // the candidates for predicting whether the model still answers.
 #include <algorithm>
 #include <array>

@@ -5,8 +5,8 @@
 // question) at once, as kvpress compresses a context (kvsim::prefill); the question's tokens then
 // stream through each cache and the answer is decoded greedily, all caches as one batch. Each cache's
 // answer is scored by exact match; beside it, the open-loop metrics of the same policy on the trial's
-// exact tensors at the question's query steps (rel_err, eps (SubGen's ε), kept_mass, needle_mass, needle_kept_mass,
-// needle_kept) link the attention error to the answer.
+// exact tensors at the question's query steps, or the answer's ([task] link_steps) (rel_err, eps
+// (SubGen's ε), kept_mass, needle_mass, needle_kept_mass, needle_kept) link the attention error to the answer.
 #pragma once
 #include <set>
 #include <string>
@@ -59,8 +59,9 @@ struct TaskRow {
   int correct = 0;           ///< 1 when every expected string is in the answer (score = 1)
   double score = 0;          ///< RULER's string_match_all: the share of the expected strings found
   std::string evidence;      ///< the evidence spans "b-e b-e …" (TaskTrial::evidence)
-  /// Open loop at the question's query steps, means over (layer, query head, step): NaN for the
-  /// control and where a metric does not apply (needle_kept_share = Σ needle_kept_mass / Σ needle_mass).
+  /// Open loop at the link's steps (the question's or the answer's query steps), means over (layer,
+  /// query head, step): NaN for the control and where a metric does not apply (needle_kept_share =
+  /// Σ needle_kept_mass / Σ needle_mass).
   double rel_err = NAN, eps = NAN, kept_mass = NAN, needle_mass = NAN, needle_kept_mass = NAN, needle_kept = NAN,
          needle_kept_share = NAN;
   /// Offline scores that need no needle position (docs/tasks.md, "Offline scores"), over the same
@@ -81,9 +82,9 @@ struct TaskRunOptions {
   bool resume = false, force = false;  ///< as `kvsim run`: continue / discard an unfinished run in out
   bool quiet = false;
   /// Only the open loop (`kvsim task --open-loop`): per trial the exact prefill and every policy's
-  /// replay at the question's steps, no cache answers, no generation; rows for the policies only, with
-  /// correct = −1, score and cache_tokens NaN; written to open_loop.csv (trials.csv's columns), no
-  /// accuracy.csv. The offline scores' input (docs/tasks.md, "Offline scores").
+  /// replay at the link's steps ([task] link_steps), no cache answers, no policy's generation; rows
+  /// for the policies only, with correct = −1, score and cache_tokens NaN; written to open_loop.csv
+  /// (trials.csv's columns), no accuracy.csv. The offline scores' input (docs/tasks.md, "Offline scores").
   bool open_loop_only = false;
 };
 
