@@ -47,11 +47,11 @@ import kvsim
 from kvsim import tasks
 
 
-def figure(p, cells, reliability, path):
+def figure(p, cells, reliability, path, chosen=None):
     """predict.png: (left) reliability of the held-out predictions (policy held out) for the baseline
-    (log10 rel_err), the best candidate score by held-out AUC and the needle-share reference; (right)
-    every (policy, model, kind, length, memory) cell's actual accuracy against the best candidate's predicted
-    one, with its 95% prediction interval."""
+    (log10 rel_err), the `chosen` score (None: the best candidate by held-out AUC) and the needle-share
+    reference; (right) every (policy, model, kind, length, memory) cell's actual accuracy against the
+    chosen score's predicted one, with its 95% prediction interval. Returns the best candidate's name."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -60,18 +60,19 @@ def figure(p, cells, reliability, path):
     if cand.empty:
         return None
     best = cand.sort_values("auc_out", ascending=False).score.iloc[0]
+    shown = chosen if chosen in set(cand.score) else best
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for name, style in (("log10 rel_err", "o:"), (best, "s-"), ("needle_kept_share (reference)", "^--")):
+    for name, style in (("log10 rel_err", "o:"), (shown, "s-"), ("needle_kept_share (reference)", "^--")):
         r = reliability[(reliability.score == name) & (reliability.held_out == "policy")]
         if len(r):
             a.plot(r.predicted, r.observed, style, label=name)
     a.plot([0, 1], [0, 1], color="grey", lw=0.8)
     a.set(xlabel="predicted P(answer), policy held out", ylabel="observed rate", title="reliability", xlim=(0, 1), ylim=(0, 1))
     a.legend(fontsize=7)
-    c = cells[(cells.score == best) & (cells.held_out == "policy")]
+    c = cells[(cells.score == shown) & (cells.held_out == "policy")]
     b.errorbar(c.predicted, c.actual, xerr=[c.predicted - c.low, c.high - c.predicted], fmt="o", ms=3, lw=0.6, alpha=0.7)
     b.plot([0, 1], [0, 1], color="grey", lw=0.8)
-    b.set(xlabel=f"predicted accuracy ({best}), policy held out", ylabel="actual accuracy",
+    b.set(xlabel=f"predicted accuracy ({shown}), policy held out", ylabel="actual accuracy",
           title=f"{len(c)} cells, {c.covered.mean():.0%} inside the 95% interval", xlim=(-0.02, 1.02), ylim=(-0.02, 1.02))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -87,7 +88,7 @@ def main(argv=None):
     ap.add_argument("--out-dir", default="results/predict")
     ap.add_argument("--new", nargs="*", default=[], help="open-loop runs of policies to screen: their accuracy predicted")
     ap.add_argument("--check", nargs="*", default=[], help="closed-loop runs of the --new policies: their actual accuracy per cell")
-    ap.add_argument("--score", default="log10 rel_err, retrieval heads", help="the score --new predicts with")
+    ap.add_argument("--score", default="log10 rel_err, retrieval heads", help="the score --new predicts with (and the figure draws)")
     a = ap.parse_args(argv)
     if a.score not in [x[0] for x in tasks.SCORES]:
         sys.exit(f"error: --score {a.score!r} is not one of: " + ", ".join(x[0] for x in tasks.SCORES))
@@ -104,7 +105,7 @@ def main(argv=None):
     ranking.to_csv(os.path.join(a.out_dir, "ranking.csv"), index=False, na_rep="nan")
     reliability.to_csv(os.path.join(a.out_dir, "reliability.csv"), index=False, na_rep="nan")
     cells.to_csv(os.path.join(a.out_dir, "cells.csv"), index=False, na_rep="nan")
-    best = figure(p, cells, reliability, os.path.join(a.out_dir, "predict.png")) if len(cells) else None
+    best = figure(p, cells, reliability, os.path.join(a.out_dir, "predict.png"), a.score) if len(cells) else None
     cols = ["trials", "policies", "groups", "mcfadden_r2", "auc", "auc_out", "brier_out", "cells", "rho_mean", "rho_ge_0.8",
             "coverage"]
     mode = p.link_steps.iloc[0]
