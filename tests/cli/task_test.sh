@@ -2,7 +2,8 @@
 # `kvsim task` end to end on SmolLM2-135M-Instruct (docs/tasks.md), short prompts: the exact cache
 # retrieves the pass key and the word where the evict_needle control — the exact cache without the
 # needle's tokens — does not (the negative control: a cache that loses exactly the needle fails where
-# the exact cache succeeds); every trial row carries the open-loop link; a run killed with kill -9 after
+# the exact cache succeeds); every trial row carries the open-loop link, at the question's steps or (link_steps =
+# "answer") at the exact answer's, where --open-loop gives the full run's rows; a run killed with kill -9 after
 # its first checkpointed trial is refused without --resume, and resumed it ends with the same answers
 # and metrics as an uninterrupted run; --prompts writes the same trials' prompts; bad [task] keys fail
 # in one line.
