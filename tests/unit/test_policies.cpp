@@ -13,10 +13,7 @@ using namespace kvsim;
 namespace {
 
 StreamInfo info(int64_t n, int d, int nq = 1, uint64_t seed = 1) {
-  StreamInfo s;
-  s.n = n;
-  s.head_dim = d;
-  s.n_queries = nq;
+  StreamInfo s = test::stream_info(n, d, nq);
   s.seed = seed;
   return s;
 }
