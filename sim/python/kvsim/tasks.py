@@ -276,6 +276,16 @@ def predict_new(t, new, score):
 SPLITS = ("policy", "kind", "length", "model")
 
 
+def answered_trials(answers, replace, open_loop):
+    """The fit's trials (combine) and the link_steps of their scores; raises kvsim.Error when the runs
+    mix link_steps or no policy trial lies in a counting cell (the exact cache answering >= 80%)."""
+    mode = link_mode(open_loop if open_loop is not None else answers, "--open-loop" if open_loop is not None else "--answers")
+    t = combine(answers, replace, open_loop)
+    if t.empty:
+        raise Error("no policy trials in counting cells (the exact cache answers < 80% everywhere?)")
+    return t, mode
+
+
 def score_table(answers, open_loop=None, replace=None):
     """Every candidate score (SCORES) fitted and held out by policy, and by task kind, length and model
     where the runs hold more than one.
@@ -286,10 +296,7 @@ def score_table(answers, open_loop=None, replace=None):
     reliability.csv, cells.csv), predict with its `link_steps` column. Raises kvsim.Error when no policy
     trial lies in a counting cell (the exact cache answering >= 80%) or the runs mix link_steps.
     """
-    mode = link_mode(open_loop if open_loop is not None else answers, "--open-loop" if open_loop is not None else "--answers")
-    t = combine(answers, replace, open_loop)
-    if t.empty:
-        raise Error("no policy trials in counting cells (the exact cache answers < 80% everywhere?)")
+    t, mode = answered_trials(answers, replace, open_loop)
     rows, ranking, reliability, cells = [], [], [], []
     for split in SPLITS:
         for name, col, log in SCORES:
@@ -330,12 +337,9 @@ def predict_accuracy(answers, open_loop, new, score="log10 rel_err, retrieval he
     open_loop = as_frame(open_loop, load_open_loop)
     replace = as_frame(replace, load)
     new = as_frame(new, lambda d: load_open_loop(d, "--new"))
-    mode = link_mode(open_loop if open_loop is not None else answers, "--open-loop" if open_loop is not None else "--answers")
+    t, mode = answered_trials(answers, replace, open_loop)
     if link_mode(new, "--new") != mode:
         raise Error(f"the --new runs' link_steps ({link_mode(new, '--new')}) differ from the fit's ({mode}); screen at the same steps")
-    t = combine(answers, replace, open_loop)
-    if t.empty:
-        raise Error("no policy trials in counting cells (the exact cache answers < 80% everywhere?)")
     new = new.copy()
     inner = new["cache"].str.extract(r"\((.*)\)$")[0].fillna("")
     new["memory"] = [float(parse_params(s).get("memory", "nan")) for s in inner]
