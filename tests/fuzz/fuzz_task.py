@@ -11,7 +11,7 @@ KINDS = ["passkey", "word", "niah_single", "niah_multikey", "niah_multivalue", "
          "variable_tracking", "common_words", "frequent_words"]
 TASK_KEYS = ["task.lengths", "task.depths", "task.trials", "task.generate", "task.needles", "task.hops", "task.chains",
              "task.common", "task.common_repeats", "task.uncommon_repeats", "task.alpha", "task.vocab", "task.examples",
-             "task.value_type", "task.format", "task.match", "task.kind", "seed"]
+             "task.value_type", "task.format", "task.match", "task.kind", "task.link_steps", "seed"]
 
 
 def filler(work):
