@@ -4,8 +4,8 @@
 Used to carry a real recording to the GPU machine (the device tool takes at most 64 MiB): Gemma 3
 270M's three global layers (5, 11, 17) at 4096 tokens are 38 MB in float16, all 18 layers in float32
 450 MB. The chosen layers are renumbered 0, 1, … in the given order; the file's attributes are kept,
-n_layers and layer_windows follow the chosen layers, and `subset_of` / `subset_layers` name the
-source. Q, K and V only (the attention output, if present, is dropped).
+n_layers and layer_windows follow the chosen layers, and `subset_of` / `subset_layers` /
+`model_n_layers` name the source. Q, K and V only (the attention output, if present, is dropped).
 
     .venv/bin/python datasets/subset_recording.py IN.h5 OUT.h5 --layers 5,11,17 --dtype float16
 
@@ -79,6 +79,7 @@ def copy(src, a, layers, tmp, fail):
                 del dst.attrs["layer_windows"]
         dst.attrs["subset_of"] = os.path.basename(a.input)
         dst.attrs["subset_layers"] = np.asarray(layers, dtype=np.int64)
+        dst.attrs["model_n_layers"] = np.int64(src.attrs.get("model_n_layers", n_layers))
         for i, l in enumerate(layers):
             g = dst.create_group(f"layer_{i:03d}")
             for t in ("q", "k", "v"):

@@ -18,7 +18,13 @@ std::string inspect_recording(const std::string& path, int64_t max_tokens) {
     << "schema:        kvsim_schema 1\n"
     << "model:         " << m.model << "\n"
     << "source:        " << m.source << "\n"
-    << "layers:        " << m.n_layers << "\n"
+    << "layers:        " << m.n_layers;
+  if (!m.subset_layers.empty()) {
+    o << " (the model's layers";
+    for (size_t i = 0; i < m.subset_layers.size(); ++i) o << (i ? ", " : " ") << m.subset_layers[i];
+    o << ": subset_layers)";
+  }
+  o << "\n"
     << "heads:         " << m.n_heads << " query, " << m.n_kv_heads << " kv (group size " << m.group_size() << ")\n"
     << "head_dim:      " << m.head_dim << "\n"
     << "tokens:        " << m.n_tokens << "\n"

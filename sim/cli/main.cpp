@@ -136,6 +136,10 @@ void add_record(CLI::App& app) {
                      "auto (batched for GGUF, per-token for llama2.c)")
       ->check(CLI::IsMember({"auto", "batched", "per-token"}))->capture_default_str();
   record->add_option("--threads", ro.threads, "batched prefill threads (0 = all)")->capture_default_str();
+  record->add_option("--layers", ro.layers,
+                     "layers to store: all, global (those without a sliding window: Gemma 3's 5, 11, 17) or a list "
+                     "such as 5,11,17; a subset is renumbered 0, 1, … (attribute subset_layers)")
+      ->capture_default_str();
 
   text_opt->excludes(gen_opt);
   record->callback([tokens_opt] {

@@ -123,7 +123,8 @@ void probe_metadata(const std::string& path) {
               "); re-export the recording");
 }
 
-/// The optional root attributes (docs/recordings.md, the schema): rope_theta, layer_windows, rope_pairs.
+/// The optional root attributes (docs/recordings.md, the schema): rope_theta, layer_windows, subset_layers,
+/// rope_pairs.
 void read_optional_attrs(const h5::File& f, const std::string& path, RecordingMeta& meta) {
   if (f.has_attr("rope_theta")) {
     meta.rope_theta = f.attr_double("rope_theta");
@@ -137,6 +138,21 @@ void read_optional_attrs(const h5::File& f, const std::string& path, RecordingMe
                   std::to_string(meta.n_layers) + " layers");
     for (int64_t w : meta.layer_windows)
       if (w < 0) throw Error(path + ": attribute 'layer_windows' holds a negative window " + std::to_string(w));
+  }
+  if (f.has_attr("subset_layers")) {
+    meta.subset_layers = f.attr_ints("subset_layers");
+    if (int(meta.subset_layers.size()) != meta.n_layers)
+      throw Error(path + ": attribute 'subset_layers' has " + std::to_string(meta.subset_layers.size()) + " entries for " +
+                  std::to_string(meta.n_layers) + " layers");
+    if (f.has_attr("model_n_layers")) {
+      const int64_t total = f.attr_int("model_n_layers");
+      if (total < meta.n_layers || total > 1024)
+        throw Error(path + ": attribute 'model_n_layers' = " + std::to_string(total) + " is below n_layers or above 1024");
+      meta.model_n_layers = int(total);
+    }
+    for (int64_t l : meta.subset_layers)
+      if (l < 0 || (meta.model_n_layers > 0 && l >= meta.model_n_layers))
+        throw Error(path + ": attribute 'subset_layers' holds layer " + std::to_string(l) + ", outside the model's layers");
   }
   if (f.has_attr("rope_pairs")) {
     const std::string pairs = f.attr_string("rope_pairs");
@@ -324,6 +340,10 @@ void RecordingWriter::set_attr(const std::string& name, double v) {
   file_->set_attr("/", name, v);
 }
 void RecordingWriter::set_attr(const std::string& name, int64_t v) {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  file_->set_attr("/", name, v);
+}
+void RecordingWriter::set_attr(const std::string& name, const std::vector<int64_t>& v) {
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   file_->set_attr("/", name, v);
 }

@@ -101,6 +101,11 @@ void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
     }
     f.set_attr("/", "layers", replayed);
     if (!r.meta.layer_windows.empty()) f.set_attr("/", "local_layers", local);
+    if (!r.meta.subset_layers.empty()) {  // a layer-subset recording: the replayed layers' indices in the model
+      std::vector<int64_t> model;
+      for (int l : r.layers) model.push_back(r.meta.model_layer(l));
+      f.set_attr("/", "model_layers", model);
+    }
   }
   f.set_attr("/", "head_dim", int64_t(r.meta.head_dim));
   f.set_attr("/", "model", r.meta.model);

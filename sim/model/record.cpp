@@ -97,6 +97,35 @@ int run_positions(LlamaModel& model, const Tokenizer& tok, const std::vector<int
 
 }  // namespace
 
+std::vector<int> record_layers(const std::string& spec, const LlamaConfig& cfg) {
+  std::vector<int> out;
+  if (spec == "all" || spec == "global") {
+    for (int l = 0; l < cfg.n_layers; ++l)
+      if (spec == "all" || cfg.layer_window(l) == 0) out.push_back(l);
+    if (out.empty()) throw Error("--layers global: the model has no global layer (every layer has a sliding window)");
+    return out;
+  }
+  std::stringstream ss(spec);
+  for (std::string item; std::getline(ss, item, ',');) {
+    size_t used = 0;
+    int l = -1;
+    try {
+      l = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size())
+      throw Error("--layers '" + spec + "': '" + item + "' is not a layer index (give all, global or a list such as 5,11,17)");
+    if (l < 0 || l >= cfg.n_layers)
+      throw Error("--layers: layer " + std::to_string(l) + " is out of range [0, " + std::to_string(cfg.n_layers) + ")");
+    out.push_back(l);
+  }
+  if (out.empty()) throw Error("--layers '" + spec + "': no layer given");
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 RecordingMeta model_recording_meta(const LlamaConfig& cfg, const std::string& model, const std::string& source,
                                    int64_t n_tokens) {
   RecordingMeta meta;
@@ -127,7 +156,26 @@ RecordingMeta recording_meta(const RecordOptions& opt, const LlamaConfig& cfg, i
   if (generate) src << " --generate " << opt.generate << (opt.prompt.empty() ? "" : " --prompt '" + opt.prompt + "'");
   else src << " --text " << opt.text_path << (opt.text_tail > 0 ? " --text-tail " + std::to_string(opt.text_tail) : "")
             << " --tokens " << opt.tokens;
-  return model_recording_meta(cfg, opt.checkpoint, src.str(), n_rec);
+  if (opt.layers != "all") src << " --layers " << opt.layers;
+  RecordingMeta meta = model_recording_meta(cfg, opt.checkpoint, src.str(), n_rec);
+  const auto layers = record_layers(opt.layers, cfg);
+  if (int(layers.size()) == cfg.n_layers) return meta;
+  // A layer subset, renumbered 0, 1, … (subset_layers, written by write_trailer, maps them back).
+  meta.n_layers = int(layers.size());
+  if (!meta.layer_windows.empty()) {
+    std::vector<int64_t> w;
+    for (int l : layers) w.push_back(meta.layer_windows[size_t(l)]);
+    meta.layer_windows = std::any_of(w.begin(), w.end(), [](int64_t x) { return x > 0; }) ? w : std::vector<int64_t>{};
+  }
+  return meta;
+}
+
+/// Where model layer l goes in the recording (RecordOptions::layers): its index there, or -1.
+std::vector<int> recorded_index(const RecordOptions& opt, const LlamaConfig& cfg) {
+  std::vector<int> at(size_t(cfg.n_layers), -1);
+  const auto layers = record_layers(opt.layers, cfg);
+  for (size_t i = 0; i < layers.size(); ++i) at[size_t(layers[i])] = int(i);
+  return at;
 }
 
 /// The exact text source of a teacher-forced recording: the file, its sha256, the held-out tail share
@@ -151,6 +199,11 @@ void write_trailer(RecordingWriter& w, const RecordOptions& opt, const LlamaConf
   w.set_attr("mode", std::string(generate ? "generate" : "teacher_forced"));
   if (!generate && !opt.text_path.empty()) write_text_source(w, opt);
   w.set_attr("forward", res.path_taken);
+  const auto layers = record_layers(opt.layers, cfg);
+  if (int(layers.size()) < cfg.n_layers) {
+    w.set_attr("subset_layers", std::vector<int64_t>(layers.begin(), layers.end()));
+    w.set_attr("model_n_layers", int64_t(cfg.n_layers));
+  }
   w.set_attr("checkpoint_format", cfg.format_name());
   if (cfg.gguf_version > 0) {
     w.set_attr("architecture", cfg.architecture);
@@ -164,14 +217,17 @@ void write_trailer(RecordingWriter& w, const RecordOptions& opt, const LlamaConf
 void write_recording(const RecordOptions& opt, const LlamaConfig& cfg, const Trace& tr, int n_rec,
                      const RecordResult& res) {
   RecordingWriter w(opt.out, recording_meta(opt, cfg, n_rec), opt.with_attn, opt.deflate);
+  const auto at = recorded_index(opt, cfg);
   for (int l = 0; l < cfg.n_layers; ++l) {
+    const int r = at[size_t(l)];
+    if (r < 0) continue;
     for (int h = 0; h < cfg.n_heads; ++h) {
-      w.write(l, Tensor::q, h, tr.Q[l][h].topRows(n_rec));
-      if (opt.with_attn) w.write(l, Tensor::attn, h, tr.A[l][h].topRows(n_rec));
+      w.write(r, Tensor::q, h, tr.Q[l][h].topRows(n_rec));
+      if (opt.with_attn) w.write(r, Tensor::attn, h, tr.A[l][h].topRows(n_rec));
     }
     for (int h = 0; h < cfg.n_kv_heads; ++h) {
-      w.write(l, Tensor::k, h, tr.K[l][h].topRows(n_rec));
-      w.write(l, Tensor::v, h, tr.V[l][h].topRows(n_rec));
+      w.write(r, Tensor::k, h, tr.K[l][h].topRows(n_rec));
+      w.write(r, Tensor::v, h, tr.V[l][h].topRows(n_rec));
     }
   }
   write_trailer(w, opt, cfg, res);
@@ -190,20 +246,22 @@ RecordResult record_batched(const RecordOptions& opt, const LlamaModel& model, c
   if (!opt.out.empty()) w = std::make_unique<RecordingWriter>(opt.out, recording_meta(opt, cfg, n), opt.with_attn, opt.deflate);
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   res.cross_entropy.resize(size_t(n - 1));
+  const auto at = recorded_index(opt, cfg);
   double write_s = 0;
   const auto t0 = std::chrono::steady_clock::now();
   model.prefill(
       res.tokens, threads,
       [&](int l, const MatF& Q, const MatF& K, const MatF& V, const MatF& A) {
-        if (!w) return;
+        const int r = at[size_t(l)];
+        if (!w || r < 0) return;
         const auto w0 = std::chrono::steady_clock::now();
         for (int h = 0; h < cfg.n_heads; ++h) {
-          w->write(l, Tensor::q, h, Q.middleCols(int64_t(h) * hd, hd));
-          if (opt.with_attn) w->write(l, Tensor::attn, h, A.middleCols(int64_t(h) * hd, hd));
+          w->write(r, Tensor::q, h, Q.middleCols(int64_t(h) * hd, hd));
+          if (opt.with_attn) w->write(r, Tensor::attn, h, A.middleCols(int64_t(h) * hd, hd));
         }
         for (int h = 0; h < cfg.n_kv_heads; ++h) {
-          w->write(l, Tensor::k, h, K.middleCols(int64_t(h) * hd, hd));
-          w->write(l, Tensor::v, h, V.middleCols(int64_t(h) * hd, hd));
+          w->write(r, Tensor::k, h, K.middleCols(int64_t(h) * hd, hd));
+          w->write(r, Tensor::v, h, V.middleCols(int64_t(h) * hd, hd));
         }
         write_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
       },
@@ -223,6 +281,11 @@ RecordResult record_batched(const RecordOptions& opt, const LlamaModel& model, c
 RecordResult record_model(const RecordOptions& opt) {
   LlamaModel model(opt.checkpoint);
   const auto& cfg = model.config();
+  try {
+    record_layers(opt.layers, cfg);  // a bad --layers fails before the model runs
+  } catch (const Error& e) {
+    throw Error(opt.checkpoint + ": " + e.what());
+  }
   const Tokenizer tok = load_tokenizer(opt.checkpoint, opt.tokenizer, cfg.vocab_size);
   RecordResult res;
   const bool generate = opt.generate > 0;

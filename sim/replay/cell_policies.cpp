@@ -15,10 +15,10 @@ using Clock = std::chrono::steady_clock;
 double ns_since(Clock::time_point t0) { return std::chrono::duration<double, std::nano>(Clock::now() - t0).count(); }
 }  // namespace
 
-uint64_t instance_seed(const Experiment& ex, const Cell& cell, size_t p, int i) {
+uint64_t instance_seed(const Experiment& ex, const Cell& cell, int64_t model_layer, size_t p, int i) {
   const bool per_query = ex.eval.gqa == GqaMode::query_head;
   const uint64_t head_id = per_query ? uint64_t(cell.heads[size_t(i)]) : uint64_t(cell.kv_head) + (1ULL << 32);
-  return derive_seed({ex.seed, uint64_t(cell.layer), head_id, uint64_t(p), 0});
+  return derive_seed({ex.seed, uint64_t(model_layer), head_id, uint64_t(p), 0});
 }
 
 PolicySteps::PolicySteps(const Experiment& ex, const Cell& cell, int64_t n, const RecordingMeta& meta, const Streams& streams,
@@ -97,7 +97,7 @@ namespace kvsim {
 std::unique_ptr<Policy> make_cell_policy(const Experiment& ex, const RecordingMeta& meta, const Cell& cell, int64_t n,
                                          size_t p, int i) {
   StreamInfo info = cell_stream(ex, cell, n, meta);
-  info.seed = cell::instance_seed(ex, cell, p, i);
+  info.seed = cell::instance_seed(ex, cell, meta.model_layer(cell.layer), p, i);
   return make_policy(ex.policies[p].name, ex.policies[p].params, info);
 }
 
@@ -113,9 +113,10 @@ StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, const 
   info.policy_f32 = ex.eval.policy_precision == Precision::float32;
   info.n_queries = ex.eval.gqa == GqaMode::query_head ? 1 : int(cell.heads.size());
   info.prefill = ex.data.prefill;
-  info.layer = cell.layer;
+  // The model's layer, so that a layer-subset recording (subset_layers) replays as the full one does.
+  info.layer = int(meta.model_layer(cell.layer));
   info.kv_head = cell.kv_head;
-  info.n_layers = meta.n_layers;
+  info.n_layers = meta.model_layer_count();
   if (!ex.data.replay_local && !meta.is_local(cell.layer)) {  // local layers stay exact: rank the global ones
     info.managed_layer = info.n_managed_layers = 0;
     for (int l = 0; l < meta.n_layers; ++l)

@@ -12,8 +12,9 @@ namespace kvsim::cell {
 class GpuLayerBatch;
 
 /// The seed of instance i of policy entry p in `cell` (kv_head mode: i = 0; query_head mode: the
-/// cell's i-th query head): derive_seed(seed, layer, head id, p, 0).
-uint64_t instance_seed(const Experiment& ex, const Cell& cell, size_t p, int i);
+/// cell's i-th query head): derive_seed(seed, model_layer, head id, p, 0), where model_layer is the cell's
+/// layer in the model (RecordingMeta::model_layer: a layer-subset recording seeds as the full one).
+uint64_t instance_seed(const Experiment& ex, const Cell& cell, int64_t model_layer, size_t p, int i);
 
 /// The instances of one policy spec inside a cell: one (kv_head mode) or one per query head.
 struct PolicyRun {

@@ -156,6 +156,17 @@ if [ -f "$DATA/stories260K/stories260K.bin" ]; then
         --text "$DATA/tinystories-sample/tinystories.txt" --tokens 64 --windows 3 --out "$TMP/win/w.h5" >/dev/null \
     && [ -s "$TMP/win/w_w00.h5" ] && [ -s "$TMP/win/w_w02.h5" ] && [ ! -e "$TMP/win/w_w03.h5" ] && ok || bad "record --windows"
   [ "$(sha1sum < "$TMP/win/w_w00.h5")" != "$(sha1sum < "$TMP/win/w_w01.h5")" ] && ok || bad "windows should differ"
+  # --layers: a subset, renumbered (the per-token path here; tests/real_model/gemma3_test.py checks the prefill's).
+  "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" --tokenizer "$DATA/stories260K/tok512.bin" \
+        --text "$DATA/tinystories-sample/tinystories.txt" --tokens 64 --layers 3,1 --out "$TMP/sub.h5" >/dev/null \
+    && "$KVSIM" inspect "$TMP/sub.h5" | grep -q "^layers: *2 (the model's layers 1, 3: subset_layers)" && ok || bad "record --layers 3,1"
+  h5diff -q "$TMP/sub.h5" "$TMP/win/w_w00.h5" /layer_001/k /layer_003/k && ok || bad "subset layer 1 is not the model's layer 3"
+  h5diff -q "$TMP/sub.h5" "$TMP/win/w_w00.h5" /layer_001/k /layer_001/k && bad "negative control: layers not renumbered" || ok
+  expect_fail "--layers: layer 5 is out of range [0, 5)" "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" \
+        --tokenizer "$DATA/stories260K/tok512.bin" --text "$DATA/tinystories-sample/tinystories.txt" --tokens 8 --layers 5 --out "$TMP/x.h5"
+  expect_fail "'x' is not a layer index" "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" \
+        --tokenizer "$DATA/stories260K/tok512.bin" --text "$DATA/tinystories-sample/tinystories.txt" --tokens 8 --layers 1,x --out "$TMP/x.h5"
+  [ -e "$TMP/x.h5" ] && bad "a refused --layers wrote a file" || ok
   "$KVSIM" inspect --check-attn --layers 0 4 "$TMP/st.h5" | grep -q "attention check: PASS" && ok || bad "check-attn on a recording"
   expect_fail "" "$KVSIM" inspect --check-attn --attn-tol 1e-12 --layers 0 "$TMP/st.h5"
   expect_fail "seq_len is 512" "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" \

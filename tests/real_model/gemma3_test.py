@@ -22,6 +22,9 @@ the same weights. Both read the same token ids (kvsim's; see below). Checked:
      run into "▁" pieces; checked as such (whitespace pieces used, the text decodes back).
   5. the one-token path (`--prefill per-token`) against the batched prefill over 600 tokens (past the
      window): q, k, v of all 18 layers within 1e-4.
+  6. the replay's window reference on a local layer against the model's attention output.
+  7. `kvsim record --layers global`: layers 5, 11, 17 alone, bit-equal to the full recording's, and
+     replayed to the same metrics.
 transformers is not the reference for token ids: its GGUF loader (5.x) builds this file's vocabulary
 into a tokenizer that ignores the merge scores ("Once upon" → "On", "ce", "▁up", "on"; the model then
 predicts garbage).
@@ -126,6 +129,54 @@ def check_paths(kvsim_bin, path, story, np, kvsim):
         worst = max(rel(np, getattr(b, t)(l, h), getattr(a, t)(l, h)) for l in range(18) for t, heads in
                     (("q", 4), ("k", 1), ("v", 1)) for h in range(heads))
         check(worst <= 1e-4, f"600 tokens: the one-token path's q/k/v equal the prefill's to {worst:.2e} <= 1e-4")
+        check_layer_subset(kvsim_bin, path, tpath, tmp, os.path.join(tmp, "batched.h5"), np)
+
+
+def check_layer_subset(kvsim_bin, path, tpath, tmp, full_path, np):
+    # 7. `kvsim record --layers global`: the global layers alone, renumbered, bit-equal to the full
+    # recording's layers 5, 11, 17; replayed, the same metrics as the full recording's global layers
+    # (which kvsim run picks by default), with model_layers naming them: policies see the model's layer
+    # index and count (seeds, PyramidKV's kvpress schedule). Negative control: slot 0 is not the model's
+    # layer 0; h2o and snapkv differ (the comparison can fail).
+    import h5py
+    out = os.path.join(tmp, "global.h5")
+    r = subprocess.run([kvsim_bin, "record", "--checkpoint", path, "--text", tpath, "--tokens", "600", "--layers", "global",
+                        "--out", out], capture_output=True, text=True)
+    check(r.returncode == 0, "kvsim record --layers global: " + (r.stdout + r.stderr).strip()[-120:])
+    if r.returncode != 0:
+        return
+    with h5py.File(full_path, "r") as a, h5py.File(out, "r") as b:
+        sub = [int(x) for x in b.attrs["subset_layers"]]
+        check(sub == [5, 11, 17] and int(b.attrs["n_layers"]) == 3 and "layer_windows" not in b.attrs,
+              f"--layers global: subset_layers {sub}, n_layers {int(b.attrs['n_layers'])}, no layer_windows")
+        same = all(np.array_equal(a[f"layer_{l:03d}/{t}"][()], b[f"layer_{i:03d}/{t}"][()])
+                   for i, l in enumerate(sub) for t in "qkv")
+        check(same, "--layers global: q, k, v equal the full recording's layers 5, 11, 17 to the bit")
+        check(not np.array_equal(a["layer_000/k"][()], b["layer_000/k"][()]), "negative control: slot 0 is not layer 0")
+    cfg = os.path.join(tmp, "subset.toml")
+    with open(cfg, "w") as f:
+        f.write('name = "subset"\nseed = 1\n[data]\nprefill = 300\n[eval]\nevery = 40\n[[policy]]\nname = "h2o"\nmemory = 0.2\n'
+                '[[policy]]\nname = "snapkv"\nmemory = 0.2\n[[policy]]\nname = "uniform"\nmemory = 0.2\n'
+                '[[policy]]\nname = "pyramidkv"\nmemory = 0.2\nbudgets = "kvpress"\n')
+    res = {}
+    for tag, rec in (("full", full_path), ("global", out)):
+        r = subprocess.run([kvsim_bin, "run", cfg, "--set", f'data.path="{rec}"', "--out", os.path.join(tmp, "run_" + tag),
+                            "--threads", "2"], capture_output=True, text=True)
+        check(r.returncode == 0, f"kvsim run on the {tag} recording: " + (r.stdout + r.stderr).strip()[-120:])
+        if r.returncode != 0:
+            return
+        res[tag] = h5py.File(os.path.join(tmp, "run_" + tag, "results.h5"), "r")
+    a, b = res["full"], res["global"]
+    check([int(x) for x in a.attrs["layers"]] == [5, 11, 17] and [int(x) for x in b.attrs["model_layers"]] == [5, 11, 17],
+          f"replayed layers: full {[int(x) for x in a.attrs['layers']]}, subset's model_layers "
+          f"{[int(x) for x in b.attrs.get('model_layers', [])]}")
+    groups = [g for g in a if g.startswith("policy_")]
+    differ = [f"{g}/{d}" for g in groups for d in a[g] if d not in ("layer", "policy_ns")
+              and not np.array_equal(a[g][d][()], b[g][d][()], equal_nan=True)]
+    check(len(groups) == 4 and not differ, f"replay of the subset equals the full recording's global layers, seeded "
+          f"(uniform) and layer-count-dependent (pyramidkv's kvpress budgets) policies included ({differ[:3]})")
+    check(not np.array_equal(a[groups[0]]["rel_err"][()], a[groups[1]]["rel_err"][()], equal_nan=True),
+          "negative control: h2o's and snapkv's rel_err differ")
 
 
 def check_local_reference(rec, np):

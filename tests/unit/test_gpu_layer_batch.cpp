@@ -87,7 +87,7 @@ struct Setup {
   Out alone(const Cell& c, size_t p) const {
     const int d = src->meta().head_dim;
     StreamInfo info = cell_stream(ex, c, n, src->meta());
-    info.seed = cell::instance_seed(ex, c, p, 0);
+    info.seed = cell::instance_seed(ex, c, src->meta().model_layer(c.layer), p, 0);
     const cuda::PolicyReplay spec = *gpu_replay(*make_policy(ex.policies[p].name, ex.policies[p].params, info));
     const MatF K = src->read(c.layer, Tensor::k, c.kv_head).topRows(n), V = src->read(c.layer, Tensor::v, c.kv_head).topRows(n);
     MatF Q(2 * n, d);

@@ -43,6 +43,15 @@ struct RecordingMeta {
   /// Empty when the file does not say: every layer global. Gemma 3: 512 on five of six layers.
   std::vector<int64_t> layer_windows;
   int64_t layer_window(int l) const { return l < int(layer_windows.size()) ? layer_windows[size_t(l)] : 0; }
+  /// Optional attribute subset_layers: a recording of some of a model's layers (`kvsim record --layers`,
+  /// datasets/subset_recording.py) stores them renumbered 0, 1, …; entry l is layer l's index in the model.
+  /// Empty: the file's layers are the model's.
+  std::vector<int64_t> subset_layers;
+  int64_t model_layer(int l) const { return l < int(subset_layers.size()) ? subset_layers[size_t(l)] : l; }
+  /// Optional attribute model_n_layers: the model's layer count when the file holds a subset (else 0).
+  int model_n_layers = 0;
+  /// The model's layer count: model_n_layers, or the file's own n_layers.
+  int model_layer_count() const { return model_n_layers > 0 ? model_n_layers : n_layers; }
   /// Whether layer l is local for this recording: a window shorter than the recording (a window
   /// that covers every token acts as global attention).
   bool is_local(int l) const { return layer_window(l) > 0 && layer_window(l) < n_tokens; }
@@ -107,6 +116,7 @@ class RecordingWriter {
   void set_attr(const std::string& name, double v);
   void set_attr(const std::string& name, int64_t v);
   void set_attr(const std::string& name, const std::string& v);
+  void set_attr(const std::string& name, const std::vector<int64_t>& v);
   void finish();
 
  private:

@@ -39,6 +39,11 @@ struct RecordOptions {
   /// experiments were recorded that way).
   std::string prefill = "auto";
   int threads = 0;  ///< batched prefill threads (0 = every hardware thread)
+  /// `--layers`: "all" (default), "global" (the layers without a sliding window: Gemma 3's 5, 11, 17)
+  /// or a comma list of layer indices ("5,11,17"). A subset is written renumbered 0, 1, … in
+  /// ascending order, with the root attribute subset_layers holding the model's layer indices
+  /// (the layout of datasets/subset_recording.py); the model still runs every layer.
+  std::string layers = "all";
 };
 
 struct RecordResult {
@@ -59,6 +64,11 @@ struct RecordResult {
 /// `kvsim task`'s in-memory trials share them.
 RecordingMeta model_recording_meta(const LlamaConfig& cfg, const std::string& model, const std::string& source,
                                    int64_t n_tokens);
+
+/// The model layers `spec` names (RecordOptions::layers: "all", "global" or "L,L,…"), ascending and
+/// distinct. Throws kvsim::Error naming --layers for an unknown word, a layer out of [0, n_layers)
+/// or an empty selection.
+std::vector<int> record_layers(const std::string& spec, const LlamaConfig& cfg);
 
 /// Runs the model; throws kvsim::Error naming the file at fault.
 RecordResult record_model(const RecordOptions& opt);
