@@ -3,11 +3,12 @@
 # all figures and results/report.md with plots/make_figures.py. Needs ../shared/data beside the
 # checkout for the small real models and models/ (scripts/setup.sh) for SmolLM2.
 #
-# Usage: bash scripts/reproduce.sh [--quick] [--only small|smollm2|gemma3] [--fresh] [--no-figures] [--no-tasks] [THREADS]
+# Usage: bash scripts/reproduce.sh [--quick] [--only small|smollm2|gemma3|gemma3_long] [--fresh] [--no-figures] [--no-tasks] [THREADS]
 #   --quick   a subset in minutes: the single-window small-model experiments and SmolLM2 on one
 #             2048-token window of code (what CI's slow `reproduce` test runs)
 #   --only    just the small models (stories260K, aidreams260K, shakespeare-q80, synthetic), just SmolLM2
-#             or just Gemma 3 270M (its equal-memory sweeps, length sweep and closed loop; not part of --quick)
+#             or just Gemma 3 270M (its equal-memory sweeps, length sweep and closed loop; not part of --quick),
+#             or Gemma 3 at 8192-32768 tokens (gemma3_long: only when named; hours on 2 cores)
 #   --fresh   forget earlier steps; without it the script resumes: a step whose stamp in
 #             results/.reproduce holds the same command line (and the same kvsim binary, configs and
 #             scripts, by sha1) is skipped
@@ -23,16 +24,17 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --only) ONLY=${2:-}; shift
-            case "$ONLY" in small|smollm2|gemma3) ;; *) echo "reproduce.sh: --only takes small, smollm2 or gemma3, not '$ONLY'" >&2; exit 2;; esac ;;
+            case "$ONLY" in small|smollm2|gemma3|gemma3_long) ;;
+              *) echo "reproduce.sh: --only takes small, smollm2, gemma3 or gemma3_long, not '$ONLY'" >&2; exit 2;; esac ;;
     --fresh) rm -rf results/.reproduce ;;
     --no-figures) FIGURES=0 ;;
     --no-tasks) TASKS=0 ;;
     [0-9]*) T=$1 ;;
-    *) echo "reproduce.sh: unknown argument '$1' (usage: reproduce.sh [--quick] [--only small|smollm2|gemma3] [--fresh] [--no-figures] [--no-tasks] [THREADS])" >&2; exit 2 ;;
+    *) echo "reproduce.sh: unknown argument '$1' (usage: reproduce.sh [--quick] [--only small|smollm2|gemma3|gemma3_long] [--fresh] [--no-figures] [--no-tasks] [THREADS])" >&2; exit 2 ;;
   esac
   shift
 done
-K=./build/kvsim
+K=${KVSIM:-./build/kvsim}
 D=${KVSIM_SHARED_DATA:-../shared/data}
 M=${KVSIM_MODELS:-models}/SmolLM2-135M-Instruct.Q4_1.gguf
 FIG=${KVSIM_FIGURES:-docs/figures}
@@ -218,7 +220,43 @@ gemma3() {
   done
 }
 
-case "$ONLY" in small) small_models ;; smollm2) smollm2 ;; gemma3) gemma3 ;;
+# Gemma 3 270M at 8192-32768 tokens (issue "32k tokens on a real LLM"): its three global layers alone
+# (record --layers global), two 32k windows (TinyStories and code, each from its start) and four 16k ones;
+# every policy at n = 8192 (the 16k windows' prefixes), 16384 and 32768; error against n from 1024 to 32768
+# at a fixed share and a fixed token count; SubGen's cluster count m against n and H2O's observations at 32k.
+# Only with --only gemma3_long (hours on 2 cores; every step resumes, and `kvsim run --resume` continues a
+# killed sweep from its checkpointed cells).
+gemma3_long() {
+  local G=${KVSIM_MODELS:-models}/gemma-3-270m-q4_k_m.gguf n w
+  [ -f "$G" ] || { echo "reproduce.sh: $G is missing (bash scripts/setup.sh fetches it)" >&2; exit 1; }
+  local rec=($K record --checkpoint "$G" --no-attn --layers global --threads "$T")
+  step code_text null "$PY" datasets/make_code_text.py results/texts/python_stdlib.txt
+  for n in 32768 16384; do
+    w=$(( n == 32768 ? 1 : 2 ))
+    step "rec_gemma3_tinystories_$n" null "${rec[@]}" --text "$D/tinystories-sample/tinystories.txt" --tokens $n \
+      --windows $w --out "results/recordings/gemma3_tinystories_$n.h5"
+    step "rec_gemma3_code_$n" null "${rec[@]}" --text results/texts/python_stdlib.txt --tokens $n --windows $w \
+      --out "results/recordings/gemma3_code_$n.h5"
+  done
+  local long32=(--set 'data.path=["../results/recordings/gemma3_tinystories_32768_w00.h5", "../results/recordings/gemma3_code_32768_w00.h5"]')
+  for n in 1024 2048 4096 8192 16384 32768; do
+    step "gemma3_length_long_$n" "results/gemma3_length_long_$n.txt" $K run experiments/gemma3_length_long.toml \
+      --threads "$T" --resume --out "results/gemma3_length_long_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
+  done
+  for n in 8192 16384; do
+    step "gemma3_long_$n" "results/gemma3_long_$n.txt" $K run experiments/gemma3_long_sweep.toml --threads "$T" --resume \
+      --out "results/gemma3_long_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
+  done
+  step gemma3_long_32768 results/gemma3_long_32768.txt $K run experiments/gemma3_long_sweep.toml --threads "$T" --resume \
+    --out results/gemma3_long_32768 --set data.tokens=32768 --set data.prefill=32512 "${long32[@]}"
+  for w in tinystories code; do
+    step "clusterability_gemma3_${w}_32768" "results/clusterability_gemma3_${w}_32768.txt" $K clusters \
+      experiments/clusterability.toml --out "results/clusterability_gemma3_${w}_32768" \
+      --set "data.path=\"results/recordings/gemma3_${w}_32768_w00.h5\""
+  done
+}
+
+case "$ONLY" in small) small_models ;; smollm2) smollm2 ;; gemma3) gemma3 ;; gemma3_long) gemma3_long ;;
   *) small_models; smollm2; [ "$QUICK" = 1 ] || gemma3 ;; esac
 if [ "$FIGURES" = 0 ]; then echo "reproduce.sh: done, figures not drawn (--no-figures; step times in $ST/times.tsv)"; exit 0; fi
 

@@ -33,6 +33,21 @@ struct PyModel {
     }
     return out;
   }
+
+  /// The batched prefill's (LlamaModel::prefill, `kvsim record`'s path) logits of the last `last`
+  /// positions, float32 [last, vocab]: row i predicts the token after position len(tokens) − last + i.
+  py::array_t<float> prefill_logits(const std::vector<int>& tokens, int last, int threads) {
+    const int V = model.config().vocab_size, n = int(tokens.size());
+    if (last < 1 || last > n) throw Error("prefill_logits: last = " + std::to_string(last) + " is outside [1, " + std::to_string(n) + "]");
+    py::array_t<float> out({py::ssize_t(last), py::ssize_t(V)});
+    float* o = out.mutable_data();
+    py::gil_scoped_release nogil;
+    model.prefill(tokens, std::max(1, threads), nullptr, [&](int r0, const MatF& L) {
+      for (int64_t r = 0; r < L.rows(); ++r)
+        if (r0 + r >= n - last) std::memcpy(o + size_t(r0 + r - (n - last)) * size_t(V), L.row(r).data(), size_t(V) * 4);
+    });
+    return out;
+  }
 };
 
 py::dict config_dict(const LlamaConfig& c) {
@@ -76,7 +91,8 @@ void bind_models(py::module_& m) {
       .def("bos_id", [](const PyModel& p) { return p.tok.bos_id(); })
       .def("eos_id", [](const PyModel& p) { return p.tok.eos_id(); })
       .def("tokenizer_kind", [](const PyModel& p) { return p.tok.kind_name(); })
-      .def("logits", &PyModel::logits, py::arg("tokens"));
+      .def("logits", &PyModel::logits, py::arg("tokens"))
+      .def("prefill_logits", &PyModel::prefill_logits, py::arg("tokens"), py::arg("last"), py::arg("threads"));
 
   py::class_<Tokenizer>(m, "_Tokenizer")
       .def(py::init([](const std::string& path) { return Tokenizer(gguf::File(path)); }), py::arg("gguf"))

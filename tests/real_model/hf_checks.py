@@ -13,6 +13,9 @@ def logits_with_qkv(hf, ids, torch, transformers):
             module, query, key, value, attention_mask, **kw)
 
     transformers.AttentionInterface.register("kvsim_capture", capture)
+    # sdpa's mask under the custom name: without it transformers builds none, and a sliding-window
+    # layer (Gemma 3's local layers) would attend over every earlier token (tests/real_model/gemma3_long_test.py).
+    transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS.register("kvsim_capture", transformers.masking_utils.sdpa_mask)
     hf.set_attn_implementation("kvsim_capture")
     try:
         with torch.no_grad():

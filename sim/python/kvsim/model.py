@@ -57,6 +57,15 @@ class Model:
         tokens[0..t] (positions from 0, the exact KV cache, kvsim's one-token forward pass)."""
         return self._m.logits(list(int(t) for t in tokens))
 
+    def prefill_logits(self, tokens, last=None, threads=0):
+        """The last `last` rows (default all) of the teacher-forced logits, float32 [last, vocab], by the
+        batched prefill `kvsim record` runs (GEMMs over all positions; `threads` 0 = every core): at long
+        contexts only the rows kept are held (all 32,768 rows of Gemma 3's 262,144-token vocabulary
+        would be 34 GB). Raises kvsim.Error when `last` is outside [1, len(tokens)]."""
+        import os
+        ids = list(int(t) for t in tokens)
+        return self._m.prefill_logits(ids, len(ids) if last is None else int(last), int(threads) or (os.cpu_count() or 1))
+
 
 class Tokenizer:
     """The tokenizer a GGUF file carries (its `tokenizer.ggml.*` metadata; the file need not hold a
