@@ -11,7 +11,8 @@
 // Optional: /layer_{l:03d}/attn float32 [n_heads, n, head_dim] — the attention output the recorder
 // computed inside the model (used to check replay fidelity); /cross_entropy float32 [n-1] — per-token
 // cross-entropy (nats) of predicting tokens[i+1] at position i (teacher-forced recordings).
-// Grouped-query attention: query head h uses kv head h / (n_heads / n_kv_heads).
+// Optional root attributes: rope_theta, rope_pairs, layer_windows, subset_layers + model_n_layers
+// (RecordingMeta below). Grouped-query attention: query head h uses kv head h / (n_heads / n_kv_heads).
 #pragma once
 #include <memory>
 #include <mutex>
