@@ -204,6 +204,21 @@ namespace kvsim {
 namespace {
 
 /// Runs fn(begin, end) over `threads` contiguous chunks of [0, n).
+void parallel_rows(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& fn);
+
+/// Runs fn(begin, end) over the fixed blocks [0, 256), [256, 512), … of [0, n), handed to `threads`
+/// threads in turn: where a block starts never depends on the thread count, so neither does a row's
+/// rounding (an SGEMM's result for a row can depend on the rows it is called with; Eigen's vectorized
+/// exp and its scalar tail differ in the last bit). The batched prefill's GEMMs and element-wise
+/// passes run this way, so `kvsim record --threads 1` and `--threads 2` write the same bits.
+void parallel_blocks(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t B = 256, blocks = (n + B - 1) / B;
+  std::atomic<int64_t> next{0};
+  parallel_rows(std::min<int64_t>(threads, blocks), threads, [&](int64_t, int64_t) {
+    for (int64_t b; (b = next.fetch_add(1)) < blocks;) fn(b * B, std::min(n, (b + 1) * B));
+  });
+}
+
 void parallel_rows(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& fn) {
   threads = int(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
   if (threads == 1) return fn(0, n);
@@ -223,11 +238,14 @@ void parallel_rows(int64_t n, int threads, const std::function<void(int64_t, int
 }
 
 /// Y[n, rows] = X[n, cols] · W^T for W [rows, cols] row-major (a linear layer over all positions), by
-/// kvsim::gemm_abt (OpenBLAS's SGEMM where the build links it: 1.3× Eigen's here).
+/// kvsim::gemm_abt (OpenBLAS's SGEMM where the build links it: 1.3× Eigen's here). The positions go in
+/// fixed blocks of 256 rows handed out in turn, so a row's rounding depends on n, never on the thread
+/// count (an SGEMM's result for a row can depend on how many rows it is called with): a recording made
+/// with --threads 1 equals one made with --threads 2 to the bit.
 void linear(MatF& Y, const MatF& X, const float* W, int64_t rows, int64_t cols, int threads) {
   Y.resize(X.rows(), rows);
   Eigen::Map<const MatF> Wm(W, rows, cols);
-  parallel_rows(X.rows(), threads, [&](int64_t a, int64_t b) { gemm_abt(X.middleRows(a, b - a), Wm, Y.middleRows(a, b - a)); });
+  parallel_blocks(X.rows(), threads, [&](int64_t a, int64_t b) { gemm_abt(X.middleRows(a, b - a), Wm, Y.middleRows(a, b - a)); });
 }
 
 /// Causal attention of every query head over all positions: A[:, h·hd…] = softmax(q kᵀ · scale) v,
@@ -386,7 +404,7 @@ void LlamaModel::prefill(const std::vector<int>& tokens, int threads,
     norm_rows(XB, X, rms_ffn_ + int64_t(l) * D);
     linear(H1, XB, w1_ + int64_t(l) * D * F, F, D, threads);
     linear(H3, XB, w3_ + int64_t(l) * D * F, F, D, threads);
-    parallel_rows(n, threads, [&](int64_t a, int64_t b2) {  // SwiGLU (Eigen's vectorized exp) or GeGLU
+    parallel_blocks(n, threads, [&](int64_t a, int64_t b2) {  // SwiGLU (Eigen's vectorized exp) or GeGLU
       auto g = H1.middleRows(a, b2 - a).array();
       if (cfg_.gelu_tanh) g = g.unaryExpr([](float x) { return gelu_tanh(x); }) * H3.middleRows(a, b2 - a).array();
       else g = g / (1.0f + (-g).exp()) * H3.middleRows(a, b2 - a).array();

@@ -156,6 +156,19 @@ if [ -f "$DATA/stories260K/stories260K.bin" ]; then
         --text "$DATA/tinystories-sample/tinystories.txt" --tokens 64 --windows 3 --out "$TMP/win/w.h5" >/dev/null \
     && [ -s "$TMP/win/w_w00.h5" ] && [ -s "$TMP/win/w_w02.h5" ] && [ ! -e "$TMP/win/w_w03.h5" ] && ok || bad "record --windows"
   [ "$(sha1sum < "$TMP/win/w_w00.h5")" != "$(sha1sum < "$TMP/win/w_w01.h5")" ] && ok || bad "windows should differ"
+  # The batched prefill writes the same bits at any thread count (fixed 256-row blocks; 500 tokens, so that
+  # an even split between 2 threads would cut elsewhere: it differed by 1.2e-5 before); the one-token path
+  # is a different computation (the negative control: the comparison can fail).
+  for t in 1 2; do
+    "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" --tokenizer "$DATA/stories260K/tok512.bin" \
+      --text "$DATA/tinystories-sample/tinystories.txt" --tokens 500 --prefill batched --threads $t --out "$TMP/pt$t.h5" >/dev/null \
+      || bad "record --prefill batched --threads $t"
+  done
+  h5diff -q "$TMP/pt1.h5" "$TMP/pt2.h5" && ok || bad "the batched prefill differs between --threads 1 and 2"
+  "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" --tokenizer "$DATA/stories260K/tok512.bin" \
+    --text "$DATA/tinystories-sample/tinystories.txt" --tokens 500 --prefill per-token --out "$TMP/pp.h5" >/dev/null \
+    || bad "record --prefill per-token"
+  h5diff -q "$TMP/pt1.h5" "$TMP/pp.h5" /layer_004/k /layer_004/k; [ $? -eq 1 ] && ok || bad "negative control: the one-token path equals the prefill to the bit"
   # --layers: a subset, renumbered (the per-token path here; tests/real_model/gemma3_test.py checks the prefill's).
   "$KVSIM" record --checkpoint "$DATA/stories260K/stories260K.bin" --tokenizer "$DATA/stories260K/tok512.bin" \
         --text "$DATA/tinystories-sample/tinystories.txt" --tokens 64 --layers 3,1 --out "$TMP/sub.h5" >/dev/null \

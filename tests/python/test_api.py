@@ -254,3 +254,23 @@ def test_keydiff_streaming_keeps_the_keys_least_like_the_anchor():
             assert got.tolist() == sorted(cache)
     (window,) = kvsim.kept_tokens(cfg, layer=0, kv_head=0, step=60, policy=1)
     assert window.tolist() != sorted(cache)  # control: not merely the most recent tokens
+
+
+def test_prefill_logits_are_the_one_token_paths_last_rows(shared_data):
+    """Model.prefill_logits (the batched prefill `kvsim record` runs) keeps the last rows of
+    Model.logits (the one-token path); one row off disagrees; `last` out of range raises kvsim.Error."""
+    import numpy as np
+    from kvsim.model import Model
+    ckpt, tok = shared_data / "stories260K" / "stories260K.bin", shared_data / "stories260K" / "tok512.bin"
+    if not ckpt.exists():
+        pytest.skip(f"{ckpt} is absent (the real stories260K checkpoint)")
+    m = Model(ckpt, tok)
+    ids = [m.bos_id] + m.encode("Once upon a time there was a little girl who liked to play")
+    full, tail = m.logits(ids), m.prefill_logits(ids, last=5, threads=2)
+    assert tail.shape == (5, full.shape[1])
+    assert np.abs(tail - full[-5:]).max() <= 1e-5 * np.abs(full).max()
+    assert np.abs(tail[1:] - full[-5:-1]).max() > 1e-2 * np.abs(full).max()
+    assert np.array_equal(m.prefill_logits(ids, threads=1)[-5:], tail)
+    for bad in (0, len(ids) + 1):
+        with pytest.raises(kvsim.Error, match=f"last = {bad} is outside"):
+            m.prefill_logits(ids, last=bad)
