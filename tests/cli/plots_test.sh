@@ -50,6 +50,9 @@ run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b" --set "data.path=$TMP/r
 "$KVSIM" clusters "$SRC/experiments/clusterability.toml" --out "$TMP/c" --set "data.path=$TMP/rec.h5" >/dev/null \
   || { echo "FAIL: kvsim clusters"; fails=$((fails+1)); }
 "$PY" "$SRC/plots/clusterability.py" "$TMP/c" >/dev/null && check "$TMP/c/clusterability"
+# cluster_growth.py: the tail slope table over two runs (the same one twice: an interval of width 0).
+out=$("$PY" "$SRC/plots/cluster_growth.py" "$TMP/c" "$TMP/c" --from 16 --csv "$TMP/c/growth.csv") \
+  && grep -q "| 0 | key | " <<<"$out" && [ -s "$TMP/c/growth.csv" ] || { echo "FAIL: cluster_growth.py: $out"; fails=$((fails+1)); }
 DATA=${KVSIM_SHARED_DATA:-$SRC/../shared/data}
 if [ -f "$DATA/stories260K/stories260K.bin" ]; then
   "$KVSIM" closed-loop "$SRC/experiments/closed_loop.toml" --out "$TMP/cl2" --set model.tokens=128 --set model.windows=1 \
