@@ -66,8 +66,13 @@ std::vector<Cell> plan_cells(const DataSpec& data, const RecordingMeta& meta, st
       if (data.replay_local || !meta.is_local(l)) layers.push_back(l);
   if (layers.empty()) throw Error("the recording has no global layer (layer_windows: every layer is local)");
   for (int l : layers) {
-    if (l < 0 || l >= meta.n_layers)
-      throw Error("data.layers: layer " + std::to_string(l) + " is out of range [0, " + std::to_string(meta.n_layers) + ")");
+    if (l < 0 || l >= meta.n_layers) {
+      std::string held;  // a layer-subset recording numbers its layers 0, 1, …: say which model layers they are
+      for (size_t i = 0; i < meta.subset_layers.size(); ++i)
+        held += (i ? ", " : "") + std::to_string(meta.subset_layers[i]) + " as " + std::to_string(i);
+      throw Error("data.layers: layer " + std::to_string(l) + " is out of range [0, " + std::to_string(meta.n_layers) + ")" +
+                  (held.empty() ? "" : " (this recording holds the model's layers " + held + ")"));
+    }
     if (meta.is_local(l) && !data.replay_local)
       throw Error("data.layers: layer " + std::to_string(l) + " is a local layer (sliding window of " +
                   std::to_string(meta.layer_window(l)) + " tokens); set data.local_layers = \"replay\" to replay it against window attention");

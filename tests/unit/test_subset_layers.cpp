@@ -79,4 +79,7 @@ TEST_CASE("schema: subset_layers and model_n_layers name a layer subset's place 
   CHECK(cell_stream(ex, c2, 40, r.meta()).layer == 17);
   CHECK(cell_stream(ex, c2, 40, plain.meta()).layer == 2);
   CHECK(cell::instance_seed(ex, c2, r.meta().model_layer(2), 0, 0) != cell::instance_seed(ex, c2, 2, 0, 0));
+  // data.layers numbers the file's layers; naming a model layer says which ones the file holds.
+  CHECK_THROWS_WITH(run_experiment(parse_experiment(cfg, "inline", {"data.layers=[17]"}), r, 1),
+                    Contains("layer 17 is out of range [0, 3) (this recording holds the model's layers 5 as 0, 11 as 1, 17 as 2)"));
 }
