@@ -223,7 +223,8 @@ gemma3() {
 # Gemma 3 270M at 8192-32768 tokens (issue "32k tokens on a real LLM"): its three global layers alone
 # (record --layers global), two 32k windows (TinyStories and code, each from its start) and four 16k ones;
 # every policy at n = 8192 (the 16k windows' prefixes), 16384 and 32768; error against n from 1024 to 32768
-# at a fixed share and a fixed token count; SubGen's cluster count m against n and H2O's observations at 32k.
+# at a fixed share and a fixed token count; H2O's observations (sparsity, power law, sinks, the oracle's
+# head-room) and SubGen's cluster count m against n on each 32k window.
 # Only with --only gemma3_long (hours on 2 cores; every step resumes, and `kvsim run --resume` continues a
 # killed sweep from its checkpointed cells).
 gemma3_long() {
@@ -250,6 +251,9 @@ gemma3_long() {
   step gemma3_long_32768 results/gemma3_long_32768.txt $K run experiments/gemma3_long_sweep.toml --threads "$T" --resume \
     --out results/gemma3_long_32768 --set data.tokens=32768 --set data.prefill=32512 "${long32[@]}"
   for w in tinystories code; do
+    step "h2o_observations_gemma3_${w}_32768" "results/h2o_observations_gemma3_${w}_32768.txt" $K run \
+      experiments/h2o_observations.toml --threads "$T" --resume --out "results/h2o_observations_gemma3_${w}_32768" \
+      --set "data.path=\"results/recordings/gemma3_${w}_32768_w00.h5\""
     step "clusterability_gemma3_${w}_32768" "results/clusterability_gemma3_${w}_32768.txt" $K clusters \
       experiments/clusterability.toml --out "results/clusterability_gemma3_${w}_32768" \
       --set "data.path=\"results/recordings/gemma3_${w}_32768_w00.h5\""
