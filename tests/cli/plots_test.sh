@@ -72,6 +72,15 @@ run "$TMP/sq.toml" --out "$TMP/sq"
 run "$TMP/sq.toml" --out "$TMP/sq2" --set data.n=192
 out=$("$PY" "$SRC/plots/length_sweep.py" "$TMP/sq" "$TMP/sq2" --out "$TMP/len.png")
 grep -q "| window | .* (.) | .* (.) |" <<<"$out" && check "$TMP/len" || { echo "FAIL: length_sweep table: $out"; fails=$((fails+1)); }
+# Fixed token budgets get their own panels; a budget that holds every token (96 at n = 96) is "all kept",
+# not ranked, while it is compressed (and ranked) at n = 192.
+sed '0,/memory=\[0.2,0.5\]/s//budget=[32,96]/' "$TMP/sq.toml" > "$TMP/sqb.toml"  # window's entry only
+run "$TMP/sqb.toml" --out "$TMP/sqb"
+run "$TMP/sqb.toml" --out "$TMP/sqb2" --set data.n=192
+out=$("$PY" "$SRC/plots/length_sweep.py" "$TMP/sqb" "$TMP/sqb2" --out "$TMP/lenb.png")
+grep -q "at 96 tokens at every n" <<<"$out" && grep -q "| window | all kept | .* (.) |" <<<"$out" \
+  && grep -q "| window | .* (.) | .* (.) |" <<<"$(grep -A4 "at 32 tokens" <<<"$out")" && check "$TMP/lenb" \
+  || { echo "FAIL: length_sweep fixed budgets: $out"; fails=$((fails+1)); }
 pick() {  # pick CSV KEY=VALUE... COLUMN: the first row matching every KEY=VALUE, its COLUMN as %.3g
   "$PY" -c 'import csv, sys
 want = dict(a.split("=", 1) for a in sys.argv[2:-1])
