@@ -239,7 +239,7 @@ gemma3_long() {
     step "rec_gemma3_code_$n" null "${rec[@]}" --text results/texts/python_stdlib.txt --tokens $n --windows $w \
       --out "results/recordings/gemma3_code_$n.h5"
   done
-  local long32=(--set 'data.path=["../results/recordings/gemma3_tinystories_32768_w00.h5", "../results/recordings/gemma3_code_32768_w00.h5"]')
+  local long32=(--set 'data.path=["results/recordings/gemma3_tinystories_32768_w00.h5", "results/recordings/gemma3_code_32768_w00.h5"]')  # --set paths: from the working directory
   for n in 1024 2048 4096 8192 16384 32768; do
     step "gemma3_length_long_$n" "results/gemma3_length_long_$n.txt" $K run experiments/gemma3_length_long.toml \
       --threads "$T" --resume --out "results/gemma3_length_long_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
