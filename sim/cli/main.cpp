@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kvsim/core/blas.hpp"
+#include "kvsim/cli/allocate.hpp"
 #include "kvsim/cli/bench.hpp"
 #include "kvsim/cli/closed_loop.hpp"
 #include "kvsim/cli/task.hpp"
@@ -230,6 +231,19 @@ void add_clusters(CLI::App& app) {
   });
 }
 
+void add_allocate(CLI::App& app) {
+  auto* al = app.add_subcommand("allocate", "budgets per layer or (layer, KV head) from a budget sweep, minimizing a summed error");
+  static AllocateOptions ao;
+  al->add_option("sweeps", ao.sweeps, "kvsim run output folders (or results.h5 files) of one budget sweep")->required();
+  al->add_option("--policy", ao.policy, "the policy whose measured curves are read")->required();
+  al->add_option("--memory", ao.memory, "mean memory to allocate: a fraction of n or tokens (repeatable, or comma-separated)")
+      ->required()->delimiter(',');
+  al->add_option("--out", ao.out, "the budgets file to write (JSON; a policy's budgets_file)")->required();
+  al->add_option("--objective", ao.objective, "rel_err, eps or kept_mass (1 - kept_mass is minimized)")->capture_default_str();
+  al->add_option("--granularity", ao.granularity, "head: per (layer, KV head); layer: one budget per layer")->capture_default_str();
+  al->callback([] { std::cout << cmd_allocate(ao); });
+}
+
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "throughput figures against this machine's GEMM rate");
   static BenchOptions bo;
@@ -324,6 +338,7 @@ int run_main(int argc, char** argv) {
   add_closed_loop(app);
   add_task(app);
   add_clusters(app);
+  add_allocate(app);
   add_bench(app);
   add_inspect(app);
   add_policies(app);

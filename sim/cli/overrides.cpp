@@ -142,6 +142,15 @@ void anchor_paths(toml::value& root, const std::string& base) {
       if (root.at("model").contains(k)) fix(root.as_table().at("model").as_table().at(k));
   if (root.contains("task") && root.at("task").is_table() && root.at("task").contains("filler"))
     fix(root.as_table().at("task").as_table().at("filler"));
+  if (root.contains("policy") && root.at("policy").is_array())  // per-cache budgets (kvsim allocate's files)
+    for (auto& pe : root.as_table().at("policy").as_array())
+      if (pe.is_table() && pe.contains("budgets_file")) {
+        toml::value& b = pe.as_table().at("budgets_file");
+        if (b.is_array())
+          for (auto& e : b.as_array()) fix(e);
+        else
+          fix(b);
+      }
 }
 
 }  // namespace kvsim::config_detail

@@ -105,6 +105,7 @@ void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
       std::vector<int64_t> model;
       for (int l : r.layers) model.push_back(r.meta.model_layer(l));
       f.set_attr("/", "model_layers", model);
+      f.set_attr("/", "model_n_layers", int64_t(r.meta.model_layer_count()));
     }
   }
   f.set_attr("/", "head_dim", int64_t(r.meta.head_dim));

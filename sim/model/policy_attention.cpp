@@ -27,6 +27,7 @@ StreamInfo model_cache_stream(const LlamaConfig& cfg, int layer, int kv_head, in
   info.layer = layer;
   info.kv_head = kv_head;
   info.n_layers = cfg.n_layers;
+  info.n_kv_heads = cfg.n_kv_heads;
   // Policies manage the global layers only (local ones keep their exact window): this layer's rank among them.
   info.managed_layer = info.n_managed_layers = 0;
   for (int l = 0; l < cfg.n_layers; ++l) {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "kvsim/core/error.hpp"
+#include "kvsim/policies/budgets.hpp"
 #include "kvsim/policies/registry.hpp"
 
 namespace kvsim {
@@ -103,12 +104,46 @@ int64_t memory_target_tokens(const Params& params, int64_t n) {
 
 namespace {
 
+/// `memory` alone (with where it was set), as budgets.cpp reads it.
+Params memory_only(const Params& params) {
+  Params m;
+  m.set("memory", *params.find("memory"), params.origin("memory"));
+  return m;
+}
+
+std::string budgets_path(const Params& params) {
+  const auto* v = std::get_if<std::string>(params.find("budgets_file"));
+  if (!v || v->empty()) throw Error("parameter 'budgets_file' must be the path of a budgets file (kvsim allocate)" + params.where("budgets_file"));
+  return *v;
+}
+
+}  // namespace
+
+int64_t cell_memory_tokens(const Params& params, const StreamInfo& s) {
+  if (!params.has("budgets_file") || !params.has("memory")) return memory_target_tokens(params, s.n);
+  return cell_budget(budgets_path(params), memory_only(params), s);
+}
+
+namespace {
+
 /// check_policy_spec without the "policy 'name': " prefix.
 void check_spec(const PolicyInfo& info, const Params& params) {
   const bool memory = params.has("memory");
   if (memory && !info.memory)
     throw Error("'memory' cannot be matched for '" + info.name + "': it has no equal-memory rule" + params.where("memory"));
   for (const auto& [key, value] : params.values()) {
+    if (key == "budgets_file") {  // per-cache budgets averaging `memory` (include/kvsim/policies/budgets.hpp)
+      if (!memory) throw Error("'budgets_file' needs 'memory', the mean budget its allocations are for" + params.where(key));
+      if (info.name == "pyramidkv")
+        throw Error("'budgets_file' replaces pyramidkv's layer budgets: give it to snapkv instead" + params.where(key));
+      const std::string path = budgets_path(params);
+      try {
+        allocation_for(path, read_budgets_file(path), memory_only(params));  // this memory is in the file
+      } catch (const Error& e) {
+        throw Error(std::string(e.what()) + params.where(key));
+      }
+      continue;
+    }
     if (key == "memory") {
       for (const auto& r : info.memory->refuses)
         if (params.has(r)) throw Error("give 'memory' (matched cache size) or '" + r + "', not both" + params.where(r));
@@ -161,12 +196,12 @@ namespace {
 /// `memory = M` replaced by the parameters of the policy's equal-memory rule (registry.hpp).
 Params translate_memory(const PolicyInfo& info, const Params& params, const StreamInfo& stream) {
   if (!params.has("memory")) return params;
-  const int64_t M = memory_target_tokens(params, stream.n);
+  const int64_t M = cell_memory_tokens(params, stream);
   if (!info.memory)
     throw Error("'memory' cannot be matched for '" + info.name + "': it has no equal-memory rule" + params.where("memory"));
   Params out;
   for (const auto& [k, v] : params.values())
-    if (k != "memory") out.set(k, v, params.origin(k));
+    if (k != "memory" && k != "budgets_file") out.set(k, v, params.origin(k));
   for (const auto& key : info.memory->refuses)
     if (params.has(key))
       throw Error("give 'memory' (matched cache size) or '" + key + "', not both" + params.where(key));

@@ -54,7 +54,8 @@ void PolicySteps::make() {
       runs_[p].inst.push_back(std::move(inst));
     }
     runs_[p].every = runs_[p].inst[0]->needs_every_query();
-    runs_[p].memory_tokens = memory_target_tokens(ex_.policies[p].params, n_);
+    // The cache's own budget when the policy has a budgets_file, else M (include/kvsim/policies/budgets.hpp).
+    runs_[p].memory_tokens = cell_memory_tokens(ex_.policies[p].params, cell_stream(ex_, cell_, n_, meta_));
     runs_[p].oracle = needs_exact_probs(*runs_[p].inst[0]);
     if (ex_.eval.closed_form == ClosedFormMode::blocked) runs_[p].closed = closed_form(*runs_[p].inst[0]);
   }
@@ -117,6 +118,7 @@ StreamInfo cell_stream(const Experiment& ex, const Cell& cell, int64_t n, const 
   info.layer = int(meta.model_layer(cell.layer));
   info.kv_head = cell.kv_head;
   info.n_layers = meta.model_layer_count();
+  info.n_kv_heads = meta.n_kv_heads;
   if (!ex.data.replay_local && !meta.is_local(cell.layer)) {  // local layers stay exact: rank the global ones
     info.managed_layer = info.n_managed_layers = 0;
     for (int l = 0; l < meta.n_layers; ++l)

@@ -41,6 +41,7 @@ struct StreamInfo {
   int kv_head = 0;   ///< this cache's KV head (0-based; in query_head mode the KV head of its query head)
   int layer = 0;     ///< this cache's layer (0-based) ...
   int n_layers = 1;  ///< ... of the model's n_layers
+  int n_kv_heads = 0;  ///< the model's KV heads per layer (0: not said; a budgets_file then refuses the stream)
   /// The layers whose caches the policies manage: on a hybrid model whose local sliding-window layers
   /// stay exact (Gemma 3, `[data] local_layers = "exact"`, and the closed loop), the global layers only.
   /// This cache's rank among them and their count; -1 / 0 = `layer` / `n_layers` (every layer managed).
@@ -212,8 +213,9 @@ class GroupAggregate {
 /// `memory = M` parameter (tokens, or a fraction of n) is first replaced by the policy's equal-memory
 /// rule (docs/policies.md: exact min(M, t) tokens' worth at every step, or a capacity for policies whose
 /// size oscillates by design — Policy::capacity_matched); the engine checks the rule at every
-/// evaluated step. Throws kvsim::Error naming the policy and parameter on bad input (unknown
-/// parameters included).
+/// evaluated step. With `budgets_file` (include/kvsim/policies/budgets.hpp) beside `memory`, M is this
+/// cache's budget from the file (info.layer, info.kv_head). Throws kvsim::Error naming the policy and
+/// parameter on bad input (unknown parameters included).
 std::unique_ptr<Policy> make_policy(const std::string& name, const Params& params, const StreamInfo& info);
 
 /// The checks of a [[policy]] entry that need no stream, made when a config is loaded (so a typo fails
@@ -227,6 +229,10 @@ void check_policy_spec(const std::string& name, const Params& params);
 
 /// M in tokens for a `memory` parameter (a fraction is of n); −1 when `memory` is not given.
 int64_t memory_target_tokens(const Params& params, int64_t n);
+
+/// The equal-memory target of the cache `s` describes: its budget from the policy's `budgets_file`
+/// (include/kvsim/policies/budgets.hpp) when it has one, else memory_target_tokens(params, s.n).
+int64_t cell_memory_tokens(const Params& params, const StreamInfo& s);
 
 /// Names accepted by make_policy.
 std::vector<std::string> policy_names();
