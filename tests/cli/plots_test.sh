@@ -283,6 +283,21 @@ for c in ("trial", "cache", "correct", "generated", "memory"):
 assert a.needle_kept_share.fillna(-1).round(9).equals(b.needle_kept_share.fillna(-1).round(9))
 PY
 mkdir -p "$TMP/rempty/trials"
+# Budgets per layer and head (plots/allocation.py): a sweep → kvsim allocate → a 3-window run with the uniform
+# split and the files; the table's uniform column is sequences.csv's mean, and the heat maps are written.
+printf 'name="al"\n[data]\nsynthetic="heavy_hitter"\nn=128\nd=8\nn_layers=2\nn_heads=2\nn_kv_heads=2\nsequences=3\n[eval]\nevery=8\n[[policy]]\nname="h2o"\nmemory=[0.1,0.2,0.4]\n' > "$TMP/al.toml"
+run "$TMP/al.toml" --out "$TMP/alfit"
+for g in head layer; do
+  "$KVSIM" allocate "$TMP/alfit" --policy h2o --memory 0.25 --granularity $g --out "$TMP/al_$g.json" >/dev/null \
+    || { echo "FAIL: kvsim allocate --granularity $g"; fails=$((fails+1)); }
+done
+printf '[[policy]]\nname="h2o"\nmemory=0.25\n[[policy]]\nname="h2o"\nmemory=0.25\nbudgets_file="%s"\n[[policy]]\nname="h2o"\nmemory=0.25\nbudgets_file="%s"\n' \
+  "$TMP/al_head.json" "$TMP/al_layer.json" | cat <(sed '/^\[\[policy/,$d' "$TMP/al.toml") - > "$TMP/al_eval.toml"
+run "$TMP/al_eval.toml" --out "$TMP/aleval" --set seed=9
+out=$("$PY" "$SRC/plots/allocation.py" "$TMP/aleval" --budgets "$TMP/al_head.json" "$TMP/al_layer.json" --memory 0.25 --out "$TMP/al.png")
+uniform=$(awk -F, '$1=="h2o" && $3=="rel_err" && $2 !~ /budgets_file/ {printf "%.4f", $5}' "$TMP/aleval/sequences.csv")
+grep -q "^| h2o | 0.25 | $uniform \[.*%.*%" <<<"$out" && [ -s "$TMP/al.png" ] && passes=$((passes+1)) \
+  || { echo "FAIL: allocation.py table (uniform $uniform): $out"; fails=$((fails+1)); }
 "$PY" "$SRC/plots/retrieval.py" "$TMP/rempty" > /dev/null 2> "$TMP/err" && { echo "FAIL: empty folder accepted"; fails=$((fails+1)); }
 [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "trials.csv not found" "$TMP/err" && passes=$((passes+1)) \
   || { echo "FAIL: empty folder message: $(cat "$TMP/err")"; fails=$((fails+1)); }
