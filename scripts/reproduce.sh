@@ -158,6 +158,19 @@ smollm2() {
     --windows 1 --out results/recordings/smollm2_code_8192.h5
   step smollm2_budget_sweep results/smollm2_budget_sweep.txt $K run experiments/smollm2_budget_sweep.toml --threads "$T"
   step smollm2_prefill_sweep results/smollm2_prefill_sweep.txt $K run experiments/smollm2_prefill_sweep.toml --threads "$T"
+  # Budgets per layer and head (docs/results.md "Where to put the memory"): fitted on 8 windows, written to
+  # experiments/budgets/, checked on the 8 others, in the closed loop and on niah_single at 2048.
+  local p g
+  step smollm2_alloc_fit results/smollm2_alloc_fit.txt $K run experiments/smollm2_alloc_fit.toml --threads "$T"
+  for p in h2o snapkv expected_attention; do
+    for g in head layer; do
+      step "alloc_smollm2_${p}_$g" null $K allocate results/smollm2_alloc_fit --policy "$p" --memory 0.1,0.2,0.25,0.4,0.5 \
+        --granularity "$g" --out "experiments/budgets/smollm2_${p}_$g.json"
+    done
+  done
+  step smollm2_alloc_eval results/smollm2_alloc_eval.txt $K run experiments/smollm2_alloc_eval.toml --threads "$T"
+  step smollm2_alloc_closed_loop results/smollm2_alloc_closed_loop.txt $K closed-loop experiments/smollm2_alloc_closed_loop.toml \
+    --threads "$T"
   for n in 1024 2048 4096 8192; do
     step "smollm2_length_$n" "results/smollm2_length_$n.txt" $K run experiments/smollm2_length_sweep.toml --threads "$T" \
       --out "results/smollm2_length_$n" --set "data.tokens=$n" --set "data.prefill=$((n - 256))"
@@ -167,6 +180,8 @@ smollm2() {
     [ "$TASKS" = 1 ] || break
     step "smollm2_$t" "results/smollm2_$t.txt" $K task "experiments/smollm2_$t.toml" --threads "$T" --resume
   done
+  [ "$TASKS" = 1 ] && step smollm2_alloc_task results/smollm2_alloc_task.txt $K task experiments/smollm2_alloc_task.toml \
+    --threads "$T" --out results/smollm2_alloc_task --resume
   step smollm2_h2o_theorem44 results/smollm2_h2o_theorem44.txt $K run experiments/smollm2_h2o_theorem44.toml --threads "$T"
   step smollm2_buzz_tw_sweep results/smollm2_buzz_tw_sweep.txt $K run experiments/smollm2_buzz_tw_sweep.toml --threads "$T"
   for g in shakespeare tinystories code; do
@@ -250,6 +265,15 @@ gemma3_long() {
   done
   step gemma3_long_32768 results/gemma3_long_32768.txt $K run experiments/gemma3_long_sweep.toml --threads "$T" --resume \
     --out results/gemma3_long_32768 --set data.tokens=32768 --set data.prefill=32512 "${long32[@]}"
+  # Budgets per layer on the three global layers (docs/results.md "Where to put the memory"): the first 4096
+  # tokens of three long recordings to fit, three others held out.
+  local p
+  step gemma3_alloc_fit results/gemma3_alloc_fit.txt $K run experiments/gemma3_alloc_fit.toml --threads "$T"
+  for p in h2o snapkv expected_attention; do
+    step "alloc_gemma3_$p" null $K allocate results/gemma3_alloc_fit --policy "$p" --memory 0.1,0.2,0.4 \
+      --out "experiments/budgets/gemma3_${p}_head.json"
+  done
+  step gemma3_alloc_eval results/gemma3_alloc_eval.txt $K run experiments/gemma3_alloc_eval.toml --threads "$T"
   for w in tinystories code; do
     step "h2o_observations_gemma3_${w}_32768" "results/h2o_observations_gemma3_${w}_32768.txt" $K run \
       experiments/h2o_observations.toml --threads "$T" --resume --out "results/h2o_observations_gemma3_${w}_32768" \

@@ -25,6 +25,10 @@ when decoding starts). Per layer and KV head the two prompt sets are compared:
                                        pyramidkv(budgets = "paper", kvsim's default) differs by design: counted
   TOVAPress                            tova(budget = n_kept + 1)                    differs by design: counted
 
+  BudgetsPress(SnapKVPress) with a     snapkv(memory = 200, budgets_file, as        identical but near-ties
+    file of uneven budgets               snapkv above)
+    (kvsim.kvpress_budgets)
+
 A near-tie is a token on which the sets differ whose kvpress score lies within 1e-5 (relative to the
 score range) of kvpress's cut-off. Negative controls: snapkv with max pooling (kvsim's default, not
 kvpress's), knorm one token short, lagkv with lag = 32 and expected_attention without the ‖v‖ factor
@@ -140,6 +144,36 @@ def check_adakv(c, ratio=0.5, alpha=0.2):
     check(uneven > 0, "AdaKV: every layer's heads kept equally many tokens")
 
 
+def check_budgets(c, tmp):
+    """kvsim's budgets_file beside kvsim.kvpress_budgets.BudgetsPress around SnapKVPress: a file of uneven
+    per-(layer, KV head) budgets, written for this prompt's length, keeps the same tokens per cache in both
+    (near-ties aside), with the budgets each cache was given; the uniform SnapKVPress at the same mean is the
+    negative control (its sets differ wherever a budget is not the mean)."""
+    kvpress, bridge, P, L, H, check, compare, np = (c[k] for k in ("kvpress", "bridge", "P", "L", "H", "check", "compare", "np"))
+    from kvsim import kvpress_budgets
+
+    n, M = P + 1, 200  # the replay's stream: the prompt and token P (kvsim_sets' data.tokens)
+    shares = [[0.5 + 0.5 * ((3 * l + h) % 4) for h in range(H)] for l in range(L)]  # 0.5, 1, 1.5, 2 × M, uneven
+    budgets = kvpress_budgets.scale(shares, sum(map(sum, shares)) / (L * H), M)  # integers averaging M exactly
+    path = os.path.join(tmp, "budgets.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"kvsim_budgets": 1, "n_layers": L, "n_kv_heads": H, "n": n, "layers": list(range(L)),
+                   "granularity": "head", "allocations": [{"memory": M, "memory_tokens": M, "budgets": budgets}]}, f)
+    counts = kvpress_budgets.counts_for(path, M, P)
+    check(counts == budgets, "counts_for: a file written for this length did not give its own budgets back")
+    inner = kvpress.SnapKVPress(compression_ratio=1 - M / P, window_size=64, kernel_size=5)
+    press = bridge.capture(kvpress_budgets.budgets_press(inner, counts), c["model"], c["ids"])
+    sizes = [[len(press.kept[l][h]) for h in range(H)] for l in range(L)]
+    check(sizes == budgets, "BudgetsPress kept other counts than the file's budgets")
+    policy = {"name": "snapkv", "memory": M, "budgets_file": path, "window": 64, "kernel": 5, "pooling": "avg",
+              "decode_window": -1}
+    r = compare("BudgetsPress(SnapKVPress)", press, policy, "file", "identical but near-ties")
+    check(r["differing_tokens"] == r["near_ties"], "BudgetsPress(SnapKVPress) vs snapkv + budgets_file: differences beyond near-ties")
+    uniform = bridge.capture(kvpress.SnapKVPress(compression_ratio=1 - M / P, window_size=64, kernel_size=5), c["model"], c["ids"])
+    r = compare("SnapKVPress (uniform)", uniform, policy, "file", "differs (control)", control=True)
+    check(r["differing_tokens"] > r["near_ties"], "control: the uniform SnapKVPress keeps what the budgets keep")
+
+
 def check_replay(c, kvsim, rec, tmp):
     """A press file replayed by kvsim's press_replay: SnapKVPress's kept sets, decoded with every new token
     appended, answer exactly as kvsim's snapkv with the mapped parameters (decode_window = -1 appends too)
@@ -250,6 +284,7 @@ def main():
         for ratio in RATIOS:
             run_ratio(ctx, ratio)
         check_adakv(ctx)
+        check_budgets(ctx, tmp)
         check_replay(ctx, kvsim, rec, tmp)
 
         if a.json:
