@@ -40,6 +40,7 @@ MODELS = {"smollm2": ("SmolLM2-135M-Instruct.Q4_1.gguf", 256, 128, 5e-5),
 GGUF, N, P, TOL = MODELS["smollm2"]
 B, SINK = 48, 4
 from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
+from hf_checks import hf_setup  # noqa: E402
 
 
 def run_closed_loop(kvsim_bin, tmp, name, gguf_path, text_path, policies):
@@ -72,22 +73,13 @@ def main():
     kvsim_bin, models, data_dir = sys.argv[1:4]
     GGUF, N, P, TOL = MODELS[sys.argv[4] if len(sys.argv) == 5 else "smollm2"]
     path = os.path.join(models, GGUF)
-    if not os.path.exists(path):
-        print(f"SKIPPED: {path} absent (bash scripts/setup.sh fetches it)")
+    mods = hf_setup(path)
+    if mods is None:
         return SKIP
-    try:
-        import numpy as np
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM
-    except ImportError as e:
-        print(f"SKIPPED: {e} (bash scripts/setup.sh installs .venv)")
-        return SKIP
+    np, torch, _ = mods
+    from transformers import AutoModelForCausalLM
     from kvsim.model import Model
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(data_dir, "tinystories-sample", "tinystories.txt"), encoding="utf-8") as f:
             story = f.read()[20000:40000]

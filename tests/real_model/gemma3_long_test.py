@@ -28,14 +28,12 @@ import tempfile
 SKIP = 77
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
+from hf_checks import hf_setup, rel  # noqa: E402
 
 GGUF = "gemma-3-270m-q4_k_m.gguf"
 GLOBAL = (5, 11, 17)
 N, TAIL = 4096, 256
 
-
-def rel(np, a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def record(kvsim_bin, path, text, tokens, out):
@@ -103,23 +101,14 @@ def main():
         return 2
     kvsim_bin, models, data_dir = sys.argv[1:4]
     path = os.path.join(models, GGUF)
-    if not os.path.exists(path):
-        print(f"SKIPPED: {path} absent (bash scripts/setup.sh fetches it)")
+    mods = hf_setup(path)
+    if mods is None:
         return SKIP
-    try:
-        import numpy as np
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM
-    except ImportError as e:
-        print(f"SKIPPED: {e} (bash scripts/setup.sh installs .venv)")
-        return SKIP
+    np, torch, transformers = mods
+    from transformers import AutoModelForCausalLM
     import kvsim
     from kvsim.model import Model
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(2)
     text = os.path.join(data_dir, "tinystories-sample", "tinystories.txt")
     with tempfile.TemporaryDirectory() as tmp:
         long_path, short_path = os.path.join(tmp, "g4096.h5"), os.path.join(tmp, "g2048.h5")

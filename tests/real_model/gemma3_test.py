@@ -37,14 +37,11 @@ import tempfile
 
 SKIP = 77
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_checks import logits_with_qkv  # noqa: E402
+from hf_checks import hf_setup, logits_with_qkv, rel  # noqa: E402
 
 GGUF = "gemma-3-270m-q4_k_m.gguf"
 from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
 
-
-def rel(np, a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def check_logits(m, hf, ids, np, torch, transformers):
@@ -259,24 +256,14 @@ def main():
         return 2
     kvsim_bin, models, data_dir = sys.argv[1:4]
     path = os.path.join(models, GGUF)
-    if not os.path.exists(path):
-        print(f"SKIPPED: {path} absent (bash scripts/setup.sh fetches it)")
+    mods = hf_setup(path, ("sentencepiece",))  # sentencepiece: the token-id reference
+    if mods is None:
         return SKIP
-    try:
-        import numpy as np
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM
-        import sentencepiece  # noqa: F401  (the token-id reference)
-    except ImportError as e:
-        print(f"SKIPPED: {e} (bash scripts/setup.sh installs .venv)")
-        return SKIP
+    np, torch, transformers = mods
+    from transformers import AutoModelForCausalLM
     import kvsim
     from kvsim.model import Model
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(2)
     hf = AutoModelForCausalLM.from_pretrained(models, gguf_file=GGUF, dtype=torch.float32)
     hf.eval()
     m = Model(path)

@@ -24,7 +24,7 @@ import tempfile
 
 SKIP = 77
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_checks import logits_with_qkv  # noqa: E402
+from hf_checks import hf_setup, logits_with_qkv  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 from checks import check, failures  # noqa: E402  (tests/real_model/checks.py, beside this script)
@@ -178,24 +178,15 @@ def main():
     kvsim_bin, models, data_dir = sys.argv[1:4]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.path.join(models, GGUF)
-    if not os.path.exists(path):
-        print(f"SKIPPED: {path} absent (bash scripts/setup.sh fetches it)")
+    mods = hf_setup(path, ("gguf",))
+    if mods is None:
         return SKIP
-    try:
-        import numpy as np
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        import gguf
-    except ImportError as e:
-        print(f"SKIPPED: {e} (bash scripts/setup.sh installs .venv)")
-        return SKIP
+    np, torch, transformers = mods
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import gguf
     import kvsim
     from kvsim.model import Model, Tokenizer
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(2)
     tok = AutoTokenizer.from_pretrained(models, gguf_file=GGUF)
     hf = AutoModelForCausalLM.from_pretrained(models, gguf_file=GGUF, dtype=torch.float32)
     hf.eval()
