@@ -2,14 +2,15 @@
 """Budgets per layer and head, checked out of sample (docs/results.md, "Where to put the memory").
 
 Usage: .venv/bin/python plots/allocation.py EVAL_DIR [--metric rel_err] [--budgets FILE ...] [--memory 0.2]
-           [--out FIG.png]
+           [--out FIG.png] [--closed-loop closed_loop.csv]
 
 EVAL_DIR is a multi-sequence `kvsim run` whose entries are a policy at some memories with the uniform split,
 with `budgets_file` (a file named …_head.json or …_layer.json has its own column, any other name the column
 "file") and pyramidkv. Prints a markdown
 table: per policy and memory, the mean over windows of each window's all-layers mean (95% t interval), and
 the paired change of each split against the same policy's uniform split (mean over windows of
-split/uniform − 1, 95% t interval). --budgets draws the allocations of those files at --memory as layer ×
+split/uniform − 1, 95% t interval). --closed-loop CSV adds the same for a `kvsim closed-loop` run's
+cross-entropy increase (per head − uniform, paired over windows). --budgets draws the allocations of those files at --memory as layer ×
 KV head heat maps of budget / M into --out. Exit 2 with one line naming the file on bad input.
 """
 import argparse
@@ -81,6 +82,37 @@ def table(data, metric):
     return f"{metric}, mean over {len(next(iter(data.values())))} held-out windows [95% t interval]\n\n" + "\n".join(lines)
 
 
+def closed_loop_table(path):
+    """closed_loop.csv of a `kvsim closed-loop` run with the same entries: ce_increase (nats/token) per policy,
+    memory and split, mean over windows, and per head − uniform paired over windows (95% t interval)."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        fail(f"{path}: {e.strerror}")
+    data = {}
+    for r in rows:
+        policy = "snapkv" if r["policy"] == "pyramidkv" else r["policy"]
+        memory = float(r["label"].split("memory=")[1].split(",")[0].rstrip(")"))
+        data.setdefault((policy, memory, split_of(r)), {})[int(r["window"])] = float(r["ce_increase"])
+    splits = ["uniform", "per layer", "per head", "pyramid"]
+    lines = ["| policy | memory | " + " | ".join(splits) + " | per head − uniform | windows better |",
+             "|---|---:|" + "---:|" * len(splits) + "---|---:|"]
+    for policy, memory in sorted({(p, m) for p, m, _ in data}, key=lambda k: (k[0] != "h2o", k[0], k[1])):
+        cells = ["—" if (policy, memory, s) not in data else f"{np.mean(list(data[policy, memory, s].values())):.4f}"
+                 for s in splits]
+        u, h = data.get((policy, memory, "uniform")), data.get((policy, memory, "per head"))
+        if u and h and u.keys() == h.keys():
+            diff = np.array([h[w] - u[w] for w in sorted(u)])
+            m, lo, hi = t_interval(diff)
+            cells += [f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}]", f"{int((diff < 0).sum())}/{len(diff)}"]
+        else:
+            cells += ["—", "—"]
+        lines.append(f"| {policy} | {memory:g} | " + " | ".join(cells) + " |")
+    n = len({r["window"] for r in rows})
+    return f"ce_increase (nats/token) in the closed loop, mean over {n} windows\n\n" + "\n".join(lines)
+
+
 def heat_maps(files, memory, out):
     import matplotlib
     matplotlib.use("Agg")
@@ -113,8 +145,11 @@ def main():
     ap.add_argument("--budgets", nargs="*", default=[])
     ap.add_argument("--memory", type=float, default=0.2)
     ap.add_argument("--out", default="allocation.png")
+    ap.add_argument("--closed-loop", default=None, help="also this closed_loop.csv's table")
     a = ap.parse_args()
     print(table(read_windows(a.eval_dir, a.metric), a.metric))
+    if a.closed_loop:
+        print("\n" + closed_loop_table(a.closed_loop))
     if a.budgets:
         heat_maps(a.budgets, a.memory, a.out)
 

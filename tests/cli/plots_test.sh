@@ -298,6 +298,11 @@ out=$("$PY" "$SRC/plots/allocation.py" "$TMP/aleval" --budgets "$TMP/al_head.jso
 uniform=$(awk -F, '$1=="h2o" && $3=="rel_err" && $2 !~ /budgets_file/ {printf "%.4f", $5}' "$TMP/aleval/sequences.csv")
 grep -q "^| h2o | 0.25 | $uniform \[.*%.*%" <<<"$out" && [ -s "$TMP/al.png" ] && passes=$((passes+1)) \
   || { echo "FAIL: allocation.py table (uniform $uniform): $out"; fails=$((fails+1)); }
+# --closed-loop: per head − uniform paired over windows (here −0.05 in both windows, so the interval is a point).
+printf 'policy,label,window,ce_increase\nh2o,h2o(memory=0.2),0,0.1\nh2o,h2o(memory=0.2),1,0.3\nh2o,"h2o(budgets_file=a_head.json,memory=0.2)",0,0.05\nh2o,"h2o(budgets_file=a_head.json,memory=0.2)",1,0.25\n' > "$TMP/cl.csv"
+out=$("$PY" "$SRC/plots/allocation.py" "$TMP/aleval" --closed-loop "$TMP/cl.csv")
+grep -q "^| h2o | 0.2 | 0.2000 | — | 0.1500 | — | -0.0500 \[-0.0500, -0.0500\] | 2/2 |" <<<"$out" && passes=$((passes+1)) \
+  || { echo "FAIL: allocation.py --closed-loop table: $out"; fails=$((fails+1)); }
 "$PY" "$SRC/plots/retrieval.py" "$TMP/rempty" > /dev/null 2> "$TMP/err" && { echo "FAIL: empty folder accepted"; fails=$((fails+1)); }
 [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "trials.csv not found" "$TMP/err" && passes=$((passes+1)) \
   || { echo "FAIL: empty folder message: $(cat "$TMP/err")"; fails=$((fails+1)); }
