@@ -44,7 +44,8 @@ def allocation(data, memory, path="budgets file"):
     from . import Error
 
     def tokens(m):
-        return max(1, round(m * data["n"])) if isinstance(m, float) and m <= 1 else min(int(m), data["n"])
+        # kvsim's rounding of a fraction of n (std::llround: halves away from zero), or whole tokens clamped to n
+        return max(1, math.floor(m * data["n"] + 0.5)) if isinstance(m, float) and m <= 1 else min(int(m), data["n"])
 
     want = tokens(memory)
     for a in data["allocations"]:
