@@ -5,6 +5,7 @@ at the sweep's n and scaled to another n; bad input refused in one line, exit st
 
 Usage: allocate_test.py KVSIM_BINARY
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import h5py
 import numpy as np
 
 D = 16
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = '[data]\nsynthetic = "heavy_hitter"\nn = {n}\nd = 16\nn_layers = 3\nn_heads = 4\nn_kv_heads = 2\n'
 
 
@@ -86,6 +88,12 @@ def main():
         scaled = peak_cache(os.path.join(tmp, "use256", "results.h5"), "policy_01")
         assert sum(t for t, _ in scaled.values()) == 6 * 38, scaled
         assert all(abs(scaled[k][0] - b20[k] * 38 / 77) <= 1 for k in scaled), (scaled, b20)
+        # kvsim.kvpress_budgets.scale (the Python side that sizes kvpress's presses) scales to the same budgets.
+        spec = importlib.util.spec_from_file_location("kvpress_budgets", os.path.join(ROOT, "sim", "python", "kvsim", "kvpress_budgets.py"))
+        kb = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(kb)
+        py = kb.scale(b20.tolist(), 77, 38)
+        assert all(scaled[l, h][0] == py[l][h] for l, h in scaled), (scaled, py)
 
         # Refusals: one line naming the key or file, status 2, no result folder.
         bad = os.path.join(tmp, "bad.toml")
