@@ -49,6 +49,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fuzz_gguf import gguf_cases  # noqa: E402
 from fuzz_task import task_cases  # noqa: E402
+from fuzz_budgets import budgets_cases  # noqa: E402
 from fuzz_mutators import (RUN_CONFIG, checkpoint_cases, config_cases, recording_cases,  # noqa: E402
                            set_cases)
 
@@ -130,8 +131,8 @@ def main():
     work = tempfile.mkdtemp(prefix="kvsim_fuzz_")
     t0 = time.time()
     try:
-        share = {"recording-struct": 0.27, "recording-bytes": 0.22, "config": 0.15, "set": 0.12, "checkpoint": 0.12,
-                 "gguf": 0.12, "task": 0.08}
+        share = {"recording-struct": 0.25, "recording-bytes": 0.20, "config": 0.15, "set": 0.12, "checkpoint": 0.12,
+                 "gguf": 0.12, "task": 0.08, "budgets": 0.04}
         n = {k: max(1, round(a.count * v)) for k, v in share.items()}
         cases, notes = corpus_cases(kvsim, a.corpus, work), []
         for kind in ("recording-struct", "recording-bytes"):
@@ -142,6 +143,7 @@ def main():
         cases += set_cases(kvsim, work, random.Random(rng.random()), n["set"])
         cases += checkpoint_cases(kvsim, work, random.Random(rng.random()), n["checkpoint"])
         cases += task_cases(kvsim, work, random.Random(rng.random()), n["task"])
+        cases += budgets_cases(kvsim, work, random.Random(rng.random()), n["budgets"])
         c, note = gguf_cases(kvsim, work, random.Random(rng.random()), n["gguf"])
         cases += c
         notes += [note] if note else []
