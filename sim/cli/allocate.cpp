@@ -88,6 +88,7 @@ void read_file(const std::string& path, const AllocateOptions& o, Sweep& sw, boo
   std::map<int64_t, std::string> labels;
   for (const std::string& g : f.list("/")) {
     if (g.rfind("policy_", 0) != 0 || f.attr_string("name", g) != o.policy || !f.has_attr("param_memory", g)) continue;
+    if (f.has_attr("param_budgets_file", g)) continue;  // an allocation already applied: not the uniform curve
     const double mem = f.attr_double("param_memory", g);
     const int64_t M = memory_target_tokens(memory_param(mem), s.n);
     const std::string label = f.attr_string("label", g);
