@@ -24,7 +24,7 @@ def test_docs_kvpress_example_runs(shared_data, kvsim_bin, tmp_path, scratch_roo
     pytest.importorskip("kvpress")
     doc = (ROOT / "docs" / "kvpress.md").read_text()
     (record,) = [b for b in fenced(doc, "sh") if "kvsim record" in b]
-    (code,) = fenced(doc, "python")
+    (code,) = [b for b in fenced(doc, "python") if "kvpress_budgets" not in b]  # the complete example
     cmd = record.strip().replace("./build/kvsim", kvsim_bin).replace("../shared/data", str(shared_data))
     work = scratch_root
     subprocess.run(cmd, shell=True, check=True, cwd=work, capture_output=True)
@@ -39,6 +39,27 @@ def test_docs_kvpress_example_runs(shared_data, kvsim_bin, tmp_path, scratch_roo
         rel_err, kept_mass, cache = (float(x) for x in table[label])
         assert 0 < rel_err < 1 and 0.5 < kept_mass < 1 and 128 < cache < 192  # 128 kept + the decoded tokens
     assert "kvsim" in out.stdout
+
+
+def test_docs_budgets_press_example_runs(kvsim_bin):
+    """docs/kvpress.md's kvsim.kvpress_budgets block runs from the repository root on the shipped budgets files: per
+    (layer, KV head) counts averaging int(985 · 0.25) for SmolLM2's 30 × 3 caches, a BudgetsPress around
+    SnapKVPress holding them, and kvpress's PerLayerCompressionPress with one ratio per layer."""
+    kvpress = pytest.importorskip("kvpress")
+    doc = (ROOT / "docs" / "kvpress.md").read_text()
+    (code,) = [b for b in fenced(doc, "python") if "kvpress_budgets" in b]
+    sys.path.insert(0, str(Path(kvsim_bin).parent / "python"))
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        scope = {}
+        exec(code, scope)  # noqa: S102 - the documentation's own example
+    finally:
+        os.chdir(cwd)
+    counts = scope["counts"]
+    assert len(counts) == 30 and all(len(row) == 3 for row in counts)
+    assert sum(map(sum, counts)) == 90 * int(985 * 0.25) and len({b for row in counts for b in row}) > 1
+    assert isinstance(scope["press"], kvpress.PerLayerCompressionPress) and len(scope["press"].compression_ratios) == 30
 
 
 def _cli(kvsim_bin, *args):
