@@ -28,6 +28,9 @@ cache. This script checks that setting against kvpress itself, on the same token
    share of the needle's tokens the press kept, mean over layers and KV heads, read from its scores
    as ScorerPress.compress ranks them: kvsim's column of that name), the answer and its score.
    OUT/accuracy.csv: the accuracy per (L, cache) with its 95% Wilson interval.
+   A kvsim entry run with `budgets_file` (a per-(layer, KV head) allocation, `kvsim allocate`) gets its
+   press wrapped in kvsim.kvpress_budgets' BudgetsPress: the file's counts scaled to the entry's B, the
+   rest masked as AdaKVPress masks; `kept` is then the mean of the counts the press left, read back.
 4. With --kvsim DIR (a finished `kvsim task` run of the same config), OUT/agreement.csv pairs every
    kvpress answer with kvsim's for the same trial and budget: both right, both wrong, only kvsim right,
    only kvpress right, and the share of identical answer texts.
@@ -103,6 +106,35 @@ def entries(trial, presses, ratio):
     return out
 
 
+def label_budgets(label, config):
+    """(budgets file, memory) of a kvsim entry run with `budgets_file` (its label
+    'policy(budgets_file=P,memory=M)'), else None. The path is taken as kvsim printed it (relative to the
+    working directory), else relative to the config's folder, as kvsim reads it."""
+    if "budgets_file=" not in label:
+        return None
+    keys = dict(kv.split("=", 1) for kv in label[label.index("(") + 1:-1].split(",") if "=" in kv)
+    path, memory = keys["budgets_file"], keys.get("memory", "")
+    if not os.path.isfile(path):
+        path = os.path.join(os.path.dirname(os.path.abspath(config)), path)
+    if not os.path.isfile(path):
+        fail(f"{label}: budgets file {keys['budgets_file']} not found")
+    try:
+        m = float(memory) if "." in memory or "e" in memory else int(memory)
+    except ValueError:
+        fail(f"{label}: memory '{memory}' is not a number")
+    return path, m
+
+
+def cache_key(label):
+    """A kvsim cache label with its budgets file named by its base name, so runs that gave the same file by
+    another path (results/alloc/x.json, budgets/x.json) pair up."""
+    if "budgets_file=" not in label:
+        return label
+    head, _, rest = label.partition("budgets_file=")
+    path, sep, tail = rest.partition(",")
+    return head + "budgets_file=" + os.path.basename(path) + sep + tail
+
+
 def track_needle(press, spans):
     """Wraps a ScorerPress's `score` so that every layer's kept context positions are read as kvpress's
     ScorerPress.compress picks them (the top compute_n_kept(k_len, r) scores per KV head); returns the
@@ -142,6 +174,8 @@ def answer(pipe, torch, transformers, ctx, question, press, trial):
         text = pipe._forward({"context_ids": ctx, "questions_ids": [question]}, max_new_tokens=trial["generate"], press=press,
                              cache=cache)[0]
     sizes = [cache.get_seq_length(layer) for layer in range(len(cache))]
+    if getattr(press, "kept", None):  # a BudgetsPress masks: the tokens it left per compressed cache, read back
+        sizes = press.kept
     return text, sum(sizes) / len(sizes), (sum(shares) / len(shares) if shares else float("nan"))
 
 
@@ -151,10 +185,10 @@ def agreement(rows, kvsim_dir):
     if not os.path.isfile(path):
         fail(f"{path}: no such file (--kvsim names a finished `kvsim task` run)")
     with open(path, encoding="utf-8") as f:
-        theirs = {(int(r["length"]), r["depth"], int(r["trial"]), r["cache"]): r for r in csv.DictReader(f)}
+        theirs = {(int(r["length"]), r["depth"], int(r["trial"]), cache_key(r["cache"])): r for r in csv.DictReader(f)}
     groups = {}
     for r in rows:
-        k = theirs.get((r["length"], r["depth"], r["trial"], r["kvsim_cache"]))
+        k = theirs.get((r["length"], r["depth"], r["trial"], cache_key(r["kvsim_cache"])))
         if k is None:
             continue
         g = groups.setdefault((r["length"], r["cache"], r["kvsim_cache"]), [0, 0, 0, 0, 0])
@@ -218,9 +252,12 @@ class Checkpoint:
         os.remove(self.path)
 
 
-def run_trial(tr, presses, ratio, model, pipe, torch, transformers, cat, _kvsim):
+def run_trial(tr, presses, ratio, model, pipe, torch, transformers, cat, _kvsim, config):
     """One trial's rows: the exact cache and every press entry (see entries) answering through kvpress's
-    pipeline, each scored by kvsim's rule."""
+    pipeline, each scored by kvsim's rule. Beside a kvsim entry run with a budgets file, the press is
+    kvsim.kvpress_budgets' BudgetsPress around it: the file's per-(layer, KV head) counts, scaled to the
+    entry's pinned budget B, as kvsim scales them."""
+    from kvsim import kvpress_budgets
     ids = torch.tensor(tr["tokens"], dtype=torch.long)
     ctx, q = ids[: tr["question_begin"]].unsqueeze(0), ids[tr["question_begin"]:].unsqueeze(0)
     C = tr["question_begin"]
@@ -230,6 +267,9 @@ def run_trial(tr, presses, ratio, model, pipe, torch, transformers, cat, _kvsim)
         if press_name:
             r = 1.0 - (B + 0.5) / C if label else ratio  # int(C·(1 − r)) = B
             press = cat.build(press_name, r)
+            budgets = label_budgets(label, config) if label else None
+            if budgets:
+                press = kvpress_budgets.budgets_press(press, kvpress_budgets.counts_for(*budgets, C, mean=B))
         # A press reading the attention weights (ObservedAttention) runs on eager attention.
         model.set_attn_implementation("eager" if press_name in cat.EAGER else "sdpa")
         torch.manual_seed(0)  # presses with random sketches (LeverageScore, Compactor) give the same answer again
@@ -305,7 +345,7 @@ def main():
                 print(f"kvpress_task: stopped after {ckpt.added} new trials ({i} of {len(trials)} done); "
                       f"rerun the same command to resume from {ckpt.path}", file=sys.stderr)
                 return 0
-            done = run_trial(tr, presses, a.ratio, model, pipe, torch, transformers, cat, _kvsim)
+            done = run_trial(tr, presses, a.ratio, model, pipe, torch, transformers, cat, _kvsim, a.config)
             ckpt.add(i, done)
         rows += done
         right = sum(r["correct"] for r in done)

@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 namespace {
 
 /// Budgets given as fractions become tokens of the prompt length L, so the open loop (an L-token
-/// stream) and the closed loop (L + generate positions) size every cache alike.
+/// stream) and the closed loop (L + generate positions) size every cache alike. An entry with a budgets
+/// file keeps its fraction as `budgets_memory`: the file's allocation for that fraction, scaled to the
+/// pinned tokens (not an allocation for round(f · L) tokens at the file's n, which it need not hold).
 std::vector<PolicySpec> pin_budgets(const std::vector<PolicySpec>& specs, int L) {
   std::vector<PolicySpec> out;
   for (const auto& s : specs) {
@@ -38,6 +40,8 @@ std::vector<PolicySpec> pin_budgets(const std::vector<PolicySpec>& specs, int L)
       const double* f = std::get_if<double>(&v);
       if (tokens && f && *f > 0 && *f <= 1) p.params.set(k, int64_t(std::max<long long>(1, std::llround(*f * L))), s.params.origin(k));
       else p.params.set(k, v, s.params.origin(k));
+      if (k == "memory" && s.params.has("budgets_file") && !s.params.has("budgets_memory"))
+        p.params.set("budgets_memory", v, s.params.origin(k));
     }
     out.push_back(std::move(p));
   }

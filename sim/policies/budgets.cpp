@@ -188,6 +188,10 @@ const BudgetAllocation& allocation_for(const std::string& path, const BudgetsFil
 }
 
 int64_t cell_budget(const std::string& path, const Params& memory, const StreamInfo& s) {
+  return cell_budget(path, memory, memory, s);
+}
+
+int64_t cell_budget(const std::string& path, const Params& allocation, const Params& memory, const StreamInfo& s) {
   const BudgetsFile f = read_budgets_file(path);
   if (f.n_layers != s.n_layers || f.n_kv_heads != s.n_kv_heads)
     fail(path, "budgets for a model of " + std::to_string(f.n_layers) + " layers × " + std::to_string(f.n_kv_heads) +
@@ -195,7 +199,7 @@ int64_t cell_budget(const std::string& path, const Params& memory, const StreamI
   const auto row = std::find(f.layers.begin(), f.layers.end(), s.layer);
   if (row == f.layers.end()) fail(path, "no budgets for layer " + std::to_string(s.layer) + " (see its 'layers')");
   if (s.kv_head < 0 || s.kv_head >= f.n_kv_heads) fail(path, "no budget for KV head " + std::to_string(s.kv_head));
-  const BudgetAllocation& a = allocation_for(path, f, memory);
+  const BudgetAllocation& a = allocation_for(path, f, allocation);
   const int64_t b = scale_budgets(a, memory_target_tokens(memory, s.n))[size_t(row - f.layers.begin())][size_t(s.kv_head)];
   if (b < 1)
     fail(path, "layer " + std::to_string(s.layer) + ", KV head " + std::to_string(s.kv_head) + ": its budget scaled to n = " +

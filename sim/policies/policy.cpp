@@ -111,6 +111,15 @@ Params memory_only(const Params& params) {
   return m;
 }
 
+/// The memory whose allocation a budgets file supplies: `budgets_memory` where given (kvsim task sets it
+/// to the fraction it pinned to tokens), else `memory`.
+Params allocation_memory(const Params& params) {
+  if (!params.has("budgets_memory")) return memory_only(params);
+  Params m;
+  m.set("memory", *params.find("budgets_memory"), params.origin("budgets_memory"));
+  return m;
+}
+
 std::string budgets_path(const Params& params) {
   const auto* v = std::get_if<std::string>(params.find("budgets_file"));
   if (!v || v->empty()) throw Error("parameter 'budgets_file' must be the path of a budgets file (kvsim allocate)" + params.where("budgets_file"));
@@ -121,7 +130,7 @@ std::string budgets_path(const Params& params) {
 
 int64_t cell_memory_tokens(const Params& params, const StreamInfo& s) {
   if (!params.has("budgets_file") || !params.has("memory")) return memory_target_tokens(params, s.n);
-  return cell_budget(budgets_path(params), memory_only(params), s);
+  return cell_budget(budgets_path(params), allocation_memory(params), memory_only(params), s);
 }
 
 namespace {
@@ -138,10 +147,15 @@ void check_spec(const PolicyInfo& info, const Params& params) {
         throw Error("'budgets_file' replaces pyramidkv's layer budgets: give it to snapkv instead" + params.where(key));
       const std::string path = budgets_path(params);
       try {
-        allocation_for(path, read_budgets_file(path), memory_only(params));  // this memory is in the file
+        allocation_for(path, read_budgets_file(path), allocation_memory(params));  // this memory is in the file
       } catch (const Error& e) {
         throw Error(std::string(e.what()) + params.where(key));
       }
+      continue;
+    }
+    if (key == "budgets_memory") {  // which allocation of the file, when `memory` is given otherwise
+      if (!params.has("budgets_file")) throw Error("'budgets_memory' needs 'budgets_file'" + params.where(key));
+      ParamReader(params).get_budget("budgets_memory", 0);  // a number: tokens, or a fraction of the file's n
       continue;
     }
     if (key == "memory") {
@@ -201,7 +215,7 @@ Params translate_memory(const PolicyInfo& info, const Params& params, const Stre
     throw Error("'memory' cannot be matched for '" + info.name + "': it has no equal-memory rule" + params.where("memory"));
   Params out;
   for (const auto& [k, v] : params.values())
-    if (k != "memory" && k != "budgets_file") out.set(k, v, params.origin(k));
+    if (k != "memory" && k != "budgets_file" && k != "budgets_memory") out.set(k, v, params.origin(k));
   for (const auto& key : info.memory->refuses)
     if (params.has(key))
       throw Error("give 'memory' (matched cache size) or '" + key + "', not both" + params.where(key));

@@ -4,16 +4,19 @@
   kvpress_task_test.py KVSIM SOURCE_DIR MODELS_DIR DATA_DIR
 
 Two 256-token passkey trials (depths 0.3 and 0.7) with sink, snapkv and
-expected_attention at memory 0.5 (128 tokens), answered by `kvsim task` and by kvpress 0.5.5's
+expected_attention at memory 0.5 (128 tokens), and snapkv with the shipped per-(layer, KV head) budgets
+(experiments/budgets/smollm2_snapkv_head.json), answered by `kvsim task` and by kvpress 0.5.5's
 KVPressTextGenerationPipeline on transformers (the same GGUF, float32, CPU). Checked:
   1. every press compressed the context (233 tokens) to exactly the kvsim budget (128), read back
-     from kvpress's own cache;
+     from kvpress's own cache (for the budgets entry, a BudgetsPress around SnapKVPress: the mean of the
+     counts it left unmasked per cache, which are uneven);
   2. without a press, kvpress's pipeline answers every trial, with the same text as kvsim's exact cache
      (kvsim's closed loop decodes the same tokens as transformers);
   3. negative control: StreamingLLMPress keeps the 4 sinks and the last 124 context tokens, which at
      depth 0.3 excludes the needle, so it answers none of those trials while the exact cache answers
      all (the press really acted on the cache);
-  4. agreement.csv pairs every kvpress answer with kvsim's for the same trial and budget;
+  4. agreement.csv pairs every kvpress answer with kvsim's for the same trial and budget, the budgets
+     entry included;
   5. the config names an absent checkpoint, and both tools take the model from `--set model.checkpoint`;
   6. a run stopped after one trial (--stop-after 1) resumes to the same trials.csv; another run's partial
      file is refused.
@@ -64,6 +67,7 @@ def main():
         print(f"SKIPPED: {e} (bash scripts/setup.sh installs torch and kvpress)")
         return SKIP
     filler = os.path.abspath(os.path.join(data, "tinystories-sample", "tinystories.txt"))
+    budgets = os.path.abspath(os.path.join(src, "experiments", "budgets", "smollm2_snapkv_head.json"))
     with tempfile.TemporaryDirectory() as tmp:
         cfg = os.path.join(tmp, "t.toml")
         with open(cfg, "w", encoding="utf-8") as f:
@@ -72,7 +76,8 @@ def main():
                     f'filler = "{filler}"\nlengths = [256]\ndepths = [0.3, 0.7]\ntrials = 1\n'
                     '[[policy]]\nname = "sink"\nsink = 4\nmemory = 0.5\n'
                     '[[policy]]\nname = "snapkv"\nmemory = 0.5\n'
-                    '[[policy]]\nname = "expected_attention"\nmemory = 0.5\n')
+                    '[[policy]]\nname = "expected_attention"\nmemory = 0.5\n'
+                    f'[[policy]]\nname = "snapkv"\nmemory = 0.5\nbudgets_file = "{budgets}"\n')
         ours = os.path.join(tmp, "kvsim")
         ckpt = f"model.checkpoint={gguf}"
         subprocess.run([kvsim_bin, "task", cfg, "--out", ours, "--threads", "2", "--quiet", "--set", ckpt], check=True,
@@ -89,7 +94,14 @@ def main():
         kv = {(row["depth"], row["trial"], row["cache"]): row
               for row in csv.DictReader(open(os.path.join(ours, "trials.csv"), encoding="utf-8"))}
         prompts = [json.loads(line) for line in open(os.path.join(theirs, "prompts.jsonl"), encoding="utf-8")]
-        check(len(rows) == 2 * 4, f"2 trials x (no press + 3 presses) rows ({len(rows)})")
+        check(len(rows) == 2 * 5, f"2 trials x (no press + 3 presses + budgets) rows ({len(rows)})")
+        wrapped = [row for row in rows if "budgets_file=" in row["cache"]]
+        check(len(wrapped) == 2 and all(row["press"] == "SnapKVPress" for row in wrapped),
+              "the budgets entry ran as SnapKVPress wrapped in the file's counts")
+        from kvsim import kvpress_budgets
+        counts = [c for r in kvpress_budgets.counts_for(budgets, 0.5, 233, mean=128) for c in r]
+        check(min(counts) < 128 < max(counts) and sum(counts) == 128 * len(counts),
+              f"the budgets are uneven per cache ({min(counts)}..{max(counts)}) with mean exactly 128")
         pressed = [row for row in rows if row["press"] != "none"]
         check(all(float(row["kept"]) == 128 == int(row["budget"]) for row in pressed),
               "every press left exactly 128 context tokens in kvpress's cache: " +
@@ -119,8 +131,8 @@ def main():
         check(len(streaming) == 1 and all(row["correct"] == "0" for row in streaming),
               "negative control: StreamingLLMPress, whose 128 tokens exclude a needle at depth 0.3, answers nothing")
         agree = list(csv.DictReader(open(os.path.join(theirs, "agreement.csv"), encoding="utf-8")))
-        check(len(agree) == 4 and all(int(a["trials"]) == 2 for a in agree),
-              "agreement.csv pairs 2 trials for each of exact and the 3 presses")
+        check(len(agree) == 5 and all(int(a["trials"]) == 2 for a in agree),
+              "agreement.csv pairs 2 trials for each of exact, the 3 presses and the budgets entry")
         ex = [a for a in agree if a["cache"] == "exact"]
         check(len(ex) == 1 and ex[0]["both_right"] == "2", "exact: both implementations right on 2/2")
         check_resume(src, kvsim_bin, cfg, ckpt, tmp, theirs)

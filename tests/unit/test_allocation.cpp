@@ -150,4 +150,18 @@ TEST_CASE("budgets file: round trip, scaling, and one-line refusals naming the k
   Params other;
   other.set("memory", 0.2);
   CHECK_THROWS_WITH(cell_budget(good, other, st), Catch::Contains("no allocation for memory"));
+  // budgets_memory picks the allocation; memory (here pinned to 20 tokens, which the file does not hold at
+  // n = 100) is the mean it is scaled to: kvsim task's pinning. Layer 3, head 1 has 8 of 10: 16 of 20.
+  Params pinned;
+  pinned.set("memory", int64_t(20));
+  pinned.set("budgets_file", good);
+  CHECK_THROWS_WITH(cell_memory_tokens(pinned, st), Catch::Contains("no allocation for memory"));  // without it
+  pinned.set("budgets_memory", 0.1);
+  CHECK(cell_memory_tokens(pinned, st) == 16);
+  CHECK(cell_budget(good, mem, pinned, st) == 16);
+  check_policy_spec("h2o", pinned);
+  Params lone;
+  lone.set("memory", 0.1);
+  lone.set("budgets_memory", 0.1);
+  CHECK_THROWS_WITH(check_policy_spec("h2o", lone), Catch::Contains("'budgets_memory' needs 'budgets_file'"));
 }

@@ -59,6 +59,12 @@ void write_budgets_file(const std::string& path, const BudgetsFile& f);
 /// model's shape (s.n_layers, s.n_kv_heads), lacks s.layer, or has no allocation for that memory.
 int64_t cell_budget(const std::string& path, const Params& memory, const StreamInfo& s);
 
+/// As above, with the file's allocation chosen by `allocation` (a Params holding "memory": the policy's
+/// `budgets_memory`, matched at the file's n) and its budgets scaled to average `memory` at s.n. This is
+/// how a budget pinned to whole tokens (`kvsim task` pins memory = 0.25 to round(0.25 · L) tokens) still
+/// takes the 25% allocation's shape from a file fitted at another n.
+int64_t cell_budget(const std::string& path, const Params& allocation, const Params& memory, const StreamInfo& s);
+
 /// The budgets of `a` scaled from the file's M to `target` tokens per cache: floor of b·target/M, then
 /// one more token to the largest remainders (ties: the earlier cache, row-major) so that the sum is
 /// exactly caches × target.

@@ -68,11 +68,17 @@ def scale(budgets, source, target):
     return [out[i:i + width] for i in range(0, len(out), width)]
 
 
-def counts_for(path, memory, context):
-    """Per model layer and KV head, the context tokens to keep of a C-token context (−1: keep all)."""
+def counts_for(path, memory, context, mean=None):
+    """Per model layer and KV head, the context tokens to keep of a C-token context (−1: keep all). The
+    allocation is the file's for `memory`; its budgets are scaled to average `mean` tokens per covered cache
+    (default: int(C · memory), or `memory` tokens) — `mean` = the budget kvsim pinned for a trial, so that
+    both tools keep the same count per cache."""
     data = load(path)
     a = allocation(data, memory, path)
-    target = int(context * memory) if isinstance(memory, float) and memory <= 1 else min(int(memory), context)
+    if mean is not None:
+        target = min(int(mean), context)
+    else:
+        target = int(context * memory) if isinstance(memory, float) and memory <= 1 else min(int(memory), context)
     rows = scale(a["budgets"], a["memory_tokens"], max(1, target))
     counts = [[-1] * data["n_kv_heads"] for _ in range(data["n_layers"])]
     for layer, row in zip(data["layers"], rows):
@@ -92,10 +98,12 @@ def _press_class():
         @dataclass
         class BudgetsPress(BasePress):
             """`press`'s scores, and per (layer, KV head) the top counts[layer][h] tokens kept (−1: all); the
-            others masked as AdaKVPress masks them."""
+            others masked as AdaKVPress masks them. `kept` collects, per compressed (layer, KV head), the
+            tokens left unmasked: what the press did, read back for checks."""
 
             press: ScorerPress
             counts: list
+            kept: list = None
 
             def post_init_from_model(self, model):
                 self.press.post_init_from_model(model)
@@ -117,6 +125,8 @@ def _press_class():
                 b_idx, h_idx, s_idx = [], [], []
                 for h in range(heads):
                     keep = k_len if row[h] < 0 else min(row[h], k_len)
+                    if self.kept is not None:
+                        self.kept.append(keep)
                     if keep >= k_len:
                         continue
                     pruned = torch.topk(-scores[:, h], k_len - keep, dim=-1).indices  # [bsz, pruned]
@@ -133,7 +143,7 @@ def _press_class():
 
 def budgets_press(press, counts):
     """A kvpress press keeping counts[layer][kv_head] tokens per cache by `press`'s scores (a ScorerPress)."""
-    return _press_class()(press=press, counts=counts)
+    return _press_class()(press=press, counts=counts, kept=[])
 
 
 def per_layer_press(path, memory, press):
