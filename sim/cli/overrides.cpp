@@ -128,7 +128,8 @@ std::string anchor(const std::string& p, const std::string& base) {
 void anchor_paths(toml::value& root, const std::string& base) {
   if (base.empty() || !root.is_table()) return;
   auto fix = [&](toml::value& v) {
-    if (v.is_string()) v = toml::value(anchor(v.as_string(), base));
+    // In place, so that the value keeps its file:line for error messages (toml11 v3's string holds `str`).
+    if (v.is_string()) v.as_string().str = anchor(v.as_string().str, base);
   };
   if (root.contains("data") && root.at("data").is_table() && root.at("data").contains("path")) {
     toml::value& p = root.as_table().at("data").as_table().at("path");

@@ -1,7 +1,8 @@
 """The fuzz campaign's `budgets` inputs (tests/fuzz/fuzz_inputs.py): budgets files (`kvsim allocate`'s JSON, a
 policy's `budgets_file`, docs/cli.md "Budgets per layer and head") with keys deleted, values swapped for extreme
 ones, rows shortened or lengthened, budgets moved so the total no longer matches, or bytes flipped, replayed by
-`kvsim run` on a tiny synthetic stream of 2 layers × 2 KV heads."""
+`kvsim run` on a tiny synthetic stream of 2 layers × 2 KV heads; or the file intact and the policy's
+`budgets_memory` (which allocation of the file to take) set to an extreme value."""
 import json
 import os
 
@@ -19,7 +20,9 @@ def mutate(rng):
     """A mutated copy of BASE as text, and what was done."""
     d = json.loads(json.dumps(BASE))
     a = d["allocations"][0]
-    choice = rng.randrange(7)
+    choice = rng.randrange(8)
+    if choice == 7:
+        return json.dumps(d), "budgets_memory = " + rng.choice(EXTREME + ["0.5", "24", "0.25"])
     if choice == 0:
         key = rng.choice(list(d))
         del d[key]
@@ -58,7 +61,7 @@ def budgets_cases(kvsim, work, rng, count):
             f.write(text)
         cfg = os.path.join(work, f"budgets_{i:04d}.toml")
         with open(cfg, "w") as f:
-            f.write(CONFIG.format(path=path))
+            f.write(CONFIG.format(path=path) + (what + "\n" if what.startswith("budgets_memory") else ""))
         out = os.path.join(work, f"budgets_{i:04d}_out")
         cases.append(("budgets", what, [kvsim, "run", cfg, "--out", out, "--threads", "1", "--quiet"], out, [cfg, path]))
     return cases

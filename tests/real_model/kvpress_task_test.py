@@ -54,6 +54,17 @@ def check_resume(src, kvsim_bin, cfg, ckpt, tmp, theirs):
           "the resumed run's trials.csv equals the uninterrupted run's")
 
 
+def check_budgets_entry(rows, budgets):
+    """The snapkv entry with a budgets file ran as SnapKVPress in BudgetsPress, with uneven counts of mean 128."""
+    wrapped = [row for row in rows if "budgets_file=" in row["cache"]]
+    check(len(wrapped) == 2 and all(row["press"] == "SnapKVPress" for row in wrapped),
+          "the budgets entry ran as SnapKVPress wrapped in the file's counts")
+    from kvsim import kvpress_budgets
+    counts = [c for r in kvpress_budgets.counts_for(budgets, 0.5, 233, mean=128) for c in r]
+    check(min(counts) < 128 < max(counts) and sum(counts) == 128 * len(counts),
+          f"the budgets are uneven per cache ({min(counts)}..{max(counts)}) with mean exactly 128")
+
+
 def main():
     kvsim_bin, src, models, data = sys.argv[1:5]
     gguf = os.path.abspath(os.path.join(models, GGUF))
@@ -95,13 +106,7 @@ def main():
               for row in csv.DictReader(open(os.path.join(ours, "trials.csv"), encoding="utf-8"))}
         prompts = [json.loads(line) for line in open(os.path.join(theirs, "prompts.jsonl"), encoding="utf-8")]
         check(len(rows) == 2 * 5, f"2 trials x (no press + 3 presses + budgets) rows ({len(rows)})")
-        wrapped = [row for row in rows if "budgets_file=" in row["cache"]]
-        check(len(wrapped) == 2 and all(row["press"] == "SnapKVPress" for row in wrapped),
-              "the budgets entry ran as SnapKVPress wrapped in the file's counts")
-        from kvsim import kvpress_budgets
-        counts = [c for r in kvpress_budgets.counts_for(budgets, 0.5, 233, mean=128) for c in r]
-        check(min(counts) < 128 < max(counts) and sum(counts) == 128 * len(counts),
-              f"the budgets are uneven per cache ({min(counts)}..{max(counts)}) with mean exactly 128")
+        check_budgets_entry(rows, budgets)
         pressed = [row for row in rows if row["press"] != "none"]
         check(all(float(row["kept"]) == 128 == int(row["budget"]) for row in pressed),
               "every press left exactly 128 context tokens in kvpress's cache: " +
