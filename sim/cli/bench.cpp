@@ -296,6 +296,7 @@ std::string run_bench(const BenchOptions& o) {
   Experiment ex;
   const double cheapest = bench_policies(o, b, ex);
   bench_closed_form(o, b);
+  bench_blocked_stepping(o, b);
   bench_eps(o, b, cheapest);
   bench_subgen_regime(o, b);
   bench_threads(o, b, ex, N);

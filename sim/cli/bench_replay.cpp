@@ -1,5 +1,5 @@
 // `kvsim bench` sections on the replay's own costs: closed-form caches
-// replayed in blocks vs per step, and the ‖V_t‖_op bookkeeping of eps_spectral.
+// replayed in blocks vs per step, blocked stepping vs per step, and the ‖V_t‖_op bookkeeping of eps_spectral.
 #include "bench_detail.hpp"
 #include "kvsim/cli/config.hpp"
 
@@ -87,6 +87,48 @@ void bench_closed_form(const BenchOptions& o, BenchOut& b) {
       b.js.add("closed_form_blocked_ns_" + key, ns[0][p]);
       b.js.add("closed_form_per_step_ns_" + key, ns[1][p]);
       b.js.add("closed_form_blocked_of_sgemm_" + key, rate / b.gemm);
+    }
+  }
+}
+
+void bench_blocked_stepping(const BenchOptions& o, BenchOut& b) {
+  // Blocked stepping (BlockStepper: h2o, tova, scissorhands) against per-step, at n = 4096 and 16384 (quick:
+  // 1024), head_dim 128, a GQA group of 4 on one KV head, budget 25%, every 16th step evaluated from n/4 (blocks
+  // of ≤ 16 steps), float32 and float64. Useful work per step: the group's logits over the cached tokens every
+  // step and its answers at one step in 16: 2 · 4 · tokens · 128 · (1 + 1/16) flops; "of GEMM" is that rate
+  // over SGEMM (float32) or DGEMM (float64), the FMA bound the performance issue measures against.
+  const std::vector<int64_t> lengths = o.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{4096, 16384};
+  b.out << "\nblocked stepping (head_dim 128, GQA group of 4, budget 25%, every 16th step, 1 thread;\n"
+           "  `[eval] stepping`: blocked = a block's logits by one GEMM then the steps walked, per_step = one GEMV per step):\n"
+           "policy        n  precision  blocked ns/step  per_step ns/step  speed-up  blocked of GEMM\n";
+  for (const int64_t n : lengths) {
+    Experiment ex = synthetic_experiment(n, 1, 4, 1);
+    ex.eval.every = 16;
+    ex.eval.from = n / 4;
+    ex.eval.reference_precision = Precision::float32;  // not timed here: keeps the run short
+    ex.policies = {{"h2o", "h2o", make_params({{"memory", 0.25}})}, {"tova", "tova", make_params({{"memory", 0.25}})},
+                   {"scissorhands", "scissorhands", make_params({{"memory", 0.25}})}};
+    SynthSource src(ex.data.synth);
+    for (const char* prec : {"float32", "float64"}) {
+      std::vector<double> ns[2], tokens;
+      for (int mode = 0; mode < 2; ++mode) {
+        Experiment e = ex;
+        e.eval.policy_precision = *parse_choice<Precision>(prec);
+        e.eval.stepping = mode == 0 ? SteppingMode::blocked : SteppingMode::per_step;
+        const RunResult r = run_experiment(e, src, 1);
+        ns[mode] = policy_means(r, "policy_ns");
+        tokens = policy_means(r, "cache_tokens");
+      }
+      const bool f32 = std::string(prec) == "float32";
+      for (size_t p = 0; p < ex.policies.size(); ++p) {
+        const double rate = 2.0 * 4 * tokens[p] * 128 * (1 + 1.0 / 16) / ns[0][p];  // GFLOP/s = flops per ns
+        std::snprintf(b.buf, sizeof b.buf, "%-12s %6lld %-9s %16.0f %17.0f %8.1fx %15.1f%%\n", ex.policies[p].name.c_str(),
+                      (long long)n, prec, ns[0][p], ns[1][p], ns[1][p] / ns[0][p], 100 * rate / (f32 ? b.gemm : b.dgemm));
+        b.out << b.buf;
+        const std::string key = ex.policies[p].name + "_" + std::to_string(n) + (f32 ? "_f32" : "_f64");
+        b.js.add("blocked_stepping_ns_" + key, ns[0][p]);
+        b.js.add("per_step_ns_" + key, ns[1][p]);
+      }
     }
   }
 }

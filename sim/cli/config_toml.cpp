@@ -272,6 +272,10 @@ void parse_eval(const TV& root, EvalSpec& e) {
   get_choice(t, "device", e.device);
   get_choice(t, "reference_precision", e.reference_precision);
   get_choice(t, "closed_form", e.closed_form);
+  get_choice(t, "stepping", e.stepping);
+  e.stepping_block = t.get_int("stepping_block", 0);
+  if (e.stepping_block < 0 || e.stepping_block > 65536)
+    fail_at(t.at("stepping_block"), "eval.stepping_block must be in [0, 65536] (0: the engine's choice)");
   e.topk = t.get_int("topk", e.topk);
   if (e.topk < 0 || e.topk > (int64_t(1) << 31)) fail_at(t.at("topk"), "eval.topk must be in [0, 2^31] (0: off)");
   t.finish();

@@ -73,7 +73,8 @@ void write_eval(std::ostream& o, const EvalSpec& e) {
   o << "\n[eval]\nevery = " << e.every << "\nfrom = " << e.from << "\ngqa = " << quoted(to_string(e.gqa))
     << "\ngroup_agg = " << quoted(to_string(e.group_agg)) << "\npolicy_precision = " << quoted(to_string(e.policy_precision))
     << "\nreference_precision = " << quoted(to_string(e.reference_precision)) << "\ndevice = " << quoted(to_string(e.device))
-    << "\nclosed_form = " << quoted(to_string(e.closed_form))
+    << "\nclosed_form = " << quoted(to_string(e.closed_form)) << "\nstepping = " << quoted(to_string(e.stepping))
+    << "\nstepping_block = " << e.stepping_block
     << "\nobjectives = " << (e.objectives ? "true" : "false") << "\nobjectives_every = " << e.objectives_every
     << "\nobjectives_max_t = " << e.objectives_max_t << "\ntheorem44_alpha = " << toml_value(e.theorem44_alpha)
     << "\ntheorem44_beta = " << toml_value(e.theorem44_beta) << "\ntopk = " << e.topk << "\n";

@@ -116,6 +116,7 @@ void write_root_attrs(h5::File& f, const RunResult& r, const Experiment& ex) {
   f.set_attr("/", "policy_precision", std::string(to_string(ex.eval.policy_precision)));
   f.set_attr("/", "gemm_backend", reference_gemm_backend());  // the float32 reference's GEMM (include/kvsim/core/blas.hpp)
   f.set_attr("/", "closed_form", std::string(to_string(ex.eval.closed_form)));
+  f.set_attr("/", "stepping", std::string(to_string(ex.eval.stepping)));
   f.set_attr("/", "threads", int64_t(r.threads));
   f.set_attr("/", "wall_seconds", r.wall_seconds);
 }

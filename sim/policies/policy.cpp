@@ -1,5 +1,6 @@
 #include "kvsim/policies/policy.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -55,8 +56,12 @@ void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const 
   }
 }
 
-void prefill(Policy& p, int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled) {
+void prefill(Policy& p, int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled, int64_t block) {
   if (auto* c = dynamic_cast<PromptCompressor*>(&p)) return c->prefill(P, K, V, q_scaled);
+  if (BlockStepper* b = block > 0 ? block_stepper(p) : nullptr) {
+    for (int64_t t = 1; t <= P; t += block) b->step_block(t, std::min(P, t + block - 1), K, V, q_scaled, nullptr);
+    return;
+  }
   MatD q(Eigen::Index(q_scaled.size()), K.cols());
   for (int64_t t = 1; t <= P; ++t) {
     p.observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
@@ -69,6 +74,19 @@ void prefill(Policy& p, int64_t P, const MatF& K, const MatF& V, const std::vect
 std::optional<ClosedFormCache> closed_form(const Policy& p) {
   if (auto* c = dynamic_cast<const ClosedFormPolicy*>(&p)) return c->closed_form();
   return std::nullopt;
+}
+
+bool g_blocked_masking_off = false;
+
+BlockStepper* block_stepper(Policy& p) {
+  auto* b = dynamic_cast<BlockStepper*>(&p);
+  return b && p.needs_every_query() ? b : nullptr;
+}
+
+int64_t stepping_block_size(int64_t cache_tokens, int n_queries) {
+  const int64_t cells = int64_t(4) << 20 >> 3;  // 4 MiB of doubles
+  const int64_t b = cells / (std::max<int64_t>(1, n_queries) * std::max<int64_t>(1, cache_tokens + 16));
+  return std::clamp<int64_t>(b, 16, 256);
 }
 
 bool needs_exact_probs(const Policy& p) { return dynamic_cast<const ExactProbsOracle*>(&p) != nullptr; }
@@ -146,6 +164,7 @@ void check_spec(const PolicyInfo& info, const Params& params) {
       if (info.name == "pyramidkv")
         throw Error("'budgets_file' replaces pyramidkv's layer budgets: give it to snapkv instead" + params.where(key));
       const std::string path = budgets_path(params);
+      if (params.has("budgets_memory")) ParamReader(params).get_budget("budgets_memory", 0);  // named as itself
       try {
         allocation_for(path, read_budgets_file(path), allocation_memory(params));  // this memory is in the file
       } catch (const Error& e) {

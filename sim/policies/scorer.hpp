@@ -20,7 +20,7 @@
 
 namespace kvsim::policies {
 
-class ScorerPolicy : public Policy {
+class ScorerPolicy : public Policy, public BlockStepper {
  public:
   /// budget B ≥ 1 tokens; sink + recent < budget (else nothing could be evicted); `name` for errors.
   ScorerPolicy(std::string name, int64_t budget, int64_t sink, int64_t recent, const StreamInfo& s)
@@ -29,12 +29,27 @@ class ScorerPolicy : public Policy {
 
   bool needs_every_query() const override { return true; }
 
-  void observe(int64_t t, const float* k, const float* v) final {
+  void observe(int64_t t, const float* k, const float* v) final { observe_slot(t, k, v); }
+
+  void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) final {
+    const MatD& P = cache_.answer_group(q, out);  // one pass over keys and values for the whole query group
+    update_scores(t, P, score_);
+  }
+
+  /// Blocked stepping (BlockStepper; sim/policies/scorer_block.cpp).
+  void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
+                  std::vector<Answer>* answers) final;
+
+  int64_t cache_tokens() const override { return cache_.size(); }
+
+ protected:
+  /// observe(): token t joins (evicting first when the cache is full); returns the slot it took.
+  int64_t observe_slot(int64_t t, const float* k, const float* v) {
     const double init = initial_score(t, k);
     if (cache_.size() < budget_) {
       score_[cache_.size()] = init;
       cache_.append(t, k, v);
-      return;
+      return cache_.size() - 1;
     }
     // After token t joins, positions t − recent + 1 .. t are the recent ones (hd::h2o_evictable).
     int64_t victim = -1;
@@ -47,16 +62,9 @@ class ScorerPolicy : public Policy {
     cache_.put(victim, t, k, v);
     score_[victim] = init;
     slot_replaced(victim);
+    return victim;
   }
 
-  void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) final {
-    const MatD& P = cache_.answer_group(q, out);  // one pass over keys and values for the whole query group
-    update_scores(t, P, score_);
-  }
-
-  int64_t cache_tokens() const override { return cache_.size(); }
-
- protected:
   /// Score of token t (key k [head_dim]) when it joins (H2O: 0; an oracle: its whole-stream score;
   /// KNorm: −‖k‖).
   virtual double initial_score(int64_t /*t*/, const float* /*k*/) { return 0.0; }
@@ -77,6 +85,12 @@ class ScorerPolicy : public Policy {
   const GroupAgg agg_;  ///< group_agg: how the group's attention combines into one score
   SlotCache cache_;
   std::vector<double> score_;
+
+ private:
+  // step_block's scratch (no allocation per block once sized)
+  MatD block_qd_, block_kd_, block_ld_[2], block_P_;
+  MatF block_qf_, block_lf_[2];
+  VecD block_col_;
 };
 
 }  // namespace kvsim::policies

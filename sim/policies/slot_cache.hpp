@@ -98,6 +98,9 @@ class SlotCache {
   /// Double-precision storage (float64 mode only).
   const MatD& keys() const { return keys_; }
   const MatD& values() const { return values_; }
+  /// Float32 storage (float32 mode only).
+  const MatF& keys_f() const { return keys_f_; }
+  const MatF& values_f() const { return values_f_; }
 
  private:
   /// float32 products, double softmax: fills P_ [m, G], Z_ [G, d] (zeros unless with_values), ls_ [G].

@@ -58,6 +58,10 @@ void PolicySteps::make() {
     runs_[p].memory_tokens = cell_memory_tokens(ex_.policies[p].params, cell_stream(ex_, cell_, n_, meta_));
     runs_[p].oracle = needs_exact_probs(*runs_[p].inst[0]);
     if (ex_.eval.closed_form == ClosedFormMode::blocked) runs_[p].closed = closed_form(*runs_[p].inst[0]);
+    // Blocked stepping: every instance a BlockStepper (a GPU replay or an exact-probs oracle is not).
+    bool blocked = ex_.eval.stepping == SteppingMode::blocked && runs_[p].every && !runs_[p].oracle;
+    for (auto& inst : runs_[p].inst) blocked &= block_stepper(*inst) != nullptr;
+    runs_[p].blocked = blocked;
   }
 }
 
@@ -84,11 +88,33 @@ void PolicySteps::prefill(PolicyRun& run) {
   for (size_t i = 0; i < run.inst.size(); ++i) {
     std::vector<const MatD*> qs;
     for (int g : heads_of(i)) qs.push_back(&s_.queries_scaled[g]);
-    kvsim::prefill(*run.inst[i], P, s_.keys32, s_.values32, qs);
+    kvsim::prefill(*run.inst[i], P, s_.keys32, s_.values32, qs, run.blocked ? block_steps(run) : 0);
   }
   run.ns_since_eval += ns_since(t0);
   run.steps_since_eval += P;
   run.t = P;
+}
+
+int64_t PolicySteps::block_steps(const PolicyRun& run) const {
+  if (ex_.eval.stepping_block > 0) return ex_.eval.stepping_block;
+  return stepping_block_size(std::max<int64_t>(run.memory_tokens, run.inst[0]->cache_tokens()), per_query_ ? 1 : G_);
+}
+
+void PolicySteps::advance_block(PolicyRun& run, int64_t t_first, int64_t t_last, bool is_eval) {
+  if (is_eval)
+    for (int g = 0; g < G_; ++g) answers_[g] = Answer{};
+  for (size_t i = 0; i < run.inst.size(); ++i) {
+    std::vector<const MatD*> qs;
+    for (int g : heads_of(i)) qs.push_back(&s_.queries_scaled[g]);
+    BlockStepper& b = *block_stepper(*run.inst[i]);
+    if (!per_query_) {
+      b.step_block(t_first, t_last, s_.keys32, s_.values32, qs, is_eval ? &answers_ : nullptr);
+      continue;
+    }
+    one_[0] = Answer{};
+    b.step_block(t_first, t_last, s_.keys32, s_.values32, qs, is_eval ? &one_ : nullptr);
+    if (is_eval) answers_[i] = std::move(one_[0]);
+  }
 }
 
 }  // namespace kvsim::cell

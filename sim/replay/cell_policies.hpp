@@ -23,6 +23,7 @@ struct PolicyRun {
   int64_t t = 0;                          // tokens observed so far
   int64_t memory_tokens = -1;             // equal-memory target (param `memory`), −1 = none
   std::optional<ClosedFormCache> closed;  // replayed in blocks (ClosedFormPolicy), never stepped
+  bool blocked = false;                   // stepped in blocks (BlockStepper, `[eval] stepping = "blocked"`)
   double ns_since_eval = 0;
   int64_t steps_since_eval = 0;
 };
@@ -47,6 +48,11 @@ class PolicySteps {
   void step(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out);
 
  private:
+  /// Blocked stepping: steps t_first..t_last of every instance of `run` at once (BlockStepper), answers_
+  /// filled for t_last when is_eval.
+  void advance_block(PolicyRun& run, int64_t t_first, int64_t t_last, bool is_eval);
+  /// Steps per block for `run` now: `[eval] stepping_block`, else stepping_block_size of its cache.
+  int64_t block_steps(const PolicyRun& run) const;
   std::vector<int> heads_of(size_t i) const;
   void step_closed(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out);
   void prefill(PolicyRun& run);

@@ -18,13 +18,20 @@ void PolicySteps::step(size_t p, const std::vector<int64_t>& block, std::vector<
   size_t r = 0;
   if (run.t == 0 && ex_.data.prefill > 0) prefill(run);
   while (run.t < block.back()) {
-    const int64_t t = run.t + 1;  // step t: token index t-1 joins, then query q_t
+    // Step t: token index t-1 joins, then query q_t. Blocked stepping advances up to the next evaluated step
+    // in one call (BlockStepper), else one step.
+    const int64_t t_first = run.t + 1;
+    const int64_t t = run.blocked ? std::min(block[r], run.t + block_steps(run)) : t_first;
     const bool is_eval = (t == block[r]);
     const auto t0 = Clock::now();
-    for (auto& inst : run.inst) inst->observe(t - 1, s_.keys32.row(t - 1).data(), s_.values32.row(t - 1).data());
-    if (run.every || is_eval) attend(run, t, is_eval, r);
+    if (run.blocked) {
+      advance_block(run, t_first, t, is_eval);
+    } else {
+      for (auto& inst : run.inst) inst->observe(t - 1, s_.keys32.row(t - 1).data(), s_.values32.row(t - 1).data());
+      if (run.every || is_eval) attend(run, t, is_eval, r);
+    }
     run.ns_since_eval += ns_since(t0);
-    ++run.steps_since_eval;
+    run.steps_since_eval += t - t_first + 1;
     run.t = t;
     if (!is_eval) continue;
     double bytes = 0, loaded = 0;

@@ -17,7 +17,8 @@ SET_KEYS = ["data.n", "data.d", "data.n_layers", "data.n_heads", "data.n_kv_head
             "data.heads", "data.sequences", "data.softmax_scale", "data.q_scale", "data.cluster_c", "data.n_heavy",
             "data.heavy_strength", "data.query_norm", "eval.every", "eval.from", "eval.gqa", "eval.group_agg",
             "eval.objectives", "eval.objectives_every", "eval.objectives_max_t", "eval.policy_precision",
-            "eval.reference_precision", "seed", "name", "policy.budget", "policy.memory", "policy.sink",
+            "eval.reference_precision", "eval.stepping", "eval.stepping_block", "seed", "name", "policy.budget",
+            "policy.memory", "policy.sink",
             "policy.window", "policy.threshold", "policy.stride", "policy.s", "policy.t", "policy.delta",
             "policy.max_clusters", "policy.recent", "policy.centers", "policy.prefill", "policy.eps", "policy.r",
             "policy.0.name", "policy.1.budget", "policy.score", "policy.weighted", "policy.mode", "policy.log_scale"]

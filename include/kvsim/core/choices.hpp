@@ -26,6 +26,9 @@ enum class Device { cpu, cuda };
 /// `[eval] closed_form`: closed-form caches (window, sink) answered a block of steps at a time by
 /// banded GEMMs, or stepped token by token like every other policy.
 enum class ClosedFormMode { blocked, per_step };
+/// `[eval] stepping`: stepped caches that can (BlockStepper) advance a block of steps at a time, their
+/// logits formed by one GEMM per block (DESIGN §13), or one step at a time.
+enum class SteppingMode { blocked, per_step };
 
 namespace choice_detail {
 template <class E>
@@ -52,6 +55,11 @@ template <>
 struct Names<ClosedFormMode> {
   static constexpr std::array<std::pair<ClosedFormMode, const char*>, 2> v{
       {{ClosedFormMode::blocked, "blocked"}, {ClosedFormMode::per_step, "per_step"}}};
+};
+template <>
+struct Names<SteppingMode> {
+  static constexpr std::array<std::pair<SteppingMode, const char*>, 2> v{
+      {{SteppingMode::blocked, "blocked"}, {SteppingMode::per_step, "per_step"}}};
 };
 }  // namespace choice_detail
 

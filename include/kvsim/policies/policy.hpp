@@ -164,10 +164,41 @@ class LayerMemoryShare {
   virtual double memory_share() const = 0;
 };
 
+/// Blocked stepping (DESIGN §13; `[eval] stepping = "blocked"`): a policy that advances a run of
+/// consecutive steps at once. step_block(t_first, t_last, …) must equal, for t = t_first … t_last in order,
+/// observe(t − 1, K[t − 1], V[t − 1]) then attend(t, Q̃_t, …) with Q̃_t's row g = q_scaled[g]->row(t − 1),
+/// with `answers` (when non-null) filled for step t_last only. The logit q_t·k_j depends on the query and
+/// the key, never on what the cache holds; the cache's state decides only which j are present. So the
+/// run's logits can come from one GEMM over the keys present at its start plus its own keys, and the walk
+/// that follows applies each step's eviction, softmax and score update in O(cache) per step. Equal to the
+/// per-step path up to the dot products' summation order (float64: ≤ 1e-12 relative; float32: ≤ 1e-5, kept
+/// sets equal except near-ties). Needs needs_every_query() (the walk is the one a per-step attend makes).
+class BlockStepper {
+ public:
+  virtual ~BlockStepper() = default;
+  /// K, V: [≥ t_last, head_dim] (row t − 1 is token t − 1); q_scaled[g]: [≥ t_last, head_dim].
+  virtual void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
+                          const std::vector<const MatD*>& q_scaled, std::vector<Answer>* answers) = 0;
+};
+
+/// `p` as a BlockStepper, or null.
+BlockStepper* block_stepper(Policy& p);
+/// Steps per block for a cache of `cache_tokens` entries answering `n_queries` query heads: the block's
+/// logits (b · n_queries rows × (cache_tokens + b) columns, in double) kept near 4 MiB, so they stay in
+/// cache while the walk reads them, and b in [16, 256] so the GEMM has rows to amortize packing over.
+int64_t stepping_block_size(int64_t cache_tokens, int n_queries);
+
+/// Test hook (tests/unit/test_blocked.cpp's negative control): when true, a blocked walk leaves a slot
+/// that a block token took over reading the *evicted* token's logit, as a block with its masking switched
+/// off would. Never set outside tests.
+extern bool g_blocked_masking_off;
+
 /// The prompt's P tokens to `p`: PromptCompressor::prefill, or, for every other policy, the prompt
 /// streamed through observe() (and attend() without answers when needs_every_query()), exactly as
-/// without a prefill.
-void prefill(Policy& p, int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled);
+/// without a prefill. `block` > 0: a BlockStepper streams the prompt `block` steps at a time (blocked
+/// stepping); 0: one step at a time.
+void prefill(Policy& p, int64_t P, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
+             int64_t block = 0);
 /// `p`'s closed form if it is a ClosedFormPolicy.
 std::optional<ClosedFormCache> closed_form(const Policy& p);
 bool needs_exact_probs(const Policy& p);

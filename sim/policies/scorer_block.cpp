@@ -1,0 +1,85 @@
+// Blocked stepping for the ScorerPolicy family that reads every query (h2o, tova, scissorhands; knorm needs no
+// query between evaluations): the BlockStepper contract of include/kvsim/policies/policy.hpp (DESIGN §13).
+// A block of b consecutive steps forms every logit it needs with two GEMMs — the block's b·G query rows against
+// the keys in the slots at the block's start, and against the block's own b keys — and then walks the b steps
+// in order: each step's eviction (observe_slot, the per-step rule itself), the softmax over the entries present at that step (a slot taken over by block token
+// i reads token i's column from then on: an evicted token is masked for the later rows), and the score update
+// (update_scores, the subclass's rule) in O(cache) per step instead of O(cache · d). The answers of the last
+// step are Vᵀp over the slots as they then stand, as the per-step path computes them.
+#include <string>
+
+#include "scorer.hpp"
+
+namespace kvsim::policies {
+namespace {
+
+/// Rows i·G + g of Q: query head g's scaled query at step t_first + i (as Scalar: the per-step float32
+/// path casts each query to float before its matrix-vector product).
+template <class M>
+void block_queries(const std::vector<const MatD*>& q_scaled, int64_t t_first, int64_t b, Eigen::Index d, M& Q) {
+  const auto G = Eigen::Index(q_scaled.size());
+  Q.resize(b * G, d);
+  for (int64_t i = 0; i < b; ++i)
+    for (Eigen::Index g = 0; g < G; ++g) Q.row(i * G + g) = q_scaled[size_t(g)]->row(t_first - 1 + i).template cast<typename M::Scalar>();
+}
+
+}  // namespace
+
+void ScorerPolicy::step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
+                              const std::vector<const MatD*>& q_scaled, std::vector<Answer>* answers) {
+  if (t_first < 1 || t_last < t_first || t_last > K.rows() || q_scaled.empty())
+    throw Error(name_ + ": step_block: steps [" + std::to_string(t_first) + ", " + std::to_string(t_last) +
+                "] outside a stream of " + std::to_string(K.rows()) + " tokens");
+  const int64_t b = t_last - t_first + 1, m0 = cache_.size();
+  const auto G = Eigen::Index(q_scaled.size()), d = K.cols();
+  // The logits: Ls [b·G, budget] over the slots (the block's start fills columns [0, m0)), Lb [b·G, b] over the
+  // block's own keys. When block token i takes slot s, Lb's column i becomes Ls's column s: from then on row
+  // i·G + g reads token i there, and the evicted token is gone for the later rows (masked). The walk then
+  // reads one contiguous row of Ls per query head and step.
+  auto walk = [&](auto& Ls, auto& Lb, const auto& Q, const auto& slot_keys, const auto& block_keys) {
+    Ls.resize(b * G, budget_);
+    Ls.leftCols(m0).noalias() = Q * slot_keys.topRows(m0).transpose();
+    Lb.noalias() = Q * block_keys.transpose();
+    VecD& col = block_col_;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t t = t_first + i;
+      const int64_t before = cache_.size();
+      const int64_t slot = observe_slot(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+      if (!g_blocked_masking_off || slot >= before) Ls.col(slot) = Lb.col(i);
+      const int64_t m = cache_.size();
+      block_P_.resize(m, G);
+      for (Eigen::Index g = 0; g < G; ++g) {
+        // The per-step softmax, operation for operation (policy.cpp attend_cached_group, SlotCache's float32 path).
+        col = Ls.row(i * G + g).head(m).transpose().template cast<double>();
+        const double mx = col.maxCoeff();
+        col = (col.array() - mx).exp().matrix();
+        const double sum = col.sum();
+        col /= sum;
+        block_P_.col(g) = col;
+      }
+      update_scores(t, block_P_, score_);
+    }
+  };
+  if (cache_.f32()) {
+    block_queries(q_scaled, t_first, b, d, block_qf_);
+    walk(block_lf_[0], block_lf_[1], block_qf_, cache_.keys_f(), K.middleRows(t_first - 1, b));
+  } else {
+    block_queries(q_scaled, t_first, b, d, block_qd_);
+    block_kd_ = K.middleRows(t_first - 1, b).cast<double>();
+    walk(block_ld_[0], block_ld_[1], block_qd_, cache_.keys(), block_kd_);
+  }
+  VecD& col = block_col_;
+  if (!answers) return;
+  const int64_t m = cache_.size();
+  for (Eigen::Index g = 0; g < G; ++g) {
+    Answer& a = (*answers)[size_t(g)];
+    col = block_P_.col(g);
+    if (cache_.f32()) a.z = (cache_.values_f().topRows(m).transpose() * col.cast<float>()).cast<double>();
+    else a.z.noalias() = cache_.values().topRows(m).transpose() * col;
+    a.has_kept = true;
+    a.kept.resize(size_t(m));
+    for (int64_t s = 0; s < m; ++s) a.kept[size_t(s)] = cache_.position(s);
+  }
+}
+
+}  // namespace kvsim::policies

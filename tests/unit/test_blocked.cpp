@@ -1,0 +1,141 @@
+// Blocked stepping (`[eval] stepping = "blocked"`, include/kvsim/policies/policy.hpp BlockStepper; DESIGN §13),
+// driven by the registry: every registered policy × each of its examples is replayed by the engine per step and
+// blocked — blocks of 5 steps (so blocks end between evaluated steps as well as on them, and cross the
+// prompt's end) and the engine's own block size — on one GQA stream with a prompt, in both gqa modes and
+// both policy precisions. The properties:
+//   - a policy that is a BlockStepper gives the per-step numbers: in float64 the same kept sets (kept_mass,
+//     cache_tokens, cache_bytes to the bit) and rel_err / eps within 1e-12; in float32 rel_err within 1e-5,
+//     and the kept sets equal except near-ties (rows whose kept_mass moved are counted, and must be rare);
+//   - any other policy is untouched: the same bits;
+//   - at least h2o, tova and scissorhands are BlockSteppers (the test is not vacuous; knorm needs no query
+//     between evaluations, so it has nothing to block).
+// Negative control: with the block's masking switched off (g_blocked_masking_off: a slot taken over inside a
+// block keeps reading the evicted token's logit), h2o's blocked numbers differ from the per-step ones.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <set>
+
+#include "helpers.hpp"
+#include "kvsim/cli/config.hpp"
+#include "kvsim/io/spec.hpp"
+#include "kvsim/policies/registry.hpp"
+#include "kvsim/replay/engine.hpp"
+#include "kvsim/replay/metrics.hpp"
+#include "registry_examples.hpp"
+
+using namespace kvsim;
+
+namespace {
+
+const char* kBase = R"(
+name = "blocked"
+seed = 4
+[data]
+synthetic = "heavy_hitter"
+n = 160
+d = 16
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+prefill = 32
+[eval]
+every = 3
+from = 33
+[[policy]]
+name = "exact"
+)";
+
+RunResult run(const PolicySpec& spec, const std::vector<std::string>& sets) {
+  Experiment ex = parse_experiment(kBase, "inline", sets);
+  ex.policies.push_back(spec);
+  auto src = open_source(ex.data);
+  return run_experiment(ex, *src, 1);
+}
+
+struct Diff {
+  double worst = 0;     // largest |Δ| of rel_err and eps_spectral
+  int kept_moved = 0;   // rows whose kept set (kept_mass, cache_tokens) moved
+  int rows = 0;
+  bool bits = true;     // every metric (but policy_ns) the same bits
+};
+
+Diff compare(const RunResult& a, const RunResult& b) {
+  Diff d;
+  const auto& ra = a.policies[1].rows;
+  const auto& rb = b.policies[1].rows;
+  REQUIRE(ra.size() == rb.size());
+  for (size_t i = 0; i < ra.size(); ++i) {
+    REQUIRE(ra[i].step == rb[i].step);
+    ++d.rows;
+    for (const auto& c : a.metrics)
+      if (c.name != "policy_ns") d.bits &= test::same_bits(ra[i][c.index], rb[i][c.index]);
+    bool moved = false;
+    for (const char* m : {"kept_mass", "cache_tokens", "cache_bytes"})
+      moved |= !test::same_bits(metric_of(ra[i], m), metric_of(rb[i], m));
+    d.kept_moved += moved;
+    for (const char* m : {"rel_err", "eps_spectral"}) d.worst = std::max(d.worst, std::abs(metric_of(ra[i], m) - metric_of(rb[i], m)));
+  }
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("blocked stepping: every registered policy gives its per-step numbers", "[blocked][registry]") {
+  StreamInfo s = test::stream_info(160, 16, 2, false);
+  s.prefill = 32;
+  std::set<std::string> blocked_names;
+  for (const test::Example& x : test::registry_examples(s)) {
+    if (!x.refused.empty()) continue;
+    const bool stepper = block_stepper(*make_policy(x.spec.name, x.spec.params, s)) != nullptr;
+    if (stepper) blocked_names.insert(x.spec.name);
+    for (const char* gqa : {"kv_head", "query_head"})
+      for (const char* prec : {"float64", "float32"}) {
+        const std::vector<std::string> common = {std::string("eval.gqa=\"") + gqa + "\"",
+                                                 std::string("eval.policy_precision=\"") + prec + "\""};
+        auto with = [&](const char* mode, int block) {
+          auto o = common;
+          o.push_back(std::string("eval.stepping=\"") + mode + "\"");
+          o.push_back("eval.stepping_block=" + std::to_string(block));
+          return run(x.spec, o);
+        };
+        const RunResult per_step = with("per_step", 0);
+        for (int block : {5, 0}) {
+          INFO(x.spec.label << " " << gqa << " " << prec << " block " << block);
+          const Diff d = compare(with("blocked", block), per_step);
+          if (!stepper) {
+            CHECK(d.bits);
+            continue;
+          }
+          if (std::string(prec) == "float64") {
+            CHECK(d.kept_moved == 0);
+            CHECK(d.worst <= 1e-12);
+          } else {
+            CHECK(d.kept_moved * 50 <= d.rows);  // near-ties only: ≤ 2% of the rows
+            CHECK(d.worst <= 1e-5);
+          }
+        }
+      }
+  }
+  for (const char* name : {"h2o", "tova", "scissorhands"}) {
+    INFO(name);
+    CHECK(blocked_names.count(name) == 1);
+  }
+}
+
+TEST_CASE("blocked stepping: a block with its masking switched off differs (negative control)", "[blocked]") {
+  const PolicySpec h2o{"h2o", "h2o", [] {
+                         Params p;
+                         p.set("memory", 0.25);
+                         return p;
+                       }()};
+  const RunResult per_step = run(h2o, {"eval.stepping=\"per_step\""});
+  g_blocked_masking_off = true;
+  const RunResult off = run(h2o, {"eval.stepping=\"blocked\"", "eval.stepping_block=8"});
+  g_blocked_masking_off = false;
+  const RunResult on = run(h2o, {"eval.stepping=\"blocked\"", "eval.stepping_block=8"});
+  CHECK(compare(on, per_step).worst <= 1e-12);
+  CHECK(compare(off, per_step).worst > 1e-6);
+  CHECK_THROWS_WITH(parse_experiment(kBase, "inline", {"eval.stepping=\"fast\""}), Catch::Contains("eval.stepping"));
+  CHECK_THROWS_WITH(parse_experiment(kBase, "inline", {"eval.stepping_block=-1"}), Catch::Contains("eval.stepping_block"));
+}
