@@ -92,7 +92,7 @@ void bench_closed_form(const BenchOptions& o, BenchOut& b) {
 }
 
 void bench_blocked_stepping(const BenchOptions& o, BenchOut& b) {
-  // Blocked stepping (BlockStepper: h2o, tova, scissorhands) against per-step, at n = 4096 and 16384 (quick:
+  // Blocked stepping (BlockStepper: h2o, tova, scissorhands, buzz) against per-step, at n = 4096 and 16384 (quick:
   // 1024), head_dim 128, a GQA group of 4 on one KV head, budget 25%, every 16th step evaluated from n/4 (blocks
   // of ≤ 16 steps), float32 and float64. Useful work per step: the group's logits over the cached tokens every
   // step and its answers at one step in 16: 2 · 4 · tokens · 128 · (1 + 1/16) flops; "of GEMM" is that rate
@@ -107,7 +107,8 @@ void bench_blocked_stepping(const BenchOptions& o, BenchOut& b) {
     ex.eval.from = n / 4;
     ex.eval.reference_precision = Precision::float32;  // not timed here: keeps the run short
     ex.policies = {{"h2o", "h2o", make_params({{"memory", 0.25}})}, {"tova", "tova", make_params({{"memory", 0.25}})},
-                   {"scissorhands", "scissorhands", make_params({{"memory", 0.25}})}};
+                   {"scissorhands", "scissorhands", make_params({{"memory", 0.25}})},
+                   {"buzz", "buzz", make_params({{"memory", 0.25}})}};
     SynthSource src(ex.data.synth);
     for (const char* prec : {"float32", "float64"}) {
       std::vector<double> ns[2], tokens;

@@ -23,13 +23,14 @@ struct Tok {
   double score = 0;
 };
 
-class BuzzPolicy final : public Policy, public GpuReplayable {
+class BuzzPolicy final : public Policy, public GpuReplayable, public BlockStepper {
  public:
   BuzzPolicy(int64_t sink, int64_t window, int64_t T, int64_t stride, bool log_scale, const StreamInfo& s)
       : sink_(sink), w_(window), T_(T), s_(stride), log_scale_(log_scale), agg_(s.group_agg), d_(s.head_dim),
         store_(sink + window + T + 1, s.head_dim, s.policy_f32) {
     // Capacity: sink + window + body (old + new < T between evictions), plus one slot of slack.
     owner_.assign(store_.capacity(), -1);
+    ever_used_.assign(size_t(store_.capacity()), 0);
     for (int64_t i = store_.capacity() - 1; i >= 0; --i) free_.push_back(i);
   }
 
@@ -53,6 +54,46 @@ class BuzzPolicy final : public Policy, public GpuReplayable {
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     // One masked matrix-vector product over the whole slot store per query (free slots get weight 0):
     // contiguous memory instead of one dot product per token object.
+    attend_with(t, q.rows(), [&](Eigen::Index i, VecD& logits) { store_.logits_all(q.row(i).transpose(), logits); }, out);
+  }
+
+  /// Blocked stepping (BlockStepper, include/kvsim/policies/policy.hpp): the block's logits over every slot of the
+  /// store at its start and over its own keys by two GEMMs; a slot a block token is stored in takes that token's
+  /// column, and the mask of free slots does the rest, as in attend().
+  void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
+                  std::vector<Answer>* answers) override {
+    if (t_first < 1 || t_last < t_first || t_last > K.rows() || q_scaled.empty())
+      throw Error("buzz: step_block: steps [" + std::to_string(t_first) + ", " + std::to_string(t_last) + "] outside a stream of " +
+                  std::to_string(K.rows()) + " tokens");
+    const int64_t b = t_last - t_first + 1;
+    const auto G = Eigen::Index(q_scaled.size()), d = K.cols();
+    auto walk = [&](auto& Ls, auto& Lb, auto& Q, const auto& slot_keys, const auto& block_keys) {
+      using S = typename std::remove_reference_t<decltype(Q)>::Scalar;
+      Q.resize(b * G, d);
+      for (int64_t i = 0; i < b; ++i)
+        for (Eigen::Index g = 0; g < G; ++g) Q.row(i * G + g) = q_scaled[size_t(g)]->row(t_first - 1 + i).template cast<S>();
+      Ls.noalias() = Q * slot_keys.transpose();
+      Lb.noalias() = Q * block_keys.transpose();
+      for (int64_t i = 0; i < b; ++i) {
+        const int64_t t = t_first + i;
+        observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+        if (!g_blocked_masking_off || last_slot_was_free_) Ls.col(last_slot_) = Lb.col(i);
+        attend_with(t, G, [&](Eigen::Index g, VecD& logits) { logits = Ls.row(i * G + g).transpose().template cast<double>(); },
+                    i + 1 == b ? answers : nullptr);
+      }
+    };
+    if (store_.f32()) {
+      walk(block_lf_[0], block_lf_[1], block_qf_, store_.keys_f(), K.middleRows(t_first - 1, b));
+    } else {
+      block_kd_ = K.middleRows(t_first - 1, b).cast<double>();
+      walk(block_ld_[0], block_ld_[1], block_qd_, store_.keys(), block_kd_);
+    }
+  }
+
+ private:
+  /// attend()'s body with the logits of query row i over every slot of the store from `logits_of`.
+  template <class LogitsOf>
+  void attend_with(int64_t t, Eigen::Index rows, LogitsOf&& logits_of, std::vector<Answer>* out) {
     const int64_t cap = int64_t(owner_.size());
     const double lambda = hd::buzz_log_scale(t, log_scale_);
     GroupAggregate agg(agg_, cap);
@@ -63,8 +104,8 @@ class BuzzPolicy final : public Policy, public GpuReplayable {
     logits.resize(cap);
     mask_.resize(cap);
     for (int64_t j = 0; j < cap; ++j) mask_[j] = owner_[j] >= 0 ? 1.0 : 0.0;
-    for (Eigen::Index i = 0; i < q.rows(); ++i) {
-      store_.logits_all(q.row(i).transpose(), logits);
+    for (Eigen::Index i = 0; i < rows; ++i) {
+      logits_of(i, logits);
       double mx = -INFINITY;
       for (int64_t j = 0; j < cap; ++j)
         if (owner_[j] >= 0) mx = std::max(mx, logits[j]);
@@ -97,6 +138,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable {
     for (Tok& x : window_) x.score += step[x.slot];
   }
 
+ public:
   int64_t cache_tokens() const override { return int64_t(sink_tokens_.size() + old_.size() + new_.size() + window_.size()); }
   std::optional<cuda::PolicyReplay> gpu_replay() const override {
     cuda::PolicyReplay r;
@@ -115,6 +157,9 @@ class BuzzPolicy final : public Policy, public GpuReplayable {
     if (free_.empty()) throw Error("buzz: slot store overflow (internal capacity " + std::to_string(owner_.size()) + ")");
     const int64_t slot = free_.back();
     free_.pop_back();
+    last_slot_ = slot;
+    last_slot_was_free_ = owner_[slot] < 0 && !ever_used_[size_t(slot)];
+    ever_used_[size_t(slot)] = 1;
     store_.put(slot, t, k, v);
     owner_[slot] = t;
     return slot;
@@ -142,6 +187,11 @@ class BuzzPolicy final : public Policy, public GpuReplayable {
   int d_;
   SlotCache store_;             // contiguous keys/values (float64 or float32), indexed by slot
   VecD logits_, shifted_, p_, ps_, mask_;  // attend() scratch (no allocation per step)
+  MatD block_qd_, block_kd_, block_ld_[2];  // step_block() scratch
+  MatF block_qf_, block_lf_[2];
+  int64_t last_slot_ = -1;         // the slot store() filled last ...
+  bool last_slot_was_free_ = false;  // ... and whether it had never held a token (the masking-off hook keeps those)
+  std::vector<char> ever_used_;
   std::vector<int64_t> owner_;  // token position in each slot, −1 = free
   std::vector<int64_t> free_;
   std::vector<Tok> sink_tokens_, old_, new_;

@@ -7,7 +7,7 @@
 //     cache_tokens, cache_bytes to the bit) and rel_err / eps within 1e-12; in float32 rel_err within 1e-5,
 //     and the kept sets equal except near-ties (rows whose kept_mass moved are counted, and must be rare);
 //   - any other policy is untouched: the same bits;
-//   - at least h2o, tova and scissorhands are BlockSteppers (the test is not vacuous; knorm needs no query
+//   - at least h2o, tova, scissorhands and buzz are BlockSteppers (the test is not vacuous; knorm needs no query
 //     between evaluations, so it has nothing to block).
 // Negative control: with the block's masking switched off (g_blocked_masking_off: a slot taken over inside a
 // block keeps reading the evicted token's logit), h2o's blocked numbers differ from the per-step ones.
@@ -117,7 +117,7 @@ TEST_CASE("blocked stepping: every registered policy gives its per-step numbers"
         }
       }
   }
-  for (const char* name : {"h2o", "tova", "scissorhands"}) {
+  for (const char* name : {"h2o", "tova", "scissorhands", "buzz"}) {
     INFO(name);
     CHECK(blocked_names.count(name) == 1);
   }

@@ -60,7 +60,7 @@ struct EvalSpec {
   /// in float32), or the policy instance stepped token by token like every other policy.
   ClosedFormMode closed_form = ClosedFormMode::blocked;
   /// "per_step" (default for now) or "blocked": how the CPU path steps caches that implement BlockStepper
-  /// (include/kvsim/policies/policy.hpp: h2o, tova, scissorhands) — a block of consecutive steps whose
+  /// (include/kvsim/policies/policy.hpp: h2o, tova, scissorhands, buzz) — a block of consecutive steps whose
   /// logits come from one GEMM, then walked step by step (equal to per-step up to the dot products'
   /// summation order), or one matrix-vector product per step. `stepping_block` = steps per block (0: the
   /// engine's choice, stepping_block_size()).
