@@ -61,7 +61,7 @@ Batch make_batch(const ClosedLoopConfig& c, const LlamaModel& model, const Promp
   Batch b;
   auto add = [&](const PolicySpec& spec) {
     auto a = std::make_unique<PolicyKVAttention>(cfg, spec, c.tokens, c.seed, c.eval.gqa, c.eval.group_agg, c.prefill,
-                                                 c.eval.policy_precision == Precision::float32);
+                                                 c.eval.policy_precision == Precision::float32, prompt_block_of(c.eval));
     if (prompt) a->load_prompt(*prompt);
     b.caches.push_back(std::make_unique<GuardedAttention>(std::move(a), cfg.n_heads * cfg.head_dim()));
   };

@@ -106,7 +106,7 @@ std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, con
   };
   auto policy_cache = [&](const PolicySpec& s) {
     auto a = std::make_unique<PolicyKVAttention>(cfg, s, total, c.seed, c.eval.gqa, c.eval.group_agg, tr.question_begin,
-                                                c.eval.policy_precision == Precision::float32);
+                                                c.eval.policy_precision == Precision::float32, prompt_block_of(c.eval));
     a->load_prompt(ctx);
     return a;
   };

@@ -38,8 +38,9 @@ StreamInfo model_cache_stream(const LlamaConfig& cfg, int layer, int kv_head, in
 }
 
 PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
-                                     GqaMode gqa, GroupAgg group_agg, int64_t prefill, bool policy_f32)
-    : cfg_(cfg), per_query_(gqa == GqaMode::query_head), prefill_(prefill) {
+                                     GqaMode gqa, GroupAgg group_agg, int64_t prefill, bool policy_f32,
+                                     int64_t prompt_block)
+    : cfg_(cfg), per_query_(gqa == GqaMode::query_head), prefill_(prefill), prompt_block_(prompt_block) {
   if (prefill < 0 || prefill >= n_tokens)
     throw Error("model.prefill (" + std::to_string(prefill) + ") must be in [0, model.tokens = " + std::to_string(n_tokens) + ")");
   const int G = cfg.n_heads / cfg.n_kv_heads;
@@ -109,7 +110,9 @@ void PolicyKVAttention::prefill_layer(int layer, const PromptTensors& prompt) {
     std::vector<const MatD*> qs;
     for (int g = 0; g < count; ++g) qs.push_back(&prompt.q[size_t(layer) * cfg_.n_heads + first + g]);
     const size_t kv = size_t(layer) * cfg_.n_kv_heads + kvh;
-    kvsim::prefill(*pol_[size_t(layer) * caches + c], prefill_, prompt.k[kv], prompt.v[kv], qs);
+    // Blocked stepping: blocks sized for a cache of at most the prompt's tokens.
+    const int64_t block = prompt_block_ < 0 ? stepping_block_size(prefill_, count) : prompt_block_;
+    kvsim::prefill(*pol_[size_t(layer) * caches + c], prefill_, prompt.k[kv], prompt.v[kv], qs, block);
   }
 }
 

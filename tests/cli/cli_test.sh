@@ -199,6 +199,21 @@ if [ -f "$DATA/stories260K/stories260K.bin" ]; then
   grep -q "^subgen_kcenter(centers=0.025,mode=streaming,recent=0.125) " <<<"$out" && ok || bad "closed-loop labels cut"
   grep -q "means over 2 window(s)" <<<"$out" && ok || bad "closed-loop means"
   awk '$2 ~ /^[01]$/ && $NF == "-1"' <<<"$out" | grep -q . && bad "closed-loop prints -1" || ok
+  # Blocked stepping in the closed loop: the prompt reaches h2o/tova/buzz in blocks, and every cache's
+  # cross-entropy and open-loop columns equal the per-step run's (closed_loop.csv); the file differs from a
+  # run with another prompt length (negative control: the comparison sees a change).
+  for m in per_step blocked; do
+    "$KVSIM" closed-loop "$SRC/experiments/closed_loop_prefill.toml" --set model.windows=1 --set model.generate=32 \
+      --set "model.checkpoint=$DATA/stories260K/stories260K.bin" --set "model.tokenizer=$DATA/stories260K/tok512.bin" \
+      --set "model.text=$DATA/tinystories-sample/tinystories.txt" --set "eval.stepping=\"$m\"" --set eval.stepping_block=7 \
+      --out "$TMP/clb_$m" --threads 2 >/dev/null 2>&1 || bad "closed-loop stepping=$m failed"
+  done
+  cmp -s "$TMP/clb_per_step/closed_loop.csv" "$TMP/clb_blocked/closed_loop.csv" && ok || bad "closed-loop blocked != per_step"
+  "$KVSIM" closed-loop "$SRC/experiments/closed_loop_prefill.toml" --set model.windows=1 --set model.generate=32 \
+    --set "model.checkpoint=$DATA/stories260K/stories260K.bin" --set "model.tokenizer=$DATA/stories260K/tok512.bin" \
+    --set "model.text=$DATA/tinystories-sample/tinystories.txt" --set model.prefill=200 \
+    --out "$TMP/clb_other" --threads 2 >/dev/null 2>&1 || bad "closed-loop other prompt failed"
+  cmp -s "$TMP/clb_per_step/closed_loop.csv" "$TMP/clb_other/closed_loop.csv" && bad "closed-loop csv insensitive" || ok
 else
   echo "SKIPPED: real-model CLI checks ($DATA absent)"
 fi

@@ -83,6 +83,13 @@ struct EvalSpec {
   int64_t topk = 0;
 };
 
+/// A closed-loop cache's prompt_block (include/kvsim/model/policy_attention.hpp) under `e`: 0 for stepping =
+/// "per_step", else stepping_block (−1 when 0: the engine's size).
+inline int64_t prompt_block_of(const EvalSpec& e) {
+  if (e.stepping != SteppingMode::blocked) return 0;
+  return e.stepping_block > 0 ? e.stepping_block : -1;
+}
+
 struct Experiment {
   std::string name = "experiment";
   uint64_t seed = 1;

@@ -45,11 +45,14 @@ StreamInfo model_cache_stream(const LlamaConfig& cfg, int layer, int kv_head, in
 /// cache compression matters on the global layers (the recording's data.local_layers = "exact").
 /// Scores use the model's softmax scale (LlamaConfig::attn_scale: 1/√head_dim, or Gemma's
 /// query_pre_attn_scalar^(−1/2)).
+/// `prompt_block`: how a cache that reads every query (BlockStepper) receives the prompt — 0 one step at a
+/// time, B > 0 in blocks of B steps, −1 in blocks of the engine's size (`[eval] stepping = "blocked"`:
+/// prompt_block_of(), include/kvsim/io/spec.hpp).
 class PolicyKVAttention final : public KVAttention {
  public:
   PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& spec, int64_t n_tokens, uint64_t seed,
                     GqaMode gqa = GqaMode::kv_head, GroupAgg group_agg = GroupAgg::mean, int64_t prefill = 0,
-                    bool policy_f32 = false);
+                    bool policy_f32 = false, int64_t prompt_block = 0);
   void attend(int layer, int pos, const float* q, const float* k, const float* v, float* out) override;
   /// The prompt at once (instead of feeding positions 0..P−1 through attend): every cache receives
   /// kvsim::prefill with the prompt's keys, values and scaled queries; decoding then starts at
@@ -68,6 +71,7 @@ class PolicyKVAttention final : public KVAttention {
   LlamaConfig cfg_;
   bool per_query_;
   int64_t prefill_ = 0;
+  int64_t prompt_block_ = 0;
   bool loaded_ = false;  // load_prompt ran: positions < prefill_ are done
   PromptTensors prompt_;  // the prompt buffered position by position (attend_prompt); last_logits unused
   std::vector<std::unique_ptr<Policy>> pol_;  // [layer][kv head or query head]; null on local layers
