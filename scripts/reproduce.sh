@@ -276,6 +276,8 @@ gemma3_long() {
   step gemma3_alloc_eval results/gemma3_alloc_eval.txt $K run experiments/gemma3_alloc_eval.toml --threads "$T"
   step gemma3_alloc_closed_loop results/gemma3_alloc_closed_loop.txt $K closed-loop \
     experiments/gemma3_alloc_closed_loop.toml --threads "$T"
+  [ "$TASKS" = 1 ] && step gemma3_alloc_task results/gemma3_alloc_task.txt $K task experiments/gemma3_alloc_task.toml \
+    --threads "$T" --out results/gemma3_alloc_task --resume
   for w in tinystories code; do
     step "h2o_observations_gemma3_${w}_32768" "results/h2o_observations_gemma3_${w}_32768.txt" $K run \
       experiments/h2o_observations.toml --threads "$T" --resume --out "results/h2o_observations_gemma3_${w}_32768" \
