@@ -30,7 +30,6 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
         store_(sink + window + T + 1, s.head_dim, s.policy_f32) {
     // Capacity: sink + window + body (old + new < T between evictions), plus one slot of slack.
     owner_.assign(store_.capacity(), -1);
-    ever_used_.assign(size_t(store_.capacity()), 0);
     for (int64_t i = store_.capacity() - 1; i >= 0; --i) free_.push_back(i);
   }
 
@@ -68,10 +67,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
     const int64_t b = t_last - t_first + 1;
     const auto G = Eigen::Index(q_scaled.size()), d = K.cols();
     auto walk = [&](auto& Ls, auto& Lb, auto& Q, const auto& slot_keys, const auto& block_keys) {
-      using S = typename std::remove_reference_t<decltype(Q)>::Scalar;
-      Q.resize(b * G, d);
-      for (int64_t i = 0; i < b; ++i)
-        for (Eigen::Index g = 0; g < G; ++g) Q.row(i * G + g) = q_scaled[size_t(g)]->row(t_first - 1 + i).template cast<S>();
+      block_queries(q_scaled, t_first, b, d, Q);
       Ls.noalias() = Q * slot_keys.transpose();
       Lb.noalias() = Q * block_keys.transpose();
       for (int64_t i = 0; i < b; ++i) {
@@ -158,8 +154,9 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
     const int64_t slot = free_.back();
     free_.pop_back();
     last_slot_ = slot;
-    last_slot_was_free_ = owner_[slot] < 0 && !ever_used_[size_t(slot)];
-    ever_used_[size_t(slot)] = 1;
+    // free_ hands out 0, 1, 2, … and reuses released slots first, so a slot never used is the next one up.
+    last_slot_was_free_ = slot >= used_slots_;
+    used_slots_ = std::max(used_slots_, slot + 1);
     store_.put(slot, t, k, v);
     owner_[slot] = t;
     return slot;
@@ -191,7 +188,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   MatF block_qf_, block_lf_[2];
   int64_t last_slot_ = -1;         // the slot store() filled last ...
   bool last_slot_was_free_ = false;  // ... and whether it had never held a token (the masking-off hook keeps those)
-  std::vector<char> ever_used_;
+  int64_t used_slots_ = 0;           // slots [0, used_slots_) have held a token
   std::vector<int64_t> owner_;  // token position in each slot, −1 = free
   std::vector<int64_t> free_;
   std::vector<Tok> sink_tokens_, old_, new_;

@@ -1,5 +1,5 @@
 // Blocked stepping for the ScorerPolicy family that reads every query (h2o, tova, scissorhands; knorm needs no
-// query between evaluations): the BlockStepper contract of include/kvsim/policies/policy.hpp (DESIGN §13).
+// query between evaluations): the BlockStepper contract of include/kvsim/policies/policy.hpp.
 // A block of b consecutive steps forms every logit it needs with two GEMMs — the block's b·G query rows against
 // the keys in the slots at the block's start, and against the block's own b keys — and then walks the b steps
 // in order: each step's eviction (observe_slot, the per-step rule itself), the softmax over the entries present at that step (a slot taken over by block token
@@ -11,19 +11,6 @@
 #include "scorer.hpp"
 
 namespace kvsim::policies {
-namespace {
-
-/// Rows i·G + g of Q: query head g's scaled query at step t_first + i (as Scalar: the per-step float32
-/// path casts each query to float before its matrix-vector product).
-template <class M>
-void block_queries(const std::vector<const MatD*>& q_scaled, int64_t t_first, int64_t b, Eigen::Index d, M& Q) {
-  const auto G = Eigen::Index(q_scaled.size());
-  Q.resize(b * G, d);
-  for (int64_t i = 0; i < b; ++i)
-    for (Eigen::Index g = 0; g < G; ++g) Q.row(i * G + g) = q_scaled[size_t(g)]->row(t_first - 1 + i).template cast<typename M::Scalar>();
-}
-
-}  // namespace
 
 void ScorerPolicy::step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
                               const std::vector<const MatD*>& q_scaled, std::vector<Answer>* answers) {

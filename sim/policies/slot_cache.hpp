@@ -19,6 +19,16 @@
 
 namespace kvsim::policies {
 
+/// Blocked stepping's query rows (BlockStepper::step_block): row i·G + g of Q is query head g's scaled query at
+/// step t_first + i, as M's scalar (the per-step float32 path casts each query to float before its product).
+template <class M>
+void block_queries(const std::vector<const MatD*>& q_scaled, int64_t t_first, int64_t b, Eigen::Index d, M& Q) {
+  const auto G = Eigen::Index(q_scaled.size());
+  Q.resize(b * G, d);
+  for (int64_t i = 0; i < b; ++i)
+    for (Eigen::Index g = 0; g < G; ++g) Q.row(i * G + g) = q_scaled[size_t(g)]->row(t_first - 1 + i).template cast<typename M::Scalar>();
+}
+
 class SlotCache {
  public:
   /// Slots are zero-filled, so products over the whole store (buzz's masked attention) stay finite.

@@ -1,4 +1,4 @@
-// Blocked stepping (`[eval] stepping = "blocked"`, include/kvsim/policies/policy.hpp BlockStepper; DESIGN §13),
+// Blocked stepping (`[eval] stepping = "blocked"`, include/kvsim/policies/policy.hpp BlockStepper),
 // driven by the registry: every registered policy × each of its examples is replayed by the engine per step and
 // blocked — blocks of 5 steps (so blocks end between evaluated steps as well as on them, and cross the
 // prompt's end) and the engine's own block size — on one GQA stream with a prompt, in both gqa modes and
@@ -10,7 +10,7 @@
 //   - at least h2o, tova, scissorhands and buzz are BlockSteppers (the test is not vacuous; knorm needs no query
 //     between evaluations, so it has nothing to block).
 // Negative control: with the block's masking switched off (g_blocked_masking_off: a slot taken over inside a
-// block keeps reading the evicted token's logit), h2o's blocked numbers differ from the per-step ones.
+// block keeps reading the evicted token's logit), h2o's and buzz's blocked numbers differ from the per-step ones.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -124,18 +124,19 @@ TEST_CASE("blocked stepping: every registered policy gives its per-step numbers"
 }
 
 TEST_CASE("blocked stepping: a block with its masking switched off differs (negative control)", "[blocked]") {
-  const PolicySpec h2o{"h2o", "h2o", [] {
-                         Params p;
-                         p.set("memory", 0.25);
-                         return p;
-                       }()};
-  const RunResult per_step = run(h2o, {"eval.stepping=\"per_step\""});
-  g_blocked_masking_off = true;
-  const RunResult off = run(h2o, {"eval.stepping=\"blocked\"", "eval.stepping_block=8"});
-  g_blocked_masking_off = false;
-  const RunResult on = run(h2o, {"eval.stepping=\"blocked\"", "eval.stepping_block=8"});
-  CHECK(compare(on, per_step).worst <= 1e-12);
-  CHECK(compare(off, per_step).worst > 1e-6);
+  for (const char* name : {"h2o", "buzz"}) {  // the ScorerPolicy walk and buzz's slot-store walk
+    INFO(name);
+    Params params;
+    params.set("memory", 0.25);
+    const PolicySpec spec{name, name, params};
+    const RunResult per_step = run(spec, {"eval.stepping=\"per_step\""});
+    g_blocked_masking_off = true;
+    const RunResult off = run(spec, {"eval.stepping=\"blocked\"", "eval.stepping_block=8"});
+    g_blocked_masking_off = false;
+    const RunResult on = run(spec, {"eval.stepping=\"blocked\"", "eval.stepping_block=8"});
+    CHECK(compare(on, per_step).worst <= 1e-12);
+    CHECK(compare(off, per_step).worst > 1e-6);
+  }
   CHECK_THROWS_WITH(parse_experiment(kBase, "inline", {"eval.stepping=\"fast\""}), Catch::Contains("eval.stepping"));
   CHECK_THROWS_WITH(parse_experiment(kBase, "inline", {"eval.stepping_block=-1"}), Catch::Contains("eval.stepping_block"));
 }

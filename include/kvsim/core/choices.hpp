@@ -27,7 +27,7 @@ enum class Device { cpu, cuda };
 /// banded GEMMs, or stepped token by token like every other policy.
 enum class ClosedFormMode { blocked, per_step };
 /// `[eval] stepping`: stepped caches that can (BlockStepper) advance a block of steps at a time, their
-/// logits formed by one GEMM per block (DESIGN §13), or one step at a time.
+/// logits formed by one GEMM per block (BlockStepper, include/kvsim/policies/policy.hpp), or one step at a time.
 enum class SteppingMode { blocked, per_step };
 
 namespace choice_detail {

@@ -164,7 +164,7 @@ class LayerMemoryShare {
   virtual double memory_share() const = 0;
 };
 
-/// Blocked stepping (DESIGN §13; `[eval] stepping = "blocked"`): a policy that advances a run of
+/// Blocked stepping (`[eval] stepping = "blocked"`; docs/performance.md "Blocked stepping"): a policy that advances a run of
 /// consecutive steps at once. step_block(t_first, t_last, …) must equal, for t = t_first … t_last in order,
 /// observe(t − 1, K[t − 1], V[t − 1]) then attend(t, Q̃_t, …) with Q̃_t's row g = q_scaled[g]->row(t − 1),
 /// with `answers` (when non-null) filled for step t_last only. The logit q_t·k_j depends on the query and
