@@ -19,6 +19,10 @@ STEPS=${3:-env,parity,sanitizer,quickstart,e2e_layer,smollm2,bench}
 # KVSIM_GPU_DEADLINE: seconds for the whole script (default 540); each step's limit is cut to what is
 # left, and a step with under 5 s left is skipped.
 DEADLINE=$(($(date +%s) + ${KVSIM_GPU_DEADLINE:-540}))
+# KVSIM_GPU_STEPPING: "blocked" or "per_step" (the default) for every kvsim run below ([eval] stepping:
+# h2o and buzz form a block's logits as one tiled product on the device, and on the CPU path).
+X=()
+[ -n "${KVSIM_GPU_STEPPING:-}" ] && X=(--set "eval.stepping=\"$KVSIM_GPU_STEPPING\"")
 mkdir -p "$LOG"
 ROOT=$PWD
 SUMMARY=""
@@ -72,28 +76,34 @@ fi
 if has sanitizer; then
   for tool in memcheck racecheck; do
     step "sanitizer_$tool" 75 compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
-      "$B/kvsim" run experiments/gpu_sanitizer.toml --device cuda --out "/tmp/gpu_sanitizer_$tool" --quiet
+      "$B/kvsim" run experiments/gpu_sanitizer.toml "${X[@]}" --device cuda --out "/tmp/gpu_sanitizer_$tool" --quiet
+  done
+  # h2o and buzz stepped in blocks of 7 (blocks ending between evaluated steps).
+  for tool in memcheck racecheck; do
+    step "sanitizer_${tool}_blocked" 75 compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
+      "$B/kvsim" run experiments/gpu_sanitizer.toml --set 'eval.stepping="blocked"' --set eval.stepping_block=7 \
+      --device cuda --out "/tmp/gpu_sanitizer_${tool}_blocked" --quiet
   done
   # Again with the layer's cells replayed together, through the streams uploaded once per layer.
   step sanitizer_memcheck_batch 75 env KVSIM_CUDA_LAYER_BATCH=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    --print-limit 20 "$B/kvsim" run experiments/gpu_sanitizer.toml --device cuda --out /tmp/gpu_sanitizer_batch --quiet
+    --print-limit 20 "$B/kvsim" run experiments/gpu_sanitizer.toml "${X[@]}" --device cuda --out /tmp/gpu_sanitizer_batch --quiet
 fi
 if has quickstart; then  # docs/performance.md's GPU example
-  step quickstart_cuda 60 "$B/kvsim" run experiments/quickstart.toml --device cuda --out /tmp/quickstart_cuda
+  step quickstart_cuda 60 "$B/kvsim" run experiments/quickstart.toml "${X[@]}" --device cuda --out /tmp/quickstart_cuda
 fi
 if has e2e_layer; then  # one layer of the bench's end-to-end run: its metrics, GPU against CPU
   cfg=experiments/gpu_e2e_layer.toml
-  step e2e_layer_cuda 90 "$B/kvsim" run "$cfg" --device cuda --out /tmp/e2e_cuda --quiet
-  step e2e_layer_cpu 90 "$B/kvsim" run "$cfg" --out /tmp/e2e_cpu --quiet
+  step e2e_layer_cuda 90 "$B/kvsim" run "$cfg" "${X[@]}" --device cuda --out /tmp/e2e_cuda --quiet
+  step e2e_layer_cpu 90 "$B/kvsim" run "$cfg" "${X[@]}" --out /tmp/e2e_cpu --quiet
   step e2e_layer_compare 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-4 --rtol 1e-4 /tmp/e2e_cpu /tmp/e2e_cuda
   cp /tmp/e2e_cuda/summary.csv "$LOG/e2e_layer_cuda_summary.csv" 2>/dev/null
 fi
 if has smollm2; then
   cfg=experiments/smollm2_gpu_8192.toml
-  step smollm2_cuda 120 env KVSIM_CUDA_LAYER_BATCH=1 "$B/kvsim" run "$cfg" --device cuda --out /tmp/smollm2_cuda --quiet
+  step smollm2_cuda 120 env KVSIM_CUDA_LAYER_BATCH=1 "$B/kvsim" run "$cfg" "${X[@]}" --device cuda --out /tmp/smollm2_cuda --quiet
   # The same with one replay launch per cell instead of per layer (what the layer batch gains).
-  step smollm2_cuda_per_cell 120 env KVSIM_CUDA_LAYER_BATCH=0 "$B/kvsim" run "$cfg" --device cuda --out /tmp/smollm2_cuda_pc --quiet
-  step smollm2_cpu 150 "$B/kvsim" run "$cfg" --out /tmp/smollm2_cpu --quiet
+  step smollm2_cuda_per_cell 120 env KVSIM_CUDA_LAYER_BATCH=0 "$B/kvsim" run "$cfg" "${X[@]}" --device cuda --out /tmp/smollm2_cuda_pc --quiet
+  step smollm2_cpu 150 "$B/kvsim" run "$cfg" "${X[@]}" --out /tmp/smollm2_cpu --quiet
   step smollm2_compare 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-4 --rtol 1e-4 /tmp/smollm2_cpu /tmp/smollm2_cuda
   step smollm2_compare_per_cell 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py /tmp/smollm2_cuda /tmp/smollm2_cuda_pc
   cp /tmp/smollm2_cuda/summary.csv "$LOG/smollm2_cuda_summary.csv" 2>/dev/null
@@ -101,8 +111,8 @@ if has smollm2; then
 fi
 if has gemma3; then  # Gemma 3 270M's global layers at 4096 tokens (head_dim 256), GPU beside CPU
   cfg=experiments/gemma3_gpu_4096.toml
-  step gemma3_cuda 120 "$B/kvsim" run "$cfg" --device cuda --out /tmp/gemma3_cuda --quiet
-  step gemma3_cpu 150 "$B/kvsim" run "$cfg" --out /tmp/gemma3_cpu --quiet
+  step gemma3_cuda 120 "$B/kvsim" run "$cfg" "${X[@]}" --device cuda --out /tmp/gemma3_cuda --quiet
+  step gemma3_cpu 150 "$B/kvsim" run "$cfg" "${X[@]}" --out /tmp/gemma3_cpu --quiet
   step gemma3_compare 60 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-4 --rtol 1e-4 /tmp/gemma3_cpu /tmp/gemma3_cuda
 fi
 if has deadline; then
@@ -117,7 +127,7 @@ if has deadline; then
       grep -q \"KVSIM_CUDA_DEADLINE = 'soon'\" /tmp/gpu_deadline2.txt && echo 'deadline: both runs failed as expected'"
 fi
 if has e2e_32; then  # the 7B-shaped end-to-end run (the bench's), with the phase profile
-  step e2e_32_cuda 180 env KVSIM_PROFILE=1 "$B/kvsim" run experiments/gpu_e2e_layer.toml --set data.n_layers=32 \
+  step e2e_32_cuda 180 env KVSIM_PROFILE=1 "$B/kvsim" run experiments/gpu_e2e_layer.toml "${X[@]}" --set data.n_layers=32 \
     --device cuda --out /tmp/e2e_32 --quiet
 fi
 if has scale32k; then
@@ -126,15 +136,15 @@ if has scale32k; then
   # KV head (query heads 0-3) on the CPU path meanwhile, in the background on one core, and on the GPU,
   # then the two compared.
   cfg=experiments/gpu_8b_32k.toml
-  timeout -k 5 400 "$B/kvsim" run "$cfg" --set 'data.layers=[0]' --set 'data.heads=[0,1,2,3]' --out /tmp/s32_cpu \
+  timeout -k 5 $((DEADLINE - $(date +%s) > 10 ? DEADLINE - $(date +%s) : 10)) "$B/kvsim" run "$cfg" "${X[@]}" --set 'data.layers=[0]' --set 'data.heads=[0,1,2,3]' --out /tmp/s32_cpu \
     --quiet --threads 1 > "$LOG/scale32k_cpu.txt" 2>&1 &
   CPU32=$!
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$LOG/scale32k_mem.txt" 2>&1 &
   MEM=$!
-  step scale32k_cuda 300 env KVSIM_PROFILE=1 "$B/kvsim" run "$cfg" --set 'data.layers=[0]' --device cuda --out /tmp/s32_cuda --quiet
+  step scale32k_cuda 300 env KVSIM_PROFILE=1 "$B/kvsim" run "$cfg" "${X[@]}" --set 'data.layers=[0]' --device cuda --out /tmp/s32_cuda --quiet
   kill "$MEM" 2>/dev/null
   step scale32k_mem 10 bash -c "sort -n $LOG/scale32k_mem.txt | awk 'NR==1{lo=\$1} {hi=\$1} END{print \"device memory used: lowest sample \" lo \" MiB, peak \" hi \" MiB\"}'"
-  step scale32k_cuda_kv0 240 "$B/kvsim" run "$cfg" --set 'data.layers=[0]' --set 'data.heads=[0,1,2,3]' --device cuda \
+  step scale32k_cuda_kv0 240 "$B/kvsim" run "$cfg" "${X[@]}" --set 'data.layers=[0]' --set 'data.heads=[0,1,2,3]' --device cuda \
     --out /tmp/s32_cuda_kv0 --quiet
   wait "$CPU32"  # bounded by its own timeout above
   step scale32k_cpu 5 bash -c "echo 'CPU path, first KV head, in the background: exit status $?'; cat $LOG/scale32k_cpu.txt; ls /tmp/s32_cpu/results.h5"
@@ -148,7 +158,7 @@ if has e2e_floor; then  # the end-to-end recording through the exact policy alon
   printf '%s\n' 'name = "e2e_floor"' 'seed = 1' '[data]' 'synthetic = "heavy_hitter"' 'n = 8192' 'd = 128' \
     'n_layers = 32' 'n_heads = 32' 'n_kv_heads = 32' '[eval]' 'every = 16' 'policy_precision = "float32"' \
     '[[policy]]' 'name = "exact"' > /tmp/e2e_floor.toml
-  step e2e_floor_cuda 120 "$B/kvsim" run /tmp/e2e_floor.toml --device cuda --out /tmp/e2e_floor --quiet
+  step e2e_floor_cuda 120 "$B/kvsim" run /tmp/e2e_floor.toml "${X[@]}" --device cuda --out /tmp/e2e_floor --quiet
 fi
 if has bench; then
   # GPU utilization every 2 s while the bench runs (its last part is the end-to-end run).

@@ -268,6 +268,14 @@ void bench_replays(bool quick, std::string& out) {
         std::snprintf(buf, sizeof buf, "%-14s %6lld %11s %13s %11.3f %13.0f  (state in global memory)\n",
                       cuda::to_string(p.kind), n, "", "", sg, double(heads) * n / sg);
         out += buf;
+        for (long long bk : {16LL, 64LL, 128LL}) {  // blocked stepping: a block's logits as one tiled product
+          cuda::PolicyReplay pb = p;
+          pb.step_block = bk;
+          const double sb = timed(pb, id);
+          std::snprintf(buf, sizeof buf, "%-14s %6lld %11s %13s %11.3f %13.0f  (blocked, %lld steps)\n",
+                        cuda::to_string(p.kind), n, "", "", sb, double(heads) * n / sb, bk);
+          out += buf;
+        }
       }
     }
     release_streams(id);

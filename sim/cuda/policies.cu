@@ -212,6 +212,12 @@ void replay_selection(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_head
   sync("kept_attend_kernel");
 }
 
+/// The state kernels' steps per block (PolicyReplay::step_block, at most n; 0: one at a time).
+long long step_block(const cuda::PolicyReplay& p, int64_t n) {
+  if (p.step_block < 0) throw Error("cuda::replay_policy: step_block " + std::to_string(p.step_block) + " is negative");
+  return std::min<long long>(p.step_block, n);
+}
+
 void replay_h2o(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int group, int64_t n, int d, double scale,
                 int rows, long long cap) {
   auto &d_queries = b.d_queries, &d_keys = b.d_keys, &d_values = b.d_values;
@@ -223,11 +229,13 @@ void replay_h2o(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, int
   DeviceBuffer<double> score(size_t(kv_heads) * cap), probs(size_t(kv_heads) * cap), head_probs(size_t(kv_heads) * cap);
   DeviceBuffer<float> logits(size_t(kv_heads) * cap);
   DeviceFlag err;
+  const long long bk = step_block(p, n);
+  DeviceBuffer<float> tiles(bk > 0 ? size_t(kv_heads) * group * bk * (cap + bk) : 1);
   const long long sbytes = h2o_smem_bytes(d, cap);
   const bool smem = dynamic_smem_fits(h2o_kernel, sbytes);
   h2o_kernel<<<kv_heads, kStateThreads, smem ? size_t(sbytes) : qbytes>>>(
       d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), cap, p.recent, p.group_agg, d_steps.p, rows, d_answers.p,
-      d_log_sum.p, d_kept.p, pos.p, score.p, probs.p, head_probs.p, logits.p, err.buf.p, smem);
+      d_log_sum.p, d_kept.p, pos.p, score.p, probs.p, head_probs.p, logits.p, err.buf.p, smem, bk, tiles.p);
   check(cudaGetLastError(), "h2o_kernel launch");
   sync("h2o_kernel");
   if (err.raised()) throw Error("cuda::replay_policy: h2o found no evictable token (recent window ≥ budget)");
@@ -273,12 +281,15 @@ void replay_buzz(const cuda::PolicyReplay& p, ReplayBuffers& b, int kv_heads, in
   DeviceBuffer<long long> kept_list(size_t(kv_heads) * cap);
   DeviceBuffer<double> probs(size_t(kv_heads) * cap), head_probs(size_t(kv_heads) * cap);
   DeviceBuffer<float> logits(size_t(kv_heads) * cap);
+  const long long bk = step_block(p, n);
+  DeviceBuffer<float> tiles(bk > 0 ? size_t(kv_heads) * group * bk * (cap + bk) : 1);
+  DeviceBuffer<int> cols(bk > 0 ? size_t(kv_heads) * n : 1);
   const long long sbytes = buzz_smem_bytes(d, p.sink, p.window, p.threshold, cap);
   const bool smem = dynamic_smem_fits(buzz_kernel, sbytes);
   buzz_kernel<<<kv_heads, kStateThreads, smem ? size_t(sbytes) : qbytes>>>(
       d_queries.p, d_keys.p, d_values.p, group, n, d, float(scale), p.sink, p.window, p.threshold, p.stride, p.log_scale,
       p.group_agg, d_steps.p, rows, d_answers.p, d_log_sum.p, d_kept.p, cap, sink_tokens.p, window_ring.p, new_tokens.p,
-      old_tokens.p, kept_list.p, probs.p, head_probs.p, logits.p, smem);
+      old_tokens.p, kept_list.p, probs.p, head_probs.p, logits.p, smem, bk, tiles.p, cols.p);
   check(cudaGetLastError(), "buzz_kernel launch");
   sync("buzz_kernel");
 }

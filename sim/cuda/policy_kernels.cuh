@@ -55,7 +55,7 @@ __global__ void kcenter_select_kernel(const float* K, long long n, int d, long l
 __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
                            long long B, long long recent, int agg, const long long* steps, int rows, float* z,
                            double* log_sum, long long* kept, long long* pos_all, double* score_all, double* pr_all,
-                           double* pa_all, float* lg_all, int* error, bool smem_state);
+                           double* pa_all, float* lg_all, int* error, bool smem_state, long long bk, float* tile_all);
 
 __global__ void subgen_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, double scale,
                               double delta0, long long s, long long tt, long long max_clusters, long long cap_m,
@@ -68,6 +68,7 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
                             long long sink, long long w, long long T, long long stride, bool log_scale, int agg,
                             const long long* steps, int rows, float* z, double* log_sum, long long* kept, long long cap,
                             BuzzTok* sink_all, BuzzTok* ring_all, BuzzTok* new_all, BuzzTok* old_all, long long* lst_all,
-                            double* pr_all, double* pa_all, float* lg_all, bool smem_state);
+                            double* pr_all, double* pa_all, float* lg_all, bool smem_state, long long bk,
+                            float* tile_all, int* col_all);
 
 }  // namespace kvsim::cuda_impl

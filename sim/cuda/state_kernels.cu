@@ -5,9 +5,14 @@
 #include "common.cuh"
 #include "kvsim/core/hd.hpp"
 #include "attend_step.cuh"
+#include "block_logits.cuh"
 #include "policy_kernels.cuh"
 
 namespace kvsim::cuda_impl {
+// block_tile_logits borrows the kernels' value-reduction scratch (red) for its panels.
+static_assert(kTileScratchFloats * sizeof(float) <= kStateWarps * kValueDims * sizeof(double), "tile scratch fits red");
+static_assert(kStateThreads == 256, "block_tile_logits lays 256 threads over a 64 × 64 tile");
+
 namespace {
 struct NoDrop {
   __device__ void operator()(const BuzzTok&) const {}
@@ -92,17 +97,33 @@ __device__ long long h2o_victim(const long long* pos, const double* score, long 
   return slot;
 }
 
+/// kept row `kr` [cap]: the cache's tokens pos_of(j) for j < m, −1 beyond (every thread calls it).
+template <class PosOf>
+__device__ void write_kept_row(long long* kr, long long cap, long long m, PosOf pos_of) {
+  for (long long j = threadIdx.x; j < cap; j += blockDim.x) kr[j] = j < m ? pos_of(j) : -1;
+}
+
+/// buzz at a block's start (lst[0, m0): the cache then): col[tok] = the token's index there, then the
+/// block's tile (block_tile_logits).
+__device__ void buzz_block_start(const float* Q, const float* Kh, float scale, int h0, int group, long long n, int d,
+                                 long long t0, long long bk, const long long* lst, long long m0, int* col, float* tile,
+                                 long long ld, double* red) {
+  for (long long j = threadIdx.x; j < m0; j += blockDim.x) col[lst[j]] = int(j);
+  block_tile_logits(Q, Kh, scale, h0, group, n, d, t0, bk, lst, m0, tile, ld, reinterpret_cast<float*>(red));
+}
+
 }  // namespace
 
 /// h2o: grid (kv_heads), one block of kStateThreads per KV head, stepping t = 0..n−1. State (global):
 /// pos [kv_heads][B], score [kv_heads][B] (double), the step's combined attention pr [kv_heads][B] and
 /// one query head's pa [kv_heads][B] (double), logits lg [kv_heads][B]. Outputs as
 /// sink_window_kernel (kept: slot order, −1 padded); *error set to 1 if no token was evictable
-/// (recent ≥ budget: refused on the host already).
+/// (recent ≥ budget: refused on the host already). bk > 0: blocked stepping (block_logits.cuh), the
+/// block's logits in tile_all [kv_heads][group·bk][B + bk]; 0: each step's logits by warp_logits.
 __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
                            long long B, long long recent, int agg, const long long* steps, int rows, float* z,
                            double* log_sum, long long* kept, long long* pos_all, double* score_all, double* pr_all,
-                           double* pa_all, float* lg_all, int* error, bool smem_state) {
+                           double* pa_all, float* lg_all, int* error, bool smem_state, long long bk, float* tile_all) {
   const int kvh = blockIdx.x, tid = threadIdx.x;
   const float* Kh = K + (long long)kvh * n * d;
   const float* Vh = V + (long long)kvh * n * d;
@@ -125,9 +146,15 @@ __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int g
   __shared__ double ws[kStateWarps];
   __shared__ long long wp[kStateWarps], wb[kStateWarps];  // h2o_victim's per-warp bests
   auto slot_pos = [&](long long s) { return pos[s]; };
-  long long size = 0;
+  const long long ld = B + bk;
+  float* tile = bk > 0 ? tile_all + (long long)kvh * group * bk * ld : nullptr;
+  long long size = 0, t0 = 0, size0 = 0;
   int r = 0;
   for (long long t = 0; t < n; ++t) {
+    if (bk > 0 && t % bk == 0) {  // a block starts: its logits over the cache as it is now, and its own tokens
+      t0 = t, size0 = size;
+      block_tile_logits(Q, Kh, scale, kvh * group, group, n, d, t0, bk, pos, size0, tile, ld, reinterpret_cast<float*>(red));
+    }
     // observe(t): fill, or evict the lowest-score non-recent token (hd::h2o_prefer, a total order with
     // ties to the oldest, so this arg-min picks the CPU's serial victim).
     long long slot = size;
@@ -150,9 +177,8 @@ __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int g
     const bool eval = r < rows && steps[r] == t + 1;
     for (int g = 0; g < group; ++g) {
       const int h = kvh * group + g;
-      for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Q[((long long)h * n + t) * d + i];
-      __syncthreads();
-      warp_logits(qs, Kh, d, size, slot_pos, lg);
+      step_logits(tile, bk, ld, g, t, t0, size0, [](long long s, long long) { return s; }, Q + ((long long)h * n + t) * d,
+                  scale, qs, Kh, d, size, slot_pos, lg);
       __syncthreads();
       hd::OnlineSoftmax<double> st;
       for (long long s = tid; s < size; s += blockDim.x) st.add(double(lg[s]));
@@ -169,11 +195,7 @@ __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int g
       }
     }
     for (long long s = tid; s < size; s += blockDim.x) score[s] += hd::group_result(pr[s], agg, group);
-    if (eval) {
-      long long* kr = kept + ((long long)kvh * rows + r) * B;
-      for (long long s = tid; s < B; s += blockDim.x) kr[s] = s < size ? pos[s] : -1;
-      ++r;
-    }
+    if (eval) write_kept_row(kept + ((long long)kvh * rows + r++) * B, B, size, slot_pos);
     __syncthreads();
   }
 }
@@ -183,20 +205,21 @@ __global__ void h2o_kernel(const float* Q, const float* K, const float* V, int g
 /// [kv_heads][T] each; per step the cached list (sink, old, new, window oldest first: the CPU's
 /// answer order) in lst [kv_heads][cap], its step attention pr [kv_heads][cap], one query head's
 /// λ-scaled weights pa [kv_heads][cap] and logits lg [kv_heads][cap]. Outputs as kept_attend_kernel,
-/// z and log_sum of the λ-scaled logits.
+/// z and log_sum of the λ-scaled logits. bk > 0: blocked stepping as h2o_kernel's (tile_all
+/// [kv_heads][group·bk][cap + bk]; col_all [kv_heads][n], a token's index in the list at the block's start).
 __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int group, long long n, int d, float scale,
                             long long sink, long long w, long long T, long long stride, bool log_scale, int agg,
                             const long long* steps, int rows, float* z, double* log_sum, long long* kept, long long cap,
                             BuzzTok* sink_all, BuzzTok* ring_all, BuzzTok* new_all, BuzzTok* old_all, long long* lst_all,
-                            double* pr_all, double* pa_all, float* lg_all, bool smem_state) {
+                            double* pr_all, double* pa_all, float* lg_all, bool smem_state, long long bk,
+                            float* tile_all, int* col_all) {
   const int kvh = blockIdx.x, tid = threadIdx.x;
   const float* Kh = K + (long long)kvh * n * d;
   const float* Vh = V + (long long)kvh * n * d;
   const long long ns = sink > 0 ? sink : 1;
   BuzzTok* sk = sink_all + (long long)kvh * ns;
   BuzzTok* ring = ring_all + (long long)kvh * w;
-  BuzzTok* neu = new_all + (long long)kvh * T;
-  BuzzTok* old = old_all + (long long)kvh * T;
+  BuzzTok *neu = new_all + (long long)kvh * T, *old = old_all + (long long)kvh * T;
   long long* lst = lst_all + (long long)kvh * cap;
   double* pr = pr_all + (long long)kvh * cap;
   double* pa = pa_all + (long long)kvh * cap;
@@ -218,8 +241,16 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
     return ring[(ring_head + (j - n_new)) % w];
   };
   auto list_pos = [&](long long j) { return lst[j]; };
+  const long long ld = cap + bk;
+  float* tile = bk > 0 ? tile_all + (long long)kvh * group * bk * ld : nullptr;
+  int* col = bk > 0 ? col_all + (long long)kvh * n : nullptr;  // a token's index in the list at t0
+  long long m_prev = 0, t0 = 0, m0 = 0;
   int r = 0;
   for (long long t = 0; t < n; ++t) {
+    if (bk > 0 && t % bk == 0) {  // a block starts: lst[0, m_prev) is the cache as it is now
+      t0 = t, m0 = m_prev;
+      buzz_block_start(Q, Kh, scale, kvh * group, group, n, d, t0, bk, lst, m0, col, tile, ld, red);
+    }
     // observe(t) (BuzzPolicy::observe): sink first; then the window; the window's oldest token
     // joins the body as new; the body evicts (hd::buzz_evict) when old + new reaches T.
     if (tid == 0) buzz_observe(t, sink, w, T, stride, sk, ring, neu, old, n_sink, n_old, n_new, ring_head, ring_count);
@@ -236,9 +267,8 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
     const double lambda = hd::buzz_log_scale(t + 1, log_scale);
     for (int g = 0; g < group; ++g) {
       const int h = kvh * group + g;
-      for (int i = tid; i < d; i += blockDim.x) qs[i] = scale * Q[((long long)h * n + t) * d + i];
-      __syncthreads();
-      warp_logits(qs, Kh, d, m, list_pos, lg);
+      step_logits(tile, bk, ld, g, t, t0, m0, [&](long long, long long tok) { return (long long)col[tok]; },
+                  Q + ((long long)h * n + t) * d, scale, qs, Kh, d, m, list_pos, lg);
       __syncthreads();
       hd::OnlineSoftmax<double> st, sl;
       for (long long j = tid; j < m; j += blockDim.x) {
@@ -257,11 +287,8 @@ __global__ void buzz_kernel(const float* Q, const float* K, const float* V, int 
       __syncthreads();
     }
     for (long long j = tid; j < m; j += blockDim.x) at(j).score += hd::group_result(pr[j], agg, group);
-    if (eval) {
-      long long* kr = kept + ((long long)kvh * rows + r) * cap;
-      for (long long j = tid; j < cap; j += blockDim.x) kr[j] = j < m ? lst[j] : -1;
-      ++r;
-    }
+    if (eval) write_kept_row(kept + ((long long)kvh * rows + r++) * cap, cap, m, list_pos);
+    m_prev = m;
     __syncthreads();
   }
 }

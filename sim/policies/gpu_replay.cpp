@@ -117,10 +117,12 @@ std::optional<cuda::PolicyReplay> gpu_replay(const Policy& p) {
 }
 
 std::unique_ptr<Policy> make_gpu_replay(std::unique_ptr<Policy> cpu, std::vector<const MatF*> Q, const MatF& K,
-                                        const MatF& V, double scale, std::vector<int64_t> steps, PolicyReplayFn replay) {
+                                        const MatF& V, double scale, std::vector<int64_t> steps, PolicyReplayFn replay,
+                                        int64_t step_block) {
   if (!cpu) throw Error("gpu replay: no policy");
   std::optional<cuda::PolicyReplay> spec = gpu_replay(*cpu);
   if (!spec) throw Error("gpu replay: this policy has no GPU replay");
+  spec->step_block = step_block;
   for (const MatF* m : Q)
     if (!m || m->rows() != K.rows() || m->cols() != K.cols()) throw Error("gpu replay: query shape differs from the keys'");
   if (V.rows() != K.rows() || V.cols() != K.cols()) throw Error("gpu replay: value shape differs from the keys'");

@@ -49,7 +49,7 @@ void PolicySteps::make() {
         // kv_head mode: the layer's cells replayed together (one launch, a block per KV head).
         PolicyReplayFn replay = batch_ && !per_query_ ? batch_->replay_fn(cell_, p) : PolicyReplayFn{};
         inst = make_gpu_replay(std::move(inst), std::move(qs), s_.keys32, s_.values32, scale_, eval_steps(ex_.eval, n_),
-                               std::move(replay));
+                               std::move(replay), gpu_step_block(ex_.eval));
       }
       runs_[p].inst.push_back(std::move(inst));
     }

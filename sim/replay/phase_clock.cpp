@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "kvsim/core/runtime.hpp"
 
@@ -15,6 +17,8 @@ std::array<std::atomic<long long>, kCount> g_ns{};
 std::array<std::atomic<long long>, kCount> g_calls{};
 constexpr const char* kNames[kCount] = {"streams", "reference", "opnorm", "global", "policies", "metrics",
                                         "batch_inputs", "batch_replay"};
+std::mutex g_named_mu;
+std::map<std::string, std::pair<long long, long long>> g_named;  // name → (ns, calls)
 std::atomic<int> g_on{-1};  // -1: from the environment (runtime_from_environment) on first use
 }  // namespace
 
@@ -34,6 +38,14 @@ void add(Phase p, double ns) {
   g_calls[p].fetch_add(1, std::memory_order_relaxed);
 }
 
+void add_named(const std::string& name, double ns) {
+  if (!enabled()) return;
+  std::lock_guard<std::mutex> lk(g_named_mu);
+  auto& e = g_named[name];
+  e.first += (long long)ns;
+  ++e.second;
+}
+
 std::string report_and_reset() {
   if (!enabled()) return {};
   std::string out = "KVSIM_PROFILE: thread-seconds by phase (summed over threads; policies include the GPU replays they wait for)\n";
@@ -43,6 +55,12 @@ std::string report_and_reset() {
     std::snprintf(buf, sizeof buf, "  %-13s %10.3f s  %9lld calls\n", kNames[p], double(ns) * 1e-9, calls);
     out += buf;
   }
+  std::lock_guard<std::mutex> lk(g_named_mu);
+  for (const auto& [name, e] : g_named) {
+    std::snprintf(buf, sizeof buf, "    %-28s %10.3f s  %9lld calls\n", name.c_str(), double(e.first) * 1e-9, e.second);
+    out += buf;
+  }
+  g_named.clear();
   return out;
 }
 

@@ -25,6 +25,9 @@ bool enabled();
 /// Turns profiling on or off (run_experiment: the run's runtime.profile); until called, as the environment says.
 void set_enabled(bool on);
 void add(Phase p, double ns);
+/// Adds ns to a named line under the phases (the GPU replays by policy: what a --device cuda run's
+/// batch_replay time is made of), when enabled.
+void add_named(const std::string& name, double ns);
 /// The totals so far as a table ("" when profiling is off), and resets them.
 std::string report_and_reset();
 

@@ -209,7 +209,7 @@ namespace {
 /// ≤ 1e-4 relative, identical kept sets (in the same order for all but window/sink), the cluster
 /// count and τ̂ where the twin answers them (cuda::kReplayKindTable).
 void compare_policy(const StreamSource& src, const std::string& name, const Params& params, const std::string& agg,
-                    const std::vector<int64_t>& steps) {
+                    const std::vector<int64_t>& steps, int64_t step_block = 0) {
   const auto& m = src.meta();
   const int64_t n = m.n_tokens;
   const int Hkv = m.n_kv_heads, G = m.n_heads / m.n_kv_heads, d = m.head_dim;
@@ -226,6 +226,7 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
     else gp.seeds.insert(gp.seeds.end(), spec->seeds.begin(), spec->seeds.end());
   }
   REQUIRE((gp.seeds.empty() || gp.seeds.size() == size_t(Hkv)));
+  gp.step_block = step_block;
   const cuda::ReplayKindInfo& twin = cuda::replay_kind_info(gp.kind);
   std::vector<float> Q, K, V;
   layer_streams(src, 0, Q, K, V);
@@ -348,4 +349,34 @@ TEST_CASE("cuda: GPU twins in their other modes match the CPU policies", "[cuda]
   Params h;
   h.set("budget", int64_t(96));
   compare_policy(odd, "h2o", h, "mean", steps_every(7, 600));
+}
+
+TEST_CASE("cuda: h2o and buzz stepped in blocks match the CPU policies", "[cuda]") {
+  // Blocked stepping (PolicyReplay::step_block, sim/cuda/block_logits.cuh): blocks of one step, of 7
+  // (blocks end between evaluated steps and evictions), of 64 (the default) and longer than the
+  // stream (one tile for all of it), with query groups of 4 and 1, both aggregations, head_dim 64 and
+  // 30 (the tiles' partial key chunks). A logit read from the wrong column (a token evicted during
+  // the block, or one that entered it) changes the kept sets these compare.
+  for (int64_t bk : {int64_t(1), int64_t(7), int64_t(64), int64_t(1000)}) {
+    for (int kv : {2, 8}) {
+      INFO("step_block " << bk << ", " << kv << " KV heads");
+      SynthSource src(test::small_synth("heavy_hitter", 600, 64, 1, 8, kv));
+      Params h;
+      h.set("budget", int64_t(96));
+      h.set("heavy_ratio", 0.75);  // 72 heavy hitters + 24 recent: evictions reach deep into the block-start cache
+      Params b;  // sink 4 + window 40 + T 60, stride 5: evictions every few dozen tokens
+      b.set("window", int64_t(40));
+      b.set("threshold", int64_t(60));
+      b.set("stride", int64_t(5));
+      b.set("log_scale", true);
+      for (const char* agg : {"mean", "max"}) {
+        compare_policy(src, "h2o", h, agg, steps_every(7, 600), bk);
+        compare_policy(src, "buzz", b, agg, steps_every(5, 600), bk);
+      }
+    }
+  }
+  SynthSource odd(test::small_synth("heavy_hitter", 600, 30, 1, 8, 2));
+  Params h;
+  h.set("budget", int64_t(96));
+  compare_policy(odd, "h2o", h, "mean", steps_every(7, 600), 64);
 }

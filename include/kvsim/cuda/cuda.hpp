@@ -52,6 +52,10 @@ struct PolicyReplay {
   bool weighted = false;              ///< subgen_kcenter: center logits + log(cluster size)
   double delta = 0;                   ///< subgen: cluster radius δ (0 with max_clusters: adaptive)
   int64_t s = 0, t = 0, max_clusters = 0;  ///< subgen: |M|, |S_i|, cluster cap (0 = none)
+  /// h2o and buzz: steps whose logits are formed at once, as one tiled product of the block's queries
+  /// and the keys the cache holds at its start plus the block's own (blocked stepping, `[eval]
+  /// stepping = "blocked"`); 0 steps one token at a time. Answers equal up to float32 rounding.
+  int64_t step_block = 0;
 };
 
 /// What a replay's `kept` row holds: token positions (−1 padded), or, for a policy that keeps no

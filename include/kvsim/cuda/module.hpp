@@ -22,7 +22,7 @@
 namespace kvsim::cuda {
 
 struct ModuleApi {
-  static constexpr int kAbiVersion = 5;
+  static constexpr int kAbiVersion = 6;
   int abi_version;
   /// Usable CUDA devices; 0 with `why` set otherwise. Never fails.
   int (*device_count)(std::string* why);

@@ -90,6 +90,14 @@ inline int64_t prompt_block_of(const EvalSpec& e) {
   return e.stepping_block > 0 ? e.stepping_block : -1;
 }
 
+/// A GPU replay's PolicyReplay::step_block under `e` (the h2o and buzz kernels): 0 for stepping =
+/// "per_step", else stepping_block, or 64 steps when it is 0 (the kernels' tile scratch is
+/// group × block × (budget + block) floats per KV head, small beside the device's memory).
+inline int64_t gpu_step_block(const EvalSpec& e) {
+  if (e.stepping != SteppingMode::blocked) return 0;
+  return e.stepping_block > 0 ? e.stepping_block : 64;
+}
+
 struct Experiment {
   std::string name = "experiment";
   uint64_t seed = 1;

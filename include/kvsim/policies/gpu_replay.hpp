@@ -42,13 +42,14 @@ std::optional<cuda::PolicyReplay> gpu_replay(const Policy& p);
 /// unscaled; K, V [n, d]); attend() then returns the GPU's answers (and uniform's τ̂) at the
 /// evaluated `steps`; capacity_matched() is `cpu`'s. The referenced matrices must outlive it.
 /// `replay` defaults to cuda::replay_policy (tests pass a CPU stand-in with the same contract).
+/// `step_block`: the replay's PolicyReplay::step_block (h2o and buzz; gpu_step_block of the run's eval).
 using PolicyReplayFn = std::function<void(const cuda::PolicyReplay&, const float* Q, const float* K, const float* V,
                                           int kv_heads, int group, int64_t n, int d, double scale,
                                           const std::vector<int64_t>& steps, std::vector<float>& z,
                                           std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap)>;
 std::unique_ptr<Policy> make_gpu_replay(std::unique_ptr<Policy> cpu, std::vector<const MatF*> Q, const MatF& K,
                                         const MatF& V, double scale, std::vector<int64_t> steps,
-                                        PolicyReplayFn replay = {});
+                                        PolicyReplayFn replay = {}, int64_t step_block = 0);
 
 
 }  // namespace kvsim
