@@ -6,8 +6,8 @@
 # data in .gpu/data):
 #   bash scripts/gpu_check.sh [BIN] [LOG_DIR] [STEPS]
 # BIN: the folder with kvsim, libkvsim_cuda.so and kvsim_cuda_tests (default .gpu/bin); LOG_DIR: where logs go (default $OUT, else /tmp/gpu_check);
-# STEPS: a comma list of env,parity,sanitizer,quickstart,e2e_layer,smollm2,gemma3,deadline,e2e_32,scale32k,
-# e2e_floor,bench_quick,bench (default: all but gemma3, deadline, e2e_32, scale32k, e2e_floor and bench_quick,
+# STEPS: a comma list of env,parity,sanitizer,quickstart,e2e_layer,smollm2,gemma3,deadline,e2e_32,state32k,scale32k,
+# e2e_floor,bench_quick,bench (default: all but gemma3, deadline, e2e_32, state32k, scale32k, e2e_floor and bench_quick,
 # in that order). scale32k needs no file; gemma3 needs results/recordings/gemma3_tinystories_4096_global.h5
 # carried (experiments/gemma3_gpu_4096.toml says how it is made).
 # Each step runs under its own time limit, so one hang cannot eat the others' time; the summary at the
@@ -129,6 +129,13 @@ fi
 if has e2e_32; then  # the 7B-shaped end-to-end run (the bench's), with the phase profile
   step e2e_32_cuda 180 env KVSIM_PROFILE=1 "$B/kvsim" run experiments/gpu_e2e_layer.toml "${X[@]}" --set data.n_layers=32 \
     --device cuda --out /tmp/e2e_32 --quiet
+fi
+if has state32k; then
+  # h2o and buzz at the 8B shape, n = 32768, one KV head: one step at a time, then blocked; same answers.
+  cfg=experiments/gpu_state_32k.toml
+  step state32k_per_step 150 "$B/kvsim" run "$cfg" --set 'eval.stepping="per_step"' --device cuda --out /tmp/st32_ps --quiet
+  step state32k_blocked 150 "$B/kvsim" run "$cfg" --set 'eval.stepping="blocked"' --device cuda --out /tmp/st32_bl --quiet
+  step state32k_compare 30 env -u LD_LIBRARY_PATH python3 scripts/compare_results.py --atol 1e-4 --rtol 1e-4 /tmp/st32_ps /tmp/st32_bl
 fi
 if has scale32k; then
   # One layer of the Llama-3-8B-shaped sequence at n = 32768 (experiments/gpu_8b_32k.toml: 8 GPU

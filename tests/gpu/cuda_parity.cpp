@@ -250,7 +250,20 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
       pol.observe(t - 1, Kc.row(t - 1).data(), Vc.row(t - 1).data());
       for (int g = 0; g < G; ++g) qgroup.row(g) = Qg[g].row(t - 1).cast<double>() * m.softmax_scale;
       const bool eval = r < rows && steps[r] == t;
-      pol.attend(t, qgroup, eval ? &answers : nullptr, nullptr);
+      // An ExactProbsOracle (oracle_topk) gets each query's exact attention over tokens 0..t−1 in double.
+      std::vector<std::vector<double>> probs;
+      std::vector<const double*> probs_of;
+      probs.reserve(size_t(G));
+      if (eval && needs_exact_probs(pol)) {
+        const MatD logits = qgroup * Kc.topRows(t).cast<double>().transpose();
+        for (int g = 0; g < G; ++g) {
+          const VecD e = (logits.row(g).array() - logits.row(g).maxCoeff()).exp().transpose();
+          probs.emplace_back(e.data(), e.data() + t);
+          for (double& x : probs.back()) x /= e.sum();
+          probs_of.push_back(probs.back().data());
+        }
+      }
+      pol.attend(t, qgroup, eval ? &answers : nullptr, probs_of.empty() ? nullptr : &probs_of);
       if (!eval) continue;
       std::vector<int64_t> gk;
       for (int64_t s = 0; s < cap; ++s) {
