@@ -6,6 +6,7 @@
 
 #include "kvsim/core/rng.hpp"
 #include "gpu_layer_batch.hpp"
+#include "phase_clock.hpp"
 #include "reference_answers.hpp"
 #include "kvsim/policies/gpu_replay.hpp"
 
@@ -13,6 +14,19 @@ namespace kvsim::cell {
 namespace {
 using Clock = std::chrono::steady_clock;
 double ns_since(Clock::time_point t0) { return std::chrono::duration<double, std::nano>(Clock::now() - t0).count(); }
+
+/// cuda::replay_policy timed into the profile's line for `label` (a cell's own replay; the layer
+/// batch times its replays itself), so a profiled --device cuda run lists its replays by policy.
+PolicyReplayFn timed_replay(std::string label) {
+  return [label = std::move(label)](const cuda::PolicyReplay& p, const float* Q, const float* K, const float* V,
+                                    int kv_heads, int group, int64_t n, int d, double scale,
+                                    const std::vector<int64_t>& steps, std::vector<float>& z,
+                                    std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
+    const auto t0 = Clock::now();
+    cuda::replay_policy(p, Q, K, V, kv_heads, group, n, d, scale, steps, z, log_sum, kept, kept_cap);
+    phase::add_named(label, ns_since(t0));
+  };
+}
 }  // namespace
 
 uint64_t instance_seed(const Experiment& ex, const Cell& cell, int64_t model_layer, size_t p, int i) {
@@ -48,6 +62,7 @@ void PolicySteps::make() {
         for (int g : heads_of(size_t(i))) qs.push_back(&s_.queries32[g]);
         // kv_head mode: the layer's cells replayed together (one launch, a block per KV head).
         PolicyReplayFn replay = batch_ && !per_query_ ? batch_->replay_fn(cell_, p) : PolicyReplayFn{};
+        if (!replay && phase::enabled()) replay = timed_replay(ex_.policies[p].label);
         inst = make_gpu_replay(std::move(inst), std::move(qs), s_.keys32, s_.values32, scale_, eval_steps(ex_.eval, n_),
                                std::move(replay), gpu_step_block(ex_.eval));
       }

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "../sim/replay/cell_policies.hpp"
 #include "../sim/replay/gpu_layer_batch.hpp"
+#include "../sim/replay/phase_clock.hpp"
 #include "helpers.hpp"
 #include "kvsim/io/synth.hpp"
 #include "kvsim/policies/gpu_replay.hpp"
@@ -178,5 +180,38 @@ TEST_CASE("gpu layer batch: cells on worker threads get their own answers from o
         // Negative control: another cell's answer differs, so a wrong slice would show.
         CHECK_FALSE(got[i][p] == s.alone(s.cells[(i + 1) % s.cells.size()], p));
       }
+  }
+}
+
+TEST_CASE("gpu layer batch: a replay gets the run's step block, and the profile lists it by policy", "[replay][cuda]") {
+  // [eval] stepping reaches the state kernels as PolicyReplay::step_block: 0 per step, 64 blocked by
+  // default, stepping_block when set (gpu_step_block).
+  for (auto [mode, block, want] : {std::tuple{SteppingMode::per_step, int64_t(0), int64_t(0)},
+                                   std::tuple{SteppingMode::blocked, int64_t(0), int64_t(64)},
+                                   std::tuple{SteppingMode::blocked, int64_t(7), int64_t(7)}}) {
+    Setup s;
+    s.ex.eval.stepping = mode;
+    s.ex.eval.stepping_block = block;
+    std::vector<int64_t> seen;
+    auto spy = [&seen](const cuda::PolicyReplay& p, auto&&... rest) {
+      seen.push_back(p.step_block);
+      naming_stand_in(p, rest...);
+    };
+    for (bool profile : {false, true}) {
+      phase::set_enabled(profile);
+      (void)phase::report_and_reset();
+      cell::GpuLayerBatch batch(s.ex, *s.src, s.cells, std::vector<bool>(s.cells.size(), true), s.n, spy);
+      for (size_t p = 0; p < 2; ++p)
+        for (const Cell& c : s.cells) s.batched(batch, c, p);
+      const std::string report = phase::report_and_reset();
+      INFO(report);
+      // One line per policy label with its 2 replays (one per layer); none when profiling is off.
+      CHECK((report.find("uniform") != std::string::npos) == profile);
+      CHECK((report.find("window") != std::string::npos) == profile);
+      if (profile) CHECK(report.find("    uniform                          ") != std::string::npos);
+    }
+    phase::set_enabled(false);
+    REQUIRE(seen.size() == 8);
+    for (int64_t b : seen) CHECK(b == want);
   }
 }
