@@ -203,6 +203,17 @@ TEST_CASE("cuda: exact attention matches the CPU reference on stories260K", "[cu
 }
 
 namespace {
+/// softmax(q_g · K[0, t)ᵀ) in double for each row g of the scaled queries `qgroup` (an oracle's input).
+std::vector<VecD> exact_probs(const MatD& qgroup, const MatF& K, int64_t t) {
+  const MatD logits = qgroup * K.topRows(t).cast<double>().transpose();
+  std::vector<VecD> out;
+  for (Eigen::Index g = 0; g < logits.rows(); ++g) {
+    const VecD e = (logits.row(g).array() - logits.row(g).maxCoeff()).exp().transpose();
+    out.push_back(e / e.sum());
+  }
+  return out;
+}
+
 /// CPU policy (float32 policy precision, kv_head mode) vs cuda::replay_policy on every KV head of
 /// layer 0, the replay's spec taken from the CPU instances' own gpu_replay() (one instance per KV
 /// head, seeded as the engine seeds them: their seeds are the spec's per-KV-head seeds): answers
@@ -250,19 +261,10 @@ void compare_policy(const StreamSource& src, const std::string& name, const Para
       pol.observe(t - 1, Kc.row(t - 1).data(), Vc.row(t - 1).data());
       for (int g = 0; g < G; ++g) qgroup.row(g) = Qg[g].row(t - 1).cast<double>() * m.softmax_scale;
       const bool eval = r < rows && steps[r] == t;
-      // An ExactProbsOracle (oracle_topk) gets each query's exact attention over tokens 0..t−1 in double.
-      std::vector<std::vector<double>> probs;
+      // An ExactProbsOracle (oracle_topk) gets each query's exact attention over tokens 0..t−1.
+      const std::vector<VecD> probs = eval && needs_exact_probs(pol) ? exact_probs(qgroup, Kc, t) : std::vector<VecD>{};
       std::vector<const double*> probs_of;
-      probs.reserve(size_t(G));
-      if (eval && needs_exact_probs(pol)) {
-        const MatD logits = qgroup * Kc.topRows(t).cast<double>().transpose();
-        for (int g = 0; g < G; ++g) {
-          const VecD e = (logits.row(g).array() - logits.row(g).maxCoeff()).exp().transpose();
-          probs.emplace_back(e.data(), e.data() + t);
-          for (double& x : probs.back()) x /= e.sum();
-          probs_of.push_back(probs.back().data());
-        }
-      }
+      for (const VecD& p : probs) probs_of.push_back(p.data());
       pol.attend(t, qgroup, eval ? &answers : nullptr, probs_of.empty() ? nullptr : &probs_of);
       if (!eval) continue;
       std::vector<int64_t> gk;
