@@ -59,12 +59,12 @@ struct EvalSpec {
   /// masked GEMMs (include/kvsim/replay/banded.hpp; equal to per-step within 1e-12 in double, 1e-5
   /// in float32), or the policy instance stepped token by token like every other policy.
   ClosedFormMode closed_form = ClosedFormMode::blocked;
-  /// "per_step" (default for now) or "blocked": how the CPU path steps caches that implement BlockStepper
+  /// "blocked" (default) or "per_step": how the CPU path steps caches that implement BlockStepper
   /// (include/kvsim/policies/policy.hpp: h2o, tova, scissorhands, buzz) — a block of consecutive steps whose
   /// logits come from one GEMM, then walked step by step (equal to per-step up to the dot products'
   /// summation order), or one matrix-vector product per step. `stepping_block` = steps per block (0: the
   /// engine's choice, stepping_block_size()).
-  SteppingMode stepping = SteppingMode::per_step;
+  SteppingMode stepping = SteppingMode::blocked;
   int64_t stepping_block = 0;
   // H2O objectives (include/kvsim/analysis/objectives.hpp), off by default: computed at evaluated steps t that
   // are multiples of objectives_every (and the last), for t ≤ objectives_max_t.
