@@ -292,15 +292,16 @@ std::string run_bench(const BenchOptions& o) {
   b.js.add("reference_sgemm_gflops", b.ref_sgemm);
   b.js.add("sgemm_gflops", b.gemm);
   b.js.add("dgemm_gflops", dgemm);
-  bench_exact(o, b);
+  auto want = [&](const char* s) { return o.only.empty() || std::find(o.only.begin(), o.only.end(), s) != o.only.end(); };
+  if (want("exact")) bench_exact(o, b);
   Experiment ex;
-  const double cheapest = bench_policies(o, b, ex);
-  bench_closed_form(o, b);
-  bench_blocked_stepping(o, b);
-  bench_eps(o, b, cheapest);
-  bench_subgen_regime(o, b);
-  bench_threads(o, b, ex, N);
-  bench_model(o, b, N);
+  const double cheapest = want("policies") || want("eps") || want("threads") ? bench_policies(o, b, ex) : 0.0;
+  if (want("closed_form")) bench_closed_form(o, b);
+  if (want("blocked_stepping")) bench_blocked_stepping(o, b);
+  if (want("eps")) bench_eps(o, b, cheapest);
+  if (want("subgen_regime")) bench_subgen_regime(o, b);
+  if (want("threads")) bench_threads(o, b, ex, N);
+  if (want("model")) bench_model(o, b, N);
   write_bench_json(o, b);
   return b.out.str();
 }

@@ -92,12 +92,12 @@ void bench_closed_form(const BenchOptions& o, BenchOut& b) {
 }
 
 void bench_blocked_stepping(const BenchOptions& o, BenchOut& b) {
-  // Blocked stepping (BlockStepper: h2o, tova, scissorhands, buzz) against per-step, at n = 4096 and 16384 (quick:
+  // Blocked stepping (BlockStepper: h2o, tova, scissorhands, buzz) against per-step, at n = 4096, 16384 and 32768 (quick:
   // 1024), head_dim 128, a GQA group of 4 on one KV head, budget 25%, every 16th step evaluated from n/4 (blocks
   // of ≤ 16 steps), float32 and float64. Useful work per step: the group's logits over the cached tokens every
   // step and its answers at one step in 16: 2 · 4 · tokens · 128 · (1 + 1/16) flops; "of GEMM" is that rate
   // over SGEMM (float32) or DGEMM (float64), the FMA bound the performance issue measures against.
-  const std::vector<int64_t> lengths = o.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{4096, 16384};
+  const std::vector<int64_t> lengths = o.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{4096, 16384, 32768};
   b.out << "\nblocked stepping (head_dim 128, GQA group of 4, budget 25%, every 16th step, 1 thread;\n"
            "  `[eval] stepping`: blocked = a block's logits by one GEMM then the steps walked, per_step = one GEMV per step):\n"
            "policy        n  precision  blocked ns/step  per_step ns/step  speed-up  blocked of GEMM\n";

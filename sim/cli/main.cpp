@@ -253,6 +253,9 @@ void add_bench(CLI::App& app) {
   bench->add_option("--model", bo.model, "checkpoint of the `model` section (default models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   static std::string device = "cpu";  // parsed once, into bo.device, as `run` parses eval.device
   bench->add_option("--device", device, "cpu (default) or cuda")->check(CLI::IsMember(choice_list<Device>()));
+  bench->add_option("--only", bo.only, "run only these sections of the CPU bench (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(kBenchSections));
 
   bench->callback([] {
     bo.device = *parse_choice<Device>(device);

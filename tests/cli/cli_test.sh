@@ -138,6 +138,11 @@ else
   grep -q "SKIPPED: no such file" <<<"$out" && ok || bad "bench model section without the model: $out"
 fi
 expect_fail "$TMP/nope.gguf: no such checkpoint (kvsim bench --model)" "$KVSIM" bench --quick --model "$TMP/nope.gguf"
+# --only runs the named sections alone (here the blocked-stepping rows, without the exact pass's), and
+# refuses a name it does not know.
+out=$("$KVSIM" bench --quick --only blocked_stepping 2>&1) && grep -q "^blocked stepping" <<<"$out" \
+  && grep -q "^h2o .* float32" <<<"$out" && ! grep -q "^exact reference pass" <<<"$out" && ok || bad "bench --only: $out"
+expect_fail "--only: nope not in" "$KVSIM" bench --quick --only nope
 
 # The README's main job.
 (cd "$TMP" && "$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet >/dev/null) && [ -s "$TMP/results/quickstart/summary.csv" ] && ok \

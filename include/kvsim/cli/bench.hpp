@@ -1,6 +1,7 @@
 // kvsim: `kvsim bench` — throughput figures against the machine's own limits.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "kvsim/core/choices.hpp"
 
@@ -14,7 +15,14 @@ struct BenchOptions {
   /// GGUF or llama2.c checkpoint of section `model` (empty: models/SmolLM2-135M-Instruct.Q4_1.gguf
   /// beside the build folder; the section is SKIPPED when the file is absent)
   std::string model;
+  /// Sections to run (empty: all): exact, policies, closed_form, blocked_stepping, eps, subgen_regime,
+  /// threads, model (kBenchSections). eps and threads also run policies (they read its figures).
+  std::vector<std::string> only;
 };
+
+/// The CPU bench's section names, in the order they run (`kvsim bench --only`).
+inline const std::vector<std::string> kBenchSections = {"exact",         "policies", "closed_form", "blocked_stepping",
+                                                        "eps",           "subgen_regime", "threads", "model"};
 
 /// Runs the benchmarks and returns the printable report (figures, not pass/fail).
 std::string run_bench(const BenchOptions& o);
