@@ -12,7 +12,8 @@
 //    hd::h2o_prefer, a total order, so the CPU's serial scan picks the same slot) and buzz (BUZZ, Zhao et al. 2024
 //    §3.3: sink + beehive body + window, hd::buzz_evict run by thread 0 when the body reaches T;
 //    log-n scaled answers, §3.5). Each step: every query head's attention over the cache, combined by
-//    hd::group_combine into the accumulated scores; and subgen (SubGen Algorithm 1: online clustering
+//    hd::group_combine into the accumulated scores (with PolicyReplay::step_block, a block's logits
+//    first as one tiled product: block_logits.cuh); and subgen (SubGen Algorithm 1: online clustering
 //    by a block arg-min, Philox coin flips per sample slot, merge rounds, lines 29-31 answers).
 // Slots hold token positions; keys and values are read from the stream in device memory (a real
 // cache would copy them: the arithmetic is the same).
