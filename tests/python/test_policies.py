@@ -7,12 +7,13 @@ import kvsim
 import kvsim.examples as rp
 
 
-def synthetic(gqa, policies, n=120, closed_form="per_step"):
-    # The Python window twin steps its cache like the built-in's per-step replay; the default blocked
-    # replay of closed-form caches (window, sink) answers the same within 1e-12 (checked below).
+def synthetic(gqa, policies, n=120, closed_form="per_step", stepping="per_step"):
+    # The Python twins step their caches like the built-ins' per-step replay; the default blocked
+    # replays (closed-form caches: window, sink; block steppers: h2o, ...) answer the same within 1e-12
+    # (checked below).
     return {"name": "py_policies", "seed": 5,
             "data": {"synthetic": "heavy_hitter", "n": n, "d": 8, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2},
-            "eval": {"gqa": gqa, "every": 3, "closed_form": closed_form}, "policy": policies}
+            "eval": {"gqa": gqa, "every": 3, "closed_form": closed_form, "stepping": stepping}, "policy": policies}
 
 
 def metric_rows(res, policy):
@@ -27,9 +28,11 @@ def test_python_twins_equal_the_builtins_bit_for_bit(reference_policies, gqa):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
         assert a.kept_mass.notna().all() and (a.cache_tokens <= 24).all()
     # The built-in window's blocked replay (banded GEMMs): the same rows up to rounding.
-    blocked = kvsim.run(synthetic(gqa, [{"name": "window", "memory": 24}], closed_form="blocked"))
-    a, b = metric_rows(blocked, "window"), metric_rows(res, "py_window")
-    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=0, atol=1e-12)
+    blocked = kvsim.run(synthetic(gqa, [{"name": n, "memory": 24} for n in ("window", "h2o")], closed_form="blocked",
+                                  stepping="blocked"))
+    for builtin in ("window", "h2o"):
+        a, b = metric_rows(blocked, builtin), metric_rows(res, "py_" + builtin)
+        pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=0, atol=1e-12)
 
 
 class NewestTieH2O(rp.PyH2O):

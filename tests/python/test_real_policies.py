@@ -13,9 +13,9 @@ def metric_rows(res, policy):
 @pytest.mark.parametrize("gqa", ["kv_head", "query_head"])
 def test_python_window_and_h2o_equal_the_builtins_on_stories260k(stories_recording, reference_policies, gqa):
     # per_step: the twins step their caches like the built-ins' per-step replay (the default blocked
-    # replay of window differs by rounding only: tests/python/test_policies.py).
+    # replays of window and h2o differ by rounding only: tests/python/test_policies.py).
     cfg = {"name": "py_twins_stories260k", "data": {"path": str(stories_recording)},
-           "eval": {"gqa": gqa, "closed_form": "per_step"},
+           "eval": {"gqa": gqa, "closed_form": "per_step", "stepping": "per_step"},
            "policy": [{"name": n, "memory": m} for m in (0.1, 0.3) for n in ("window", "py_window", "h2o", "py_h2o")]}
     res = kvsim.run(cfg)
     assert res.meta["n_heads"] == 8 and res.meta["n_kv_heads"] == 4
