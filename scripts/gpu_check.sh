@@ -19,8 +19,9 @@ STEPS=${3:-env,parity,sanitizer,quickstart,e2e_layer,smollm2,bench}
 # KVSIM_GPU_DEADLINE: seconds for the whole script (default 540); each step's limit is cut to what is
 # left, and a step with under 5 s left is skipped.
 DEADLINE=$(($(date +%s) + ${KVSIM_GPU_DEADLINE:-540}))
-# KVSIM_GPU_STEPPING: "blocked" or "per_step" (the default) for every kvsim run below ([eval] stepping:
-# h2o and buzz form a block's logits as one tiled product on the device, and on the CPU path).
+# KVSIM_GPU_STEPPING: "blocked" or "per_step" for every kvsim run below ([eval] stepping; unset: the
+# configs' own, blocked by default: h2o and buzz form a block's logits as one tiled product on the
+# device, and on the CPU path).
 X=()
 [ -n "${KVSIM_GPU_STEPPING:-}" ] && X=(--set "eval.stepping=\"$KVSIM_GPU_STEPPING\"")
 mkdir -p "$LOG"

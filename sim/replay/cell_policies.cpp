@@ -22,9 +22,8 @@ PolicyReplayFn timed_replay(std::string label) {
                                     int kv_heads, int group, int64_t n, int d, double scale,
                                     const std::vector<int64_t>& steps, std::vector<float>& z,
                                     std::vector<double>& log_sum, std::vector<int64_t>& kept, int64_t& kept_cap) {
-    const auto t0 = Clock::now();
+    phase::NamedScope by_policy(label);
     cuda::replay_policy(p, Q, K, V, kv_heads, group, n, d, scale, steps, z, log_sum, kept, kept_cap);
-    phase::add_named(label, ns_since(t0));
   };
 }
 }  // namespace

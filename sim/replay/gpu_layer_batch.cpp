@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <functional>
 #include <system_error>
 
@@ -186,17 +185,16 @@ void GpuLayerBatch::run(const Key& key, Entry& e) {
     spec.seeds.insert(spec.seeds.end(), s->seeds.begin(), s->seeds.end());
     e.kv_heads.push_back(cell.kv_head);
   }
-  phase::Scope ps(phase::batch_replay);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (on_device_)
-    cuda::replay_policy_shared(in->streams_id, spec, in->Q.data(), in->K.data(), in->V.data(), kv_heads, G, n, d,
-                               meta.softmax_scale, eval_steps(ex_.eval, n), e.z, e.log_sum, e.kept, e.cap);
-  else
-    replay_(spec, in->Q.data(), in->K.data(), in->V.data(), kv_heads, G, n, d, meta.softmax_scale, eval_steps(ex_.eval, n),
-            e.z, e.log_sum, e.kept, e.cap);
-  if (phase::enabled())  // the profile's batch_replay by policy (its name and budget or memory)
-    phase::add_named(pol.label,
-                     std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+  {
+    phase::Scope ps(phase::batch_replay);
+    phase::NamedScope by_policy(pol.label);  // the profile's batch_replay by policy (its label)
+    if (on_device_)
+      cuda::replay_policy_shared(in->streams_id, spec, in->Q.data(), in->K.data(), in->V.data(), kv_heads, G, n, d,
+                                 meta.softmax_scale, eval_steps(ex_.eval, n), e.z, e.log_sum, e.kept, e.cap);
+    else
+      replay_(spec, in->Q.data(), in->K.data(), in->V.data(), kv_heads, G, n, d, meta.softmax_scale,
+              eval_steps(ex_.eval, n), e.z, e.log_sum, e.kept, e.cap);
+  }
   std::lock_guard<std::mutex> lk(mu_);
   ++replays_;
 }

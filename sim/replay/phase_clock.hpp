@@ -49,4 +49,25 @@ class Scope {
   std::chrono::steady_clock::time_point t0_{};
 };
 
+/// Adds the scope's wall time to the named line `name` (add_named), when enabled.
+class NamedScope {
+ public:
+  explicit NamedScope(std::string name) : on_(enabled()) {
+    if (on_) {
+      name_ = std::move(name);
+      t0_ = std::chrono::steady_clock::now();
+    }
+  }
+  ~NamedScope() {
+    if (on_) add_named(name_, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0_).count());
+  }
+  NamedScope(const NamedScope&) = delete;
+  NamedScope& operator=(const NamedScope&) = delete;
+
+ private:
+  std::string name_;
+  bool on_;
+  std::chrono::steady_clock::time_point t0_{};
+};
+
 }  // namespace kvsim::phase
