@@ -58,24 +58,38 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
 
   /// Blocked stepping (BlockStepper, include/kvsim/policies/policy.hpp): the block's logits over every slot of the
   /// store at its start and over its own keys by two GEMMs; a slot a block token is stored in takes that token's
-  /// column, and the mask of free slots does the rest, as in attend().
+  /// column, and the mask of free slots does the rest, as in attend(), answering at each of out->steps.
   void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
-                  std::vector<Answer>* answers) override {
+                  BlockAnswers* out) override {
     if (t_first < 1 || t_last < t_first || t_last > K.rows() || q_scaled.empty())
       throw Error("buzz: step_block: steps [" + std::to_string(t_first) + ", " + std::to_string(t_last) + "] outside a stream of " +
                   std::to_string(K.rows()) + " tokens");
+    if (out) out->check(t_first, t_last, "buzz");
     const int64_t b = t_last - t_first + 1;
     const auto G = Eigen::Index(q_scaled.size()), d = K.cols();
     auto walk = [&](auto& Ls, auto& Lb, auto& Q, const auto& slot_keys, const auto& block_keys) {
       block_queries(q_scaled, t_first, b, d, Q);
       Ls.noalias() = Q * slot_keys.transpose();
       Lb.noalias() = Q * block_keys.transpose();
+      // A slot a block token took reads that token's column of Lb from then on (block_tok_, block_slots_: as in
+      // ScorerPolicy::step_block, a row of Ls patched at ≤ b slots).
+      block_tok_.assign(owner_.size(), -1);
+      block_slots_.clear();
       for (int64_t i = 0; i < b; ++i) {
         const int64_t t = t_first + i;
         observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
-        if (!g_blocked_masking_off || last_slot_was_free_) Ls.col(last_slot_) = Lb.col(i);
-        attend_with(t, G, [&](Eigen::Index g, VecD& logits) { logits = Ls.row(i * G + g).transpose().template cast<double>(); },
-                    i + 1 == b ? answers : nullptr);
+        if (!g_blocked_masking_off || last_slot_was_free_) {
+          if (block_tok_[size_t(last_slot_)] < 0) block_slots_.push_back(last_slot_);
+          block_tok_[size_t(last_slot_)] = i;
+        }
+        const int64_t k = out ? out->index_of(t) : -1;
+        auto logits_of = [&](Eigen::Index g, VecD& logits) {
+          const Eigen::Index row = i * G + g;
+          logits = Ls.row(row).transpose().template cast<double>();
+          for (const int64_t s : block_slots_) logits[s] = double(Lb(row, block_tok_[size_t(s)]));
+        };
+        attend_with(t, G, logits_of, k >= 0 ? &out->answers[size_t(k)] : nullptr);
+        if (k >= 0) out->cache_bytes[size_t(k)] = cache_bytes(int(d));
       }
     };
     if (store_.f32()) {
@@ -186,6 +200,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   VecD logits_, shifted_, p_, ps_, mask_;  // attend() scratch (no allocation per step)
   MatD block_qd_, block_kd_, block_ld_[2];  // step_block() scratch
   MatF block_qf_, block_lf_[2];
+  std::vector<int64_t> block_tok_, block_slots_;  // the block token in each slot (−1: none), the slots taken
   int64_t last_slot_ = -1;         // the slot store() filled last ...
   bool last_slot_was_free_ = false;  // ... and whether it had never held a token (the masking-off hook keeps those)
   int64_t used_slots_ = 0;           // slots [0, used_slots_) have held a token

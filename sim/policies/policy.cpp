@@ -78,9 +78,29 @@ std::optional<ClosedFormCache> closed_form(const Policy& p) {
 
 bool g_blocked_masking_off = false;
 
+void BlockAnswers::reset(const std::vector<int64_t>& steps_in_block, size_t rows) {
+  steps = steps_in_block;
+  answers.assign(steps.size(), std::vector<Answer>(rows));
+  cache_bytes.assign(steps.size(), std::numeric_limits<double>::quiet_NaN());
+}
+
+int64_t BlockAnswers::index_of(int64_t t) const {
+  const auto it = std::lower_bound(steps.begin(), steps.end(), t);
+  return it != steps.end() && *it == t ? int64_t(it - steps.begin()) : -1;
+}
+
+void BlockAnswers::check(int64_t t_first, int64_t t_last, const std::string& who) const {
+  bool ok = answers.size() == steps.size() && cache_bytes.size() == steps.size();
+  for (size_t k = 0; ok && k < steps.size(); ++k)
+    ok = steps[k] >= t_first && steps[k] <= t_last && (k == 0 || steps[k] > steps[k - 1]);
+  if (!ok)
+    throw Error(who + ": step_block: the evaluated steps are not ascending within [" + std::to_string(t_first) + ", " +
+                std::to_string(t_last) + "] or not sized by BlockAnswers::reset");
+}
+
 BlockStepper* block_stepper(Policy& p) {
   auto* b = dynamic_cast<BlockStepper*>(&p);
-  return b && p.needs_every_query() ? b : nullptr;
+  return b && p.needs_every_query() && !dynamic_cast<PartialLoad*>(&p) ? b : nullptr;
 }
 
 int64_t stepping_block_size(int64_t cache_tokens, int n_queries) {

@@ -38,7 +38,7 @@ class ScorerPolicy : public Policy, public BlockStepper {
 
   /// Blocked stepping (BlockStepper; sim/policies/scorer_block.cpp).
   void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
-                  std::vector<Answer>* answers) final;
+                  BlockAnswers* out) final;
 
   int64_t cache_tokens() const override { return cache_.size(); }
 
@@ -90,6 +90,7 @@ class ScorerPolicy : public Policy, public BlockStepper {
   // step_block's scratch (no allocation per block once sized)
   MatD block_qd_, block_kd_, block_ld_[2], block_P_;
   MatF block_qf_, block_lf_[2];
+  std::vector<int64_t> block_tok_, block_slots_;  // the block token in each slot (−1: none), the slots taken
   VecD block_col_;
 };
 

@@ -4,8 +4,8 @@
 // the keys in the slots at the block's start, and against the block's own b keys — and then walks the b steps
 // in order: each step's eviction (observe_slot, the per-step rule itself), the softmax over the entries present at that step (a slot taken over by block token
 // i reads token i's column from then on: an evicted token is masked for the later rows), and the score update
-// (update_scores, the subclass's rule) in O(cache) per step instead of O(cache · d). The answers of the last
-// step are Vᵀp over the slots as they then stand, as the per-step path computes them.
+// (update_scores, the subclass's rule) in O(cache) per step instead of O(cache · d). The answer at each evaluated
+// step of the block is Vᵀp over the slots as they stand at that step, as the per-step path computes it.
 #include <string>
 
 #include "scorer.hpp"
@@ -13,31 +13,56 @@
 namespace kvsim::policies {
 
 void ScorerPolicy::step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
-                              const std::vector<const MatD*>& q_scaled, std::vector<Answer>* answers) {
+                              const std::vector<const MatD*>& q_scaled, BlockAnswers* out) {
   if (t_first < 1 || t_last < t_first || t_last > K.rows() || q_scaled.empty())
     throw Error(name_ + ": step_block: steps [" + std::to_string(t_first) + ", " + std::to_string(t_last) +
                 "] outside a stream of " + std::to_string(K.rows()) + " tokens");
+  if (out) out->check(t_first, t_last, name_);
   const int64_t b = t_last - t_first + 1, m0 = cache_.size();
   const auto G = Eigen::Index(q_scaled.size()), d = K.cols();
+  // The answers at step t: Vᵀp per query head over the slots as they now stand (the per-step path's products).
+  auto answer_now = [&](int64_t t) {
+    const int64_t k = out ? out->index_of(t) : -1;
+    if (k < 0) return;
+    const int64_t m = cache_.size();
+    for (Eigen::Index g = 0; g < G; ++g) {
+      Answer& a = out->answers[size_t(k)][size_t(g)];
+      if (cache_.f32()) a.z = (cache_.values_f().topRows(m).transpose() * block_P_.col(g).cast<float>()).cast<double>();
+      else a.z.noalias() = cache_.values().topRows(m).transpose() * block_P_.col(g);
+      a.has_kept = true;
+      a.kept.resize(size_t(m));
+      for (int64_t s = 0; s < m; ++s) a.kept[size_t(s)] = cache_.position(s);
+    }
+    out->cache_bytes[size_t(k)] = cache_bytes(int(d));
+  };
   // The logits: Ls [b·G, budget] over the slots (the block's start fills columns [0, m0)), Lb [b·G, b] over the
-  // block's own keys. When block token i takes slot s, Lb's column i becomes Ls's column s: from then on row
-  // i·G + g reads token i there, and the evicted token is gone for the later rows (masked). The walk then
-  // reads one contiguous row of Ls per query head and step.
+  // block's own keys. When block token i takes slot s, row i'·G + g (i' ≥ i) reads Lb's column i for slot s instead
+  // of Ls's column s: the evicted token is gone for the later rows (masked). block_tok_[s] is that block token (−1:
+  // the slot still holds what it held at the block's start); block_slots_ lists the slots taken, each once. A row
+  // is then one contiguous copy of Ls's row patched at ≤ b slots from Lb's row (O(cache + b) per step; copying Lb's
+  // column into Ls instead would touch b·G strided rows per step).
   auto walk = [&](auto& Ls, auto& Lb, const auto& Q, const auto& slot_keys, const auto& block_keys) {
     Ls.resize(b * G, budget_);
     Ls.leftCols(m0).noalias() = Q * slot_keys.topRows(m0).transpose();
     Lb.noalias() = Q * block_keys.transpose();
+    block_tok_.assign(size_t(budget_), -1);
+    block_slots_.clear();
     VecD& col = block_col_;
     for (int64_t i = 0; i < b; ++i) {
       const int64_t t = t_first + i;
       const int64_t before = cache_.size();
       const int64_t slot = observe_slot(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
-      if (!g_blocked_masking_off || slot >= before) Ls.col(slot) = Lb.col(i);
+      if (slot >= 0 && (!g_blocked_masking_off || slot >= before)) {
+        if (block_tok_[size_t(slot)] < 0) block_slots_.push_back(slot);
+        block_tok_[size_t(slot)] = i;
+      }
       const int64_t m = cache_.size();
       block_P_.resize(m, G);
       for (Eigen::Index g = 0; g < G; ++g) {
         // The per-step softmax, operation for operation (policy.cpp attend_cached_group, SlotCache's float32 path).
-        col = Ls.row(i * G + g).head(m).transpose().template cast<double>();
+        const Eigen::Index row = i * G + g;
+        col = Ls.row(row).head(m).transpose().template cast<double>();
+        for (const int64_t s : block_slots_) col[s] = double(Lb(row, block_tok_[size_t(s)]));
         const double mx = col.maxCoeff();
         col = (col.array() - mx).exp().matrix();
         const double sum = col.sum();
@@ -45,6 +70,7 @@ void ScorerPolicy::step_block(int64_t t_first, int64_t t_last, const MatF& K, co
         block_P_.col(g) = col;
       }
       update_scores(t, block_P_, score_);
+      answer_now(t);
     }
   };
   if (cache_.f32()) {
@@ -54,18 +80,6 @@ void ScorerPolicy::step_block(int64_t t_first, int64_t t_last, const MatF& K, co
     block_queries(q_scaled, t_first, b, d, block_qd_);
     block_kd_ = K.middleRows(t_first - 1, b).cast<double>();
     walk(block_ld_[0], block_ld_[1], block_qd_, cache_.keys(), block_kd_);
-  }
-  VecD& col = block_col_;
-  if (!answers) return;
-  const int64_t m = cache_.size();
-  for (Eigen::Index g = 0; g < G; ++g) {
-    Answer& a = (*answers)[size_t(g)];
-    col = block_P_.col(g);
-    if (cache_.f32()) a.z = (cache_.values_f().topRows(m).transpose() * col.cast<float>()).cast<double>();
-    else a.z.noalias() = cache_.values().topRows(m).transpose() * col;
-    a.has_kept = true;
-    a.kept.resize(size_t(m));
-    for (int64_t s = 0; s < m; ++s) a.kept[size_t(s)] = cache_.position(s);
   }
 }
 

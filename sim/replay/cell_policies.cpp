@@ -114,20 +114,13 @@ int64_t PolicySteps::block_steps(const PolicyRun& run) const {
   return stepping_block_size(std::max<int64_t>(run.memory_tokens, run.inst[0]->cache_tokens()), per_query_ ? 1 : G_);
 }
 
-void PolicySteps::advance_block(PolicyRun& run, int64_t t_first, int64_t t_last, bool is_eval) {
-  if (is_eval)
-    for (int g = 0; g < G_; ++g) answers_[g] = Answer{};
+void PolicySteps::advance_block(PolicyRun& run, int64_t t_first, int64_t t_last, const std::vector<int64_t>& steps) {
+  block_answers_.resize(run.inst.size());
   for (size_t i = 0; i < run.inst.size(); ++i) {
     std::vector<const MatD*> qs;
     for (int g : heads_of(i)) qs.push_back(&s_.queries_scaled[g]);
-    BlockStepper& b = *block_stepper(*run.inst[i]);
-    if (!per_query_) {
-      b.step_block(t_first, t_last, s_.keys32, s_.values32, qs, is_eval ? &answers_ : nullptr);
-      continue;
-    }
-    one_[0] = Answer{};
-    b.step_block(t_first, t_last, s_.keys32, s_.values32, qs, is_eval ? &one_ : nullptr);
-    if (is_eval) answers_[i] = std::move(one_[0]);
+    block_answers_[i].reset(steps, qs.size());
+    block_stepper(*run.inst[i])->step_block(t_first, t_last, s_.keys32, s_.values32, qs, &block_answers_[i]);
   }
 }
 

@@ -48,9 +48,10 @@ class PolicySteps {
   void step(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out);
 
  private:
-  /// Blocked stepping: steps t_first..t_last of every instance of `run` at once (BlockStepper), answers_
-  /// filled for t_last when is_eval.
-  void advance_block(PolicyRun& run, int64_t t_first, int64_t t_last, bool is_eval);
+  /// Blocked stepping: steps t_first..t_last of every instance of `run` at once (BlockStepper), block_answers_[i]
+  /// filled by instance i at each of `steps` (the evaluated steps in the block).
+  void advance_block(PolicyRun& run, int64_t t_first, int64_t t_last, const std::vector<int64_t>& steps);
+  void step_blocked(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out);
   /// Steps per block for `run` now: `[eval] stepping_block`, else stepping_block_size of its cache.
   int64_t block_steps(const PolicyRun& run) const;
   std::vector<int> heads_of(size_t i) const;
@@ -75,6 +76,7 @@ class PolicySteps {
   std::vector<int64_t> closed_kept_; // a closed-form cache's tokens at one step
   MatD q_group_, q_one_;
   std::vector<Answer> answers_, one_;
+  std::vector<BlockAnswers> block_answers_;  // a block's answers per instance (advance_block)
   std::vector<const double*> probs_group_, probs_one_;
 };
 

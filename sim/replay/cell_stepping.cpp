@@ -15,23 +15,18 @@ double ns_since(Clock::time_point t0) { return std::chrono::duration<double, std
 void PolicySteps::step(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out) {
   PolicyRun& run = runs_[p];
   if (run.closed) return step_closed(p, block, out);
+  if (run.blocked) return step_blocked(p, block, out);
   size_t r = 0;
   if (run.t == 0 && ex_.data.prefill > 0) prefill(run);
   while (run.t < block.back()) {
-    // Step t: token index t-1 joins, then query q_t. Blocked stepping advances up to the next evaluated step
-    // in one call (BlockStepper), else one step.
-    const int64_t t_first = run.t + 1;
-    const int64_t t = run.blocked ? std::min(block[r], run.t + block_steps(run)) : t_first;
+    // Step t: token index t-1 joins, then query q_t.
+    const int64_t t = run.t + 1;
     const bool is_eval = (t == block[r]);
     const auto t0 = Clock::now();
-    if (run.blocked) {
-      advance_block(run, t_first, t, is_eval);
-    } else {
-      for (auto& inst : run.inst) inst->observe(t - 1, s_.keys32.row(t - 1).data(), s_.values32.row(t - 1).data());
-      if (run.every || is_eval) attend(run, t, is_eval, r);
-    }
+    for (auto& inst : run.inst) inst->observe(t - 1, s_.keys32.row(t - 1).data(), s_.values32.row(t - 1).data());
+    if (run.every || is_eval) attend(run, t, is_eval, r);
     run.ns_since_eval += ns_since(t0);
-    run.steps_since_eval += t - t_first + 1;
+    run.steps_since_eval += 1;
     run.t = t;
     if (!is_eval) continue;
     double bytes = 0, loaded = 0;
@@ -43,6 +38,39 @@ void PolicySteps::step(size_t p, const std::vector<int64_t>& block, std::vector<
     run.ns_since_eval = 0;
     run.steps_since_eval = 0;
     ++r;
+  }
+}
+
+/// Blocked stepping: block_steps(run) steps per call of BlockStepper::step_block, however many evaluated steps they
+/// hold (every one of them answered inside the walk); the rows of a block share its time per step as policy_ns.
+void PolicySteps::step_blocked(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out) {
+  PolicyRun& run = runs_[p];
+  size_t r = 0;
+  if (run.t == 0 && ex_.data.prefill > 0) prefill(run);
+  while (run.t < block.back()) {
+    const int64_t t_first = run.t + 1, t_last = std::min(block.back(), run.t + block_steps(run));
+    size_t r_end = r;
+    while (r_end < block.size() && block[r_end] <= t_last) ++r_end;
+    const std::vector<int64_t> steps(block.begin() + std::ptrdiff_t(r), block.begin() + std::ptrdiff_t(r_end));
+    const auto t0 = Clock::now();
+    advance_block(run, t_first, t_last, steps);
+    run.ns_since_eval += ns_since(t0);
+    run.steps_since_eval += t_last - t_first + 1;
+    run.t = t_last;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      // A BlockStepper is never a PartialLoad (block_stepper): what it loads is what it stores.
+      double bytes = 0;
+      for (size_t i = 0; i < run.inst.size(); ++i) {
+        bytes += block_answers_[i].cache_bytes[k];
+        if (per_query_) answers_[i] = std::move(block_answers_[i].answers[k][0]);
+      }
+      if (!per_query_) answers_ = std::move(block_answers_[0].answers[k]);
+      evaluated(p, steps[k], r + k, bytes, bytes, out);
+    }
+    if (steps.empty()) continue;
+    run.ns_since_eval = 0;
+    run.steps_since_eval = 0;
+    r = r_end;
   }
 }
 

@@ -164,21 +164,39 @@ class LayerMemoryShare {
   virtual double memory_share() const = 0;
 };
 
+/// The evaluated steps inside a block and what a BlockStepper fills for each (`[eval] every` = 1 puts every step
+/// of a block here). `steps` ascending within [t_first, t_last]; answers[k] holds one Answer per query row, as
+/// attend() fills them at step steps[k], and cache_bytes[k] the policy's cache_bytes(head_dim) then.
+struct BlockAnswers {
+  std::vector<int64_t> steps;
+  std::vector<std::vector<Answer>> answers;
+  std::vector<double> cache_bytes;
+  /// `steps` with fresh answers (`rows` empty Answers each) and cache_bytes (NaN).
+  void reset(const std::vector<int64_t>& steps_in_block, size_t rows);
+  /// k with steps[k] == t, or −1 when step t is not evaluated.
+  int64_t index_of(int64_t t) const;
+  /// Throws Error (naming `who`) unless steps are ascending within [t_first, t_last] and sized as reset() sizes them.
+  void check(int64_t t_first, int64_t t_last, const std::string& who) const;
+};
+
 /// Blocked stepping (`[eval] stepping = "blocked"`; docs/performance.md "Blocked stepping"): a policy that advances a run of
 /// consecutive steps at once. step_block(t_first, t_last, …) must equal, for t = t_first … t_last in order,
 /// observe(t − 1, K[t − 1], V[t − 1]) then attend(t, Q̃_t, …) with Q̃_t's row g = q_scaled[g]->row(t − 1),
-/// with `answers` (when non-null) filled for step t_last only. The logit q_t·k_j depends on the query and
+/// with answers (when `out` is non-null) filled at every step in out->steps, from the cache as it stands at that
+/// step. The logit q_t·k_j depends on the query and
 /// the key, never on what the cache holds; the cache's state decides only which j are present. So the
 /// run's logits can come from one GEMM over the keys present at its start plus its own keys, and the walk
 /// that follows applies each step's eviction, softmax and score update in O(cache) per step. Equal to the
 /// per-step path up to the dot products' summation order (float64: ≤ 1e-12 relative; float32: ≤ 1e-5, kept
 /// sets equal except near-ties). Needs needs_every_query() (the walk is the one a per-step attend makes).
+/// A BlockStepper is never a PartialLoad: the engine matches it on the cache_bytes it reports.
 class BlockStepper {
  public:
   virtual ~BlockStepper() = default;
-  /// K, V: [≥ t_last, head_dim] (row t − 1 is token t − 1); q_scaled[g]: [≥ t_last, head_dim].
+  /// K, V: [≥ t_last, head_dim] (row t − 1 is token t − 1); q_scaled[g]: [≥ t_last, head_dim]. Throws Error
+  /// when the steps fall outside the stream or out->steps outside [t_first, t_last] or not ascending.
   virtual void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
-                          const std::vector<const MatD*>& q_scaled, std::vector<Answer>* answers) = 0;
+                          const std::vector<const MatD*>& q_scaled, BlockAnswers* out) = 0;
 };
 
 /// `p` as a BlockStepper, or null.
