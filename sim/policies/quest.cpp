@@ -28,23 +28,26 @@ class QuestPolicy final : public Policy, public PartialLoad {
  public:
   /// budget ≥ page (tokens loaded, `budget` mode) or memory M (`memory` mode, the other −1); page S ≥ 1.
   QuestPolicy(int64_t budget, int64_t memory, int64_t page, const StreamInfo& s)
-      : budget_(budget), memory_(memory), S_(page), agg_(s.group_agg), d_(s.head_dim), cache_(s.n, s.head_dim) {}
+      : budget_(budget), memory_(memory), S_(page), agg_(s.group_agg), d_(s.head_dim), cache_(s.n, s.head_dim),
+        lo_((std::max<int64_t>(s.n, 1) + page - 1) / page, s.head_dim), hi_(lo_.rows(), s.head_dim) {}
 
   void observe(int64_t t, const float* k, const float* v) override {
     const int64_t p = t / S_;
-    const Eigen::Map<const VecF> key(k, d_);
-    if (p >= int64_t(lo_.size())) {
-      lo_.push_back(key.cast<double>());
-      hi_.push_back(key.cast<double>());
+    const Eigen::Map<const Eigen::Matrix<float, 1, Eigen::Dynamic>> key(k, d_);
+    if (p >= lo_.rows()) throw Error("quest: token " + std::to_string(t) + " beyond the stream's " + std::to_string(lo_.rows()) + " pages");
+    if (p >= pages_) {
+      lo_.row(p) = key.cast<double>();
+      hi_.row(p) = key.cast<double>();
+      pages_ = p + 1;
     } else {
-      lo_[size_t(p)] = lo_[size_t(p)].cwiseMin(key.cast<double>());
-      hi_[size_t(p)] = hi_[size_t(p)].cwiseMax(key.cast<double>());
+      lo_.row(p) = lo_.row(p).cwiseMin(key.cast<double>());
+      hi_.row(p) = hi_.row(p).cwiseMax(key.cast<double>());
     }
     cache_.append(t, k, v);
   }
 
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
-    const int64_t m = cache_.size(), pages = int64_t(lo_.size());
+    const int64_t m = cache_.size(), pages = pages_;
     const int64_t dense_limit = memory_ >= 0 ? memory_ : budget_;
     if (m <= dense_limit) {  // everything fits: dense attention, no metadata read
       loaded_tokens_ = m;
@@ -56,12 +59,18 @@ class QuestPolicy final : public Policy, public PartialLoad {
     if (others < 0)
       throw Error("quest: memory " + std::to_string(memory_) + " cannot hold the " + std::to_string(pages) +
                   " pages' min/max and the current page at step " + std::to_string(m));
-    // The group's bounds per page (group_agg), top `others` pages (ties: the earlier page) + the last.
+    // The group's bounds per page (group_agg), top `others` pages (ties: the earlier page) + the last. With
+    // m_p ≤ M_p, max(q_i·m_{p,i}, q_i·M_{p,i}) is q_i·M_{p,i} where q_i ≥ 0 and q_i·m_{p,i} where q_i < 0, so
+    // U = max(Q, 0)·Mᵀ + min(Q, 0)·mᵀ: two products over the pages' extrema for the whole group (the same terms
+    // as §3.2's sum; only their summation order is the GEMM's).
+    q_pos_ = q.cwiseMax(0.0);
+    q_neg_ = q.cwiseMin(0.0);
+    U_.noalias() = q_pos_ * hi_.topRows(last).transpose();
+    U_.noalias() += q_neg_ * lo_.topRows(last).transpose();
     GroupAggregate agg(agg_, last);
     VecD u(last);
     for (Eigen::Index g = 0; g < q.rows(); ++g) {
-      for (int64_t p = 0; p < last; ++p)
-        u[p] = q.row(g).transpose().cwiseProduct(lo_[size_t(p)]).cwiseMax(q.row(g).transpose().cwiseProduct(hi_[size_t(p)])).sum();
+      u = U_.row(g).transpose();
       agg.add(u);
     }
     const VecD score = agg.result();
@@ -73,42 +82,72 @@ class QuestPolicy final : public Policy, public PartialLoad {
     order.resize(size_t(k));
     order.push_back(last);
     std::sort(order.begin(), order.end());
+    // The loaded pages as runs of consecutive tokens (order is sorted): attention reads them where they sit.
     rows_.clear();
-    for (int64_t p : order)
-      for (int64_t j = p * S_; j < std::min(m, (p + 1) * S_); ++j) rows_.push_back(j);
+    runs_.clear();
+    for (int64_t p : order) {
+      const int64_t a = p * S_, b = std::min(m, (p + 1) * S_);
+      for (int64_t j = a; j < b; ++j) rows_.push_back(j);
+      if (!runs_.empty() && runs_.back().second == a) runs_.back().second = b;
+      else runs_.emplace_back(a, b);
+    }
     loaded_tokens_ = int64_t(rows_.size()) + pages;  // + the metadata: one token's K+V worth per page
     if (!out) return;
-    const int64_t r = int64_t(rows_.size());
-    keys_.resize(r, d_);
-    values_.resize(r, d_);
-    for (int64_t i = 0; i < r; ++i) {  // positions are slots: token j sits in slot j
-      keys_.row(i) = cache_.keys().row(rows_[size_t(i)]);
-      values_.row(i) = cache_.values().row(rows_[size_t(i)]);
-    }
-    attend_cached_group(keys_, values_, r, q, P_, Z_, ls_);
-    for (Eigen::Index g = 0; g < q.rows(); ++g) {
-      Answer& a = (*out)[g];
-      a.z = Z_.row(g).transpose();
-      a.has_kept = true;
-      a.kept = rows_;
-    }
+    attend_runs(q, *out);
   }
 
   int64_t cache_tokens() const override { return cache_.size(); }
-  int64_t cache_vectors() const override { return 2 * cache_.size() + 2 * int64_t(lo_.size()); }
+  int64_t cache_vectors() const override { return 2 * cache_.size() + 2 * pages_; }
   double loaded_bytes(int head_dim) const override { return double(2 * loaded_tokens_) * head_dim * sizeof(float); }
   bool capacity_matched() const override { return true; }
 
  private:
+  /// Exact attention of the group's query rows over the loaded tokens (runs_), one product per run of consecutive
+  /// tokens read where it sits and once for the whole group (K and V stream from memory once per query group, not
+  /// once per query head): the softmax of attend_cached_group (policy.cpp) without gathering the rows first.
+  void attend_runs(const MatD& q, std::vector<Answer>& out) {
+    const int64_t r = int64_t(rows_.size());
+    const auto G = q.rows();
+    const MatD& K = cache_.keys();
+    const MatD& V = cache_.values();
+    // Token by token (a run is too short and G too small for a GEMM to repay packing K and V): the row of K and of
+    // V is read once for the whole group.
+    logits_.resize(r, G);  // column-major: each query's logits contiguous for the softmax
+    int64_t c = 0;
+    for (const auto& [a, b] : runs_)
+      for (int64_t j = a; j < b; ++j, ++c)
+        for (Eigen::Index g = 0; g < G; ++g) logits_(c, g) = K.row(j).dot(q.row(g));
+    for (Eigen::Index g = 0; g < G; ++g) {
+      auto p = logits_.col(g);
+      const double mx = p.maxCoeff();
+      p = (p.array() - mx).exp().matrix();
+      p /= p.sum();
+    }
+    z_.setZero(G, V.cols());
+    c = 0;
+    for (const auto& [a, b] : runs_)
+      for (int64_t j = a; j < b; ++j, ++c)
+        for (Eigen::Index g = 0; g < G; ++g) z_.row(g) += logits_(c, g) * V.row(j);
+    for (Eigen::Index g = 0; g < G; ++g) {
+      Answer& ans = out[size_t(g)];
+      ans.z = z_.row(g).transpose();
+      ans.has_kept = true;
+      ans.kept = rows_;
+    }
+  }
+
   const int64_t budget_, memory_, S_;
   const GroupAgg agg_;
   const int d_;
   SlotCache cache_;  // double storage: slot j holds token j
-  std::vector<VecD> lo_, hi_;
+  MatD lo_, hi_;      // pages' elementwise key minimum m_p and maximum M_p, rows [0, pages_)
+  int64_t pages_ = 0;
+  MatD q_pos_, q_neg_, U_;  // attend() scratch: max(Q, 0), min(Q, 0), the bounds [G, pages − 1]
   int64_t loaded_tokens_ = 0;
   std::vector<int64_t> rows_;
-  MatD keys_, values_, P_, Z_;
-  VecD ls_;
+  std::vector<std::pair<int64_t, int64_t>> runs_;  // the loaded tokens as runs [a, b)
+  Eigen::MatrixXd logits_;  // attend_runs(): the loaded tokens' logits, then probabilities [loaded, G]
+  MatD z_;
 };
 
 std::unique_ptr<Policy> make_quest(ParamReader& p, const StreamInfo& s) {
