@@ -63,17 +63,35 @@ def test_torch_caches_answer_what_kvsim_caches_answer():
         assert err[:, :budget].max() < 1e-5 and err[:, budget + 8:].mean() > 1e-3
 
 
+def test_torch_blocked_h2o_answers_what_its_step_loop_answers():
+    n, d, budget = 96, 16, 24
+    q, k, v, scale = small_stream(n, d)
+    tq4 = torch.from_numpy(q).view(ct.KV_HEADS, ct.HEADS // ct.KV_HEADS, n, d)
+    tk, tv = torch.from_numpy(k), torch.from_numpy(v)
+    loop = ct.torch_step_loop(torch, tq4, tk, tv, scale, budget, "h2o").reshape(ct.HEADS, n, d).numpy()
+
+    def worst(**kw):
+        z = ct.torch_blocked_h2o(torch, tq4, tk, tv, scale, budget, **kw).reshape(ct.HEADS, n, d).numpy()
+        return float(np.max(np.linalg.norm(z - loop, axis=-1) / np.linalg.norm(loop, axis=-1)))
+
+    for block in (1, 7, 32, 128):  # one step, blocks ending inside and after the fill, the whole stream
+        assert worst(block=block) < 1e-5, block
+    # Negative control: a slot taken over inside a block that keeps the evicted token's logit.
+    assert worst(block=32, masking=False) > 1e-3
+
+
 def test_the_json_holds_every_row_and_bad_threads_are_named(tmp_path, capsys):
     out = tmp_path / "ct.json"
     assert ct.main(["--n", "256", "--d", "32", "--threads", "1,2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["torch_version"] == torch.__version__ and report["shape"]["n"] == 256
-    names = {"exact causal attention", "window (banded)", "sink (banded)", "h2o (step loop)", "tova (step loop)"}
+    names = {"exact causal attention", "window (banded)", "sink (banded)", "h2o (step loop)", "tova (step loop)",
+             "h2o (blocked)"}
     for threads in (1, 2):
         rows = [r for r in report["rows"] if r["threads"] == threads]
         assert {r["name"] for r in rows} == names
         for r in rows:
             assert r["kvsim_s"] > 0 and r["torch_s"] > 0 and r["ratio"] == pytest.approx(r["torch_s"] / r["kvsim_s"])
-    assert all(c["exact_max_rel_diff"] < 1e-4 for c in report["checks"])
+    assert all(c["exact_max_rel_diff"] < 1e-4 and c["h2o_blocked_steps_off"] <= 0.01 for c in report["checks"])
     assert ct.main(["--threads", "0"]) == 2
     assert "--threads '0'" in capsys.readouterr().out
