@@ -3,6 +3,7 @@
 clusterable keys), from one or more `kvsim clusters` runs (e.g. one per 32k window).
 
 Usage: .venv/bin/python plots/cluster_growth.py RESULTS_DIR [RESULTS_DIR ...] [--from N] [--csv OUT.csv]
+                                                [--plot FIG.png]
 
 For every (layer, tensor) and every run and KV head: γ, the least-squares slope of log m' against log n
 over the prefix lengths n ≥ --from (default 1024; the smallest n hold m' ≈ n whatever the data, which pulls
@@ -11,6 +12,9 @@ table of the mean γ with a 95% t-interval over the (run, KV head) fits (none wi
 local slope of the first and the last doubling (whether growth slows as n grows), and m'(n) at the largest
 n. γ < 1 with the interval below 1 is sublinear growth over that range; γ ≈ 1 means the vectors do not
 cluster at that δ. Each run's δ (clusters_fit.csv: delta_rel × the median norm) is printed with it.
+--plot draws m'(n) against n on log-log axes, one panel per (tensor, layer), one line per run and KV head
+(labelled by the run directory's name, so runs at several δ can share a figure), with m' = n dashed (no
+clustering at all); writes PNG and PDF.
 """
 import argparse
 import csv
@@ -73,17 +77,58 @@ def mean_interval(xs):
     return m, (m - half, m + half)
 
 
+def plot(series_by_run, out):
+    """m'(n) per (tensor, layer) panel, one line per (run, KV head); series_by_run: {run name: counts}."""
+    import kvsim_deps  # noqa: F401
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvsim_results import save
+
+    keys = sorted({(tensor, layer) for counts in series_by_run.values() for (layer, tensor, _) in counts},
+                  key=lambda k: (k[0] != "key", k[1]))
+    layers = sorted({layer for _, layer in keys})
+    tensors = sorted({tensor for tensor, _ in keys}, key=lambda t: t != "key")
+    fig, axes = plt.subplots(len(tensors), len(layers), figsize=(3.4 * len(layers), 3.0 * len(tensors)),
+                             squeeze=False, sharex=True, sharey=True)
+    for i, tensor in enumerate(tensors):
+        for j, layer in enumerate(layers):
+            ax = axes[i][j]
+            top = 1
+            for run_name, counts in series_by_run.items():
+                for (lay, ten, head), series in sorted(counts.items()):
+                    if (lay, ten) != (layer, tensor):
+                        continue
+                    ns = sorted(series)
+                    ax.loglog(ns, [series[n] for n in ns], marker=".", lw=1,
+                              label=run_name + (f" h{head}" if head else ""))
+                    top = max(top, ns[-1])
+            ax.loglog([1, top], [1, top], "k--", lw=0.8, label="m' = n")
+            ax.set_title(f"layer {layer}, {tensor}s", fontsize=9)
+            if i == len(tensors) - 1:
+                ax.set_xlabel("n (tokens)")
+            if j == 0:
+                ax.set_ylabel("clusters m'")
+    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    save(fig, os.path.dirname(out) or ".", out, os.path.basename(out))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dirs", nargs="+")
     ap.add_argument("--from", dest="n_from", type=int, default=1024, help="smallest n of the fit (default 1024)")
     ap.add_argument("--csv", default=None, help="also write the table as CSV")
+    ap.add_argument("--plot", default=None, help="also draw m'(n) per run on log-log axes (PNG and PDF)")
     a = ap.parse_args(argv)
     per = defaultdict(list)  # (layer, tensor) -> [(γ, local slopes, m', n)]
     deltas = []
+    by_run = {}
     for d in a.results_dirs:
         counts, delta = read_counts(d)
         deltas.append(delta)
+        by_run[os.path.basename(os.path.normpath(d))] = counts
         for (layer, tensor, _), series in counts.items():
             f = fits(series, a.n_from)
             if f:
@@ -110,6 +155,8 @@ def main(argv=None):
             w.writerow(["layer", "tensor", "fits", "gamma", "gamma_low", "gamma_high", "first_doubling",
                         "last_doubling", "clusters_at_n", "n"])
             w.writerows(rows)
+    if a.plot:
+        plot(by_run, a.plot)
     return 0
 
 

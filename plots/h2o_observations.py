@@ -15,6 +15,9 @@ exits 1 if they differ by more than 1e-6. Writes PNG and PDF.
 --table prints, per layer and data set, the means over evaluated (head, step) rows of attn_sparsity,
 sink_mass (share of the row on the first 4 positions), accum_slope and its R², and accum_top10 (share
 of accumulated attention on the top 10% of tokens), as a markdown table, then the same over all layers.
+--by-length CSV writes, per data set, layer and range of steps (1–1024, then each doubling up to the last
+step), the mean attn_sparsity and sink_mass over the evaluated (head, step) rows in that range: how the two
+change as the context grows (docs/results.md, "32k tokens").
 """
 import argparse
 import os
@@ -72,14 +75,42 @@ def print_table(results):
         print(f"| {'all' if l is None else l} | " + " | ".join(cells) + " |")
 
 
+def by_length(results, out):
+    """CSV of mean attn_sparsity and sink_mass per (data set, layer, step range), ranges 1–1024 then doublings."""
+    import csv
+
+    with open(out + ".tmp", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["data_set", "layer", "metric", "step_from", "step_to", "rows", "mean"])
+        for res in results:
+            _, g = policies(open_results(res))[0]
+            layer, step = column(g, "layer").astype(int), column(g, "step")
+            edges = [1, 1025]
+            while edges[-1] <= step.max():
+                edges.append(2 * edges[-1] - 1)
+            for name in ("attn_sparsity", "sink_mass"):
+                x = column(g, name)
+                for l in sorted(set(layer)):
+                    for a, b in zip(edges, edges[1:]):
+                        pick = (layer == l) & (step >= a) & (step < b) & np.isfinite(x)
+                        if pick.any():
+                            w.writerow([os.path.basename(os.path.normpath(res)), l, name, a, b - 1, int(pick.sum()),
+                                        f"{x[pick].mean():.6g}"])
+    os.replace(out + ".tmp", out)
+    print(f"wrote {out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", nargs="+")
     ap.add_argument("--out")
     ap.add_argument("--table", action="store_true", help="print per-layer means as a markdown table")
+    ap.add_argument("--by-length", metavar="CSV", help="write per-layer means by range of steps as CSV")
     args = ap.parse_args()
     if args.table:
         print_table(args.results)
+    if args.by_length:
+        by_length(args.results, args.by_length)
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.6))
     curves_done, bad = False, False
     for d, res in enumerate(args.results):

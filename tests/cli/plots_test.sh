@@ -45,14 +45,27 @@ assert len(row) == 1, 'no all row'
 got, want = float(row[0].split('|')[2]), float(np.nanmean(v))
 assert abs(got - want) <= 5e-3 * abs(want), (got, want)" "$TMP/o/results.h5" "$TMP/table.txt" \
   && passes=$((passes+1)) || { echo "FAIL: h2o_observations.py --table"; fails=$((fails+1)); }
+# --by-length: the rows of each (layer, metric) over the step ranges add up to the layer's finite rows, and
+# their row-weighted means give the layer's mean (the ranges partition the steps).
+"$PY" "$SRC/plots/h2o_observations.py" "$TMP/o" --by-length "$TMP/o/len.csv" --out "$TMP/o/t.png" >/dev/null && "$PY" -c "
+import csv, h5py, numpy as np, sys
+g = h5py.File(sys.argv[1])['policy_00']
+layer, x = g['layer'][:], g['sink_mass'][:]
+rows = [r for r in csv.DictReader(open(sys.argv[2])) if r['metric'] == 'sink_mass' and r['layer'] == '0']
+assert len(rows) >= 1, 'no rows'
+want = x[(layer == 0) & np.isfinite(x)]
+assert sum(int(r['rows']) for r in rows) == want.size, 'rows do not partition the steps'
+got = sum(int(r['rows']) * float(r['mean']) for r in rows) / want.size
+assert abs(got - want.mean()) <= 1e-5 * abs(want.mean()), (got, want.mean())" "$TMP/o/results.h5" "$TMP/o/len.csv" \
+  && passes=$((passes+1)) || { echo "FAIL: h2o_observations.py --by-length"; fails=$((fails+1)); }
 run "$SRC/experiments/buzz_tw_sweep.toml" --out "$TMP/b" --set "data.path=$TMP/rec.h5"
 "$PY" "$SRC/plots/buzz_tw_sweep.py" "$TMP/b" >/dev/null && check "$TMP/b/buzz_tw_sweep"
 "$KVSIM" clusters "$SRC/experiments/clusterability.toml" --out "$TMP/c" --set "data.path=$TMP/rec.h5" >/dev/null \
   || { echo "FAIL: kvsim clusters"; fails=$((fails+1)); }
 "$PY" "$SRC/plots/clusterability.py" "$TMP/c" >/dev/null && check "$TMP/c/clusterability"
 # cluster_growth.py: the tail slope table over two runs (the same one twice: an interval of width 0).
-out=$("$PY" "$SRC/plots/cluster_growth.py" "$TMP/c" "$TMP/c" --from 16 --csv "$TMP/c/growth.csv") \
-  && grep -q "| 0 | key | " <<<"$out" && [ -s "$TMP/c/growth.csv" ] || { echo "FAIL: cluster_growth.py: $out"; fails=$((fails+1)); }
+out=$("$PY" "$SRC/plots/cluster_growth.py" "$TMP/c" "$TMP/c" --from 16 --csv "$TMP/c/growth.csv" --plot "$TMP/c/growth.png") \
+  && grep -q "| 0 | key | " <<<"$out" && [ -s "$TMP/c/growth.csv" ] && [ -s "$TMP/c/growth.png" ] || { echo "FAIL: cluster_growth.py: $out"; fails=$((fails+1)); }
 DATA=${KVSIM_SHARED_DATA:-$SRC/../shared/data}
 if [ -f "$DATA/stories260K/stories260K.bin" ]; then
   "$KVSIM" closed-loop "$SRC/experiments/closed_loop.toml" --out "$TMP/cl2" --set model.tokens=128 --set model.windows=1 \
