@@ -267,7 +267,7 @@ gemma3_long() {
     --out results/gemma3_long_32768 --set data.tokens=32768 --set data.prefill=32512 "${long32[@]}"
   # Budgets per layer on the three global layers (docs/results.md "Where to put the memory"): the first 4096
   # tokens of three long recordings to fit, three others held out.
-  local p
+  local p d
   step gemma3_alloc_fit results/gemma3_alloc_fit.txt $K run experiments/gemma3_alloc_fit.toml --threads "$T"
   for p in h2o snapkv expected_attention; do
     step "alloc_gemma3_$p" null $K allocate results/gemma3_alloc_fit --policy "$p" --memory 0.1,0.2,0.4 \
@@ -285,6 +285,11 @@ gemma3_long() {
     step "clusterability_gemma3_${w}_32768" "results/clusterability_gemma3_${w}_32768.txt" $K clusters \
       experiments/clusterability.toml --out "results/clusterability_gemma3_${w}_32768" \
       --set "data.path=\"results/recordings/gemma3_${w}_32768_w00.h5\""
+    for d in 0.35 0.7; do  # SubGen's m' against n at two more δ (docs/results.md, "32k tokens")
+      step "clusterability_gemma3_${w}_32768_d$d" "results/clusterability_gemma3_${w}_32768_d$d.txt" $K clusters \
+        experiments/clusterability.toml --out "results/clusterability_gemma3_${w}_32768_d$d" \
+        --set "data.path=\"results/recordings/gemma3_${w}_32768_w00.h5\"" --set "clusters.delta_rel=$d"
+    done
   done
 }
 
