@@ -36,7 +36,8 @@ PromptTensors context_tensors(const TrialTensors& t, const LlamaConfig& cfg, int
       pt.k.push_back(t.k[size_t(l)].block(0, int64_t(h) * hd, P, hd));
       pt.v.push_back(t.v[size_t(l)].block(0, int64_t(h) * hd, P, hd));
     }
-    for (int h = 0; h < cfg.n_heads; ++h) pt.q.push_back(t.q[size_t(l)].block(0, int64_t(h) * hd, P, hd).cast<double>() * scale);
+    for (int h = 0; h < cfg.n_heads; ++h)
+      pt.q.push_back(cfg.layer_window(l) > 0 ? MatD() : MatD(t.q[size_t(l)].block(0, int64_t(h) * hd, P, hd).cast<double>() * scale));
   }
   return pt;
 }

@@ -131,6 +131,7 @@ PromptTensors prompt_tensors(const LlamaModel& model, const std::vector<int>& pr
       pt.k[size_t(l) * cfg.n_kv_heads + h] = K.middleCols(int64_t(h) * hd, hd);
       pt.v[size_t(l) * cfg.n_kv_heads + h] = V.middleCols(int64_t(h) * hd, hd);
     }
+    if (cfg.layer_window(l) > 0) return;  // a local layer's window reads no query (PromptTensors::q)
     for (int h = 0; h < cfg.n_heads; ++h)
       pt.q[size_t(l) * cfg.n_heads + h] = Q.middleCols(int64_t(h) * hd, hd).cast<double>() * scale;
   };
