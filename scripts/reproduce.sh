@@ -291,6 +291,12 @@ gemma3_long() {
         --set "data.path=\"results/recordings/gemma3_${w}_32768_w00.h5\"" --set "clusters.delta_rel=$d"
     done
   done
+  # Retrieval at 8192-32752 tokens (docs/results.md "32k tokens"): the exact cache first, 25 niah_single trials per
+  # length (a length counts where it answers ≥ 80%); 32752 = the context less niah_single's 16 answer tokens. Hours;
+  # ruler_suite.sh resumes a killed run from its checkpointed trials.
+  [ "$TASKS" = 1 ] && step gemma3_ruler_long null env KVSIM="$K" bash scripts/ruler_suite.sh experiments/gemma3_ruler.toml \
+    results/ruler_gemma3_long --lengths "8192 16384 32752" --kinds niah_single --threads "$T"
+  return 0
 }
 
 case "$ONLY" in small) small_models ;; smollm2) smollm2 ;; gemma3) gemma3 ;; gemma3_long) gemma3_long ;;
