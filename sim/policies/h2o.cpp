@@ -50,7 +50,7 @@ class H2OPolicy final : public ScorerPolicy, public GlobalScoresOracle, public G
   double initial_score(int64_t t, const float*) override { return global_ ? global_score_[t] : 0.0; }  // oracle: whole-stream score
   /// Alg. 1's F_score accumulation (h(z) = z): the group's attention, combined by group_agg, added
   /// to every cached token's score; oracle scores are fixed.
-  void update_scores(int64_t, const MatD& P, std::vector<double>& score) override {
+  void update_scores(int64_t, const ProbsD& P, std::vector<double>& score) override {
     if (global_) return;
     const int64_t m = P.rows();
     const VecD step = group_weights(P);

@@ -26,7 +26,7 @@ class KnormPolicy final : public ScorerPolicy {
     for (int i = 0; i < d_; ++i) ss += double(k[i]) * k[i];
     return -std::sqrt(ss);
   }
-  void update_scores(int64_t, const MatD&, std::vector<double>&) override {}
+  void update_scores(int64_t, const ProbsD&, std::vector<double>&) override {}
   int d_;
 };
 

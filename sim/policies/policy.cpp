@@ -28,7 +28,7 @@ void attend_cached(const MatD& keys, const MatD& values, int64_t m, const Eigen:
   log_sum = mx + std::log(sum);
 }
 
-void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const MatD& q, MatD& P, MatD& Z,
+void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const MatD& q, ProbsD& P, MatD& Z,
                          VecD& log_sum, bool with_values) {
   const Eigen::Index G = q.rows(), d = keys.cols();
   Z.setZero(G, d);

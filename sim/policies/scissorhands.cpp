@@ -30,7 +30,7 @@ class ScissorhandsPolicy final : public ScorerPolicy {
  private:
   /// Shifts this step's unimportant flag into each slot's history bits (the last `history` queries
   /// while cached) and sets score = −(number of flags set).
-  void update_scores(int64_t, const MatD& P, std::vector<double>& score) override {
+  void update_scores(int64_t, const ProbsD& P, std::vector<double>& score) override {
     const int64_t m = P.rows();
     const VecD w = group_weights(P);
     const double threshold = 1.0 / double(m);

@@ -32,7 +32,7 @@ class ScorerPolicy : public Policy, public BlockStepper {
   void observe(int64_t t, const float* k, const float* v) final { observe_slot(t, k, v); }
 
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) final {
-    const MatD& P = cache_.answer_group(q, out);  // one pass over keys and values for the whole query group
+    const ProbsD& P = cache_.answer_group(q, out);  // one pass over keys and values for the whole query group
     update_scores(t, P, score_);
   }
 
@@ -69,7 +69,7 @@ class ScorerPolicy : public Policy, public BlockStepper {
   /// KNorm: −‖k‖).
   virtual double initial_score(int64_t /*t*/, const float* /*k*/) { return 0.0; }
   /// The group's attention weight on each of the m cached slots: P's columns combined by group_agg.
-  VecD group_weights(const MatD& P) const {
+  VecD group_weights(const ProbsD& P) const {
     GroupAggregate agg(agg_, P.rows());
     for (Eigen::Index i = 0; i < P.cols(); ++i) agg.add(P.col(i));
     return agg.result();
@@ -78,7 +78,7 @@ class ScorerPolicy : public Policy, public BlockStepper {
   virtual void slot_replaced(int64_t /*s*/) {}
   /// Updates `score` (one entry per cache slot; slots [0, P.rows()) are filled) after step t's
   /// queries attended with probabilities P [m, G].
-  virtual void update_scores(int64_t t, const MatD& P, std::vector<double>& score) = 0;
+  virtual void update_scores(int64_t t, const ProbsD& P, std::vector<double>& score) = 0;
 
   const std::string name_;
   const int64_t budget_, sink_, recent_;
@@ -88,7 +88,8 @@ class ScorerPolicy : public Policy, public BlockStepper {
 
  private:
   // step_block's scratch (no allocation per block once sized)
-  MatD block_qd_, block_kd_, block_ld_[2], block_P_;
+  MatD block_qd_, block_kd_, block_ld_[2];
+  ProbsD block_P_;
   MatF block_qf_, block_lf_[2];
   std::vector<int64_t> block_tok_, block_slots_;  // the block token in each slot (−1: none), the slots taken
   VecD block_col_;

@@ -82,7 +82,7 @@ class SlotCache {
   }
   /// Answers for a query group [G, d]. Returns the [m, G] attention of each query over the slots (for
   /// score-keeping policies; valid until the next call). `out` may be null.
-  const MatD& answer_group(const MatD& q, std::vector<Answer>* out) {
+  const ProbsD& answer_group(const MatD& q, std::vector<Answer>* out) {
     // Without `out` (a prompt streamed at prefill) only P is read: the Vᵀp products are skipped.
     if (f32_) attend_group_f32(q, out != nullptr);
     else attend_cached_group(keys_, values_, size_, q, P_, Z_, ls_, out != nullptr);
@@ -149,7 +149,8 @@ class SlotCache {
   MatF keys_f_, values_f_;
   std::vector<int64_t> pos_;
   int64_t size_ = 0;
-  MatD P_, Z_;  // scratch
+  ProbsD P_;    // scratch: the group's probabilities [m, G]
+  MatD Z_;      // scratch
   VecF lf_, pf_, qf_;  // float32 scratch (no allocation per step)
   VecD ld_;            // the float32 path's softmax in double
   VecD ls_;

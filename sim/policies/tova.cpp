@@ -24,7 +24,7 @@ class TovaPolicy final : public ScorerPolicy {
 
  private:
   /// The scores are the latest attention weights (replaced, not accumulated).
-  void update_scores(int64_t, const MatD& P, std::vector<double>& score) override {
+  void update_scores(int64_t, const ProbsD& P, std::vector<double>& score) override {
     const VecD step = group_weights(P);
     for (int64_t s = 0; s < P.rows(); ++s) score[size_t(s)] = step[s];
   }

@@ -274,9 +274,11 @@ void bind_policies(py::module_& m) {
         const Eigen::Index m_ = keys.shape(0), d = keys.shape(1), G = q.shape(0);
         const MatD K = Eigen::Map<const MatD>(keys.data(), m_, d), V = Eigen::Map<const MatD>(values.data(), m_, d);
         const MatD Q = Eigen::Map<const MatD>(q.data(), G, d);
-        MatD P, Z;
+        ProbsD Pc;
+        MatD Z;
         VecD ls;
-        attend_cached_group(K, V, m_, Q, P, Z, ls);
+        attend_cached_group(K, V, m_, Q, Pc, Z, ls);
+        const MatD P = Pc;  // [m, G] row-major, as the array below is laid out
         ArrD z({py::ssize_t(G), py::ssize_t(d)}), p({py::ssize_t(m_), py::ssize_t(G)}), l(std::vector<py::ssize_t>{py::ssize_t(G)});
         if (Z.size()) std::memcpy(z.mutable_data(), Z.data(), sizeof(double) * size_t(Z.size()));
         if (P.size()) std::memcpy(p.mutable_data(), P.data(), sizeof(double) * size_t(P.size()));

@@ -338,7 +338,8 @@ TEST_CASE("prefill: a prompt streamed without answers skips only the values' pro
     }
   // The group product itself: P and log Σ exp unchanged bit for bit, Z left zero without values.
   const MatD K = s.K.topRows(40).cast<double>(), V = s.V.topRows(40).cast<double>(), Q = s.q(50);
-  MatD P1, Z1, P2, Z2;
+  ProbsD P1, P2;
+  MatD Z1, Z2;
   VecD l1, l2;
   attend_cached_group(K, V, 40, Q, P1, Z1, l1, true);
   attend_cached_group(K, V, 40, Q, P2, Z2, l2, false);

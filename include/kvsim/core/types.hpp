@@ -10,6 +10,9 @@ using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajo
 /// Row-major double matrix (same layout as MatF).
 using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using VecD = Eigen::VectorXd;
+/// Column-major double matrix: a group's attention probabilities [m, G], one contiguous column per query head
+/// (written by each head's softmax and read per head by the group aggregation).
+using ProbsD = Eigen::MatrixXd;
 using VecF = Eigen::VectorXf;
 
 }  // namespace kvsim

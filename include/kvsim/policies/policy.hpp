@@ -292,10 +292,10 @@ void attend_cached(const MatD& keys, const MatD& values, int64_t m, const Eigen:
                    double& log_sum);
 
 /// The same for a group of G queries sharing one cache (a KV head's query group): q is [G, d];
-/// on return P is [m, G] (column g = softmax of query g's logits), Z is [G, d] and log_sum[g] =
+/// on return P is [m, G] (column g = softmax of query g's logits, contiguous), Z is [G, d] and log_sum[g] =
 /// log Σ exp(logits of query g). m = 0 gives Z = 0 and log_sum = −∞. with_values = false skips the
 /// Vᵀp products and leaves Z = 0 (a policy that only scores its cache: a prompt streamed at prefill).
-void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const MatD& q, MatD& P, MatD& Z,
+void attend_cached_group(const MatD& keys, const MatD& values, int64_t m, const MatD& q, ProbsD& P, MatD& Z,
                          VecD& log_sum, bool with_values = true);
 
 }  // namespace kvsim
