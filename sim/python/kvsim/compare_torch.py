@@ -102,31 +102,53 @@ def torch_banded(torch, q, k, v, scale, budget, sink=0, block=128):
     return out
 
 
+class _Slots:
+    """Preallocated cache slots of every KV head, as H2O's reference code keeps them: keys, values, positions
+    and scores [H_kv, budget, …]; `size` slots are filled."""
+
+    def __init__(self, torch, Hkv, budget, d):
+        self.torch, self.budget, self.size = torch, budget, 0
+        self.K, self.V = torch.zeros(Hkv, budget, d), torch.zeros(Hkv, budget, d)
+        self.pos = torch.full((Hkv, budget), -1, dtype=torch.long)
+        self.score = torch.zeros(Hkv, budget)
+        self.heads = torch.arange(Hkv)
+        self.inf = torch.tensor(float("inf"))
+
+    def take(self, t, k, v, recent):
+        """Token t joins (evicting before it does, as kvsim): the next free slot, else per KV head the lowest
+        score among positions ≤ t − recent; its key, value, position and a zero score are written there.
+        Returns the slot per KV head [H_kv]."""
+        torch = self.torch
+        if self.size < self.budget:
+            slot = torch.full((len(self.heads),), self.size, dtype=torch.long)
+            self.size += 1
+        else:
+            slot = torch.argmin(torch.where(self.pos <= t - recent, self.score, self.inf), dim=1)
+        h = self.heads
+        self.K[h, slot], self.V[h, slot], self.pos[h, slot], self.score[h, slot] = k[:, t], v[:, t], t, 0.0
+        return slot
+
+
+def _h2o_recent(budget, heavy_ratio):
+    """H2O's recent window: the budget less its heavy hitters (at least 1 of each)."""
+    return budget - min(budget - 1, max(1, round(heavy_ratio * budget)))
+
+
 def torch_step_loop(torch, q, k, v, scale, budget, policy, heavy_ratio=0.5):
     """h2o or tova as a step loop over preallocated slots (evict before the new token joins, as kvsim).
     q [H_kv, G, n, d], k and v [H_kv, n, d]; returns [H_kv, G, n, d]."""
     Hkv, G, n, d = q.shape
-    recent = budget - min(budget - 1, max(1, round(heavy_ratio * budget))) if policy == "h2o" else 0
-    K, V = torch.zeros(Hkv, budget, d), torch.zeros(Hkv, budget, d)
-    pos = torch.full((Hkv, budget), -1, dtype=torch.long)
-    score = torch.zeros(Hkv, budget)
+    recent = _h2o_recent(budget, heavy_ratio) if policy == "h2o" else 0
+    c = _Slots(torch, Hkv, budget, d)
     out = torch.empty(Hkv, G, n, d)
-    inf = torch.tensor(float("inf"))
-    heads = torch.arange(Hkv)
-    size = 0
     for t in range(n):
-        if size < budget:
-            slot = torch.full((Hkv,), size, dtype=torch.long)
-            size += 1
-        else:
-            slot = torch.argmin(torch.where(pos <= t - recent, score, inf), dim=1)
-        K[heads, slot], V[heads, slot], pos[heads, slot], score[heads, slot] = k[:, t], v[:, t], t, 0.0
-        a = torch.softmax(torch.matmul(q[:, :, t] * scale, K[:, :size].transpose(1, 2)), dim=-1)  # [H_kv, G, size]
+        c.take(t, k, v, recent)
+        a = torch.softmax(torch.matmul(q[:, :, t] * scale, c.K[:, :c.size].transpose(1, 2)), dim=-1)  # [H_kv, G, size]
         if policy == "h2o":
-            score[:, :size] += a.mean(1)
+            c.score[:, :c.size] += a.mean(1)
         else:
-            score[:, :size] = a.mean(1)
-        out[:, :, t] = torch.matmul(a, V[:, :size])
+            c.score[:, :c.size] = a.mean(1)
+        out[:, :, t] = torch.matmul(a, c.V[:, :c.size])
     return out
 
 
@@ -139,41 +161,31 @@ def torch_blocked_h2o(torch, q, k, v, scale, budget, heavy_ratio=0.5, block=128,
     q [H_kv, G, n, d], k and v [H_kv, n, d]; returns [H_kv, G, n, d]. masking=False (the tests' negative
     control): a slot a block token took over keeps reading the evicted token's logit."""
     Hkv, G, n, d = q.shape
-    recent = budget - min(budget - 1, max(1, round(heavy_ratio * budget)))
-    K, V = torch.zeros(Hkv, budget, d), torch.zeros(Hkv, budget, d)
-    pos = torch.full((Hkv, budget), -1, dtype=torch.long)
-    score = torch.zeros(Hkv, budget)
+    recent = _h2o_recent(budget, heavy_ratio)
+    c = _Slots(torch, Hkv, budget, d)
     out = torch.empty(Hkv, G, n, d)
-    inf = torch.tensor(float("inf"))
-    heads = torch.arange(Hkv)
     slots = torch.arange(budget)
-    size = 0
     for t0 in range(0, n, block):
         b = min(block, n - t0)
         qb = q[:, :, t0:t0 + b] * scale                                        # [H_kv, G, b, d]
-        Ls = torch.matmul(qb, K.transpose(1, 2).unsqueeze(1))                  # [H_kv, G, b, budget]
+        Ls = torch.matmul(qb, c.K.transpose(1, 2).unsqueeze(1))                # [H_kv, G, b, budget]
         Lb = torch.matmul(qb, k[:, t0:t0 + b].transpose(1, 2).unsqueeze(1))    # [H_kv, G, b, b]
-        Vc = torch.cat([V, v[:, t0:t0 + b]], dim=1)                             # [H_kv, budget + b, d]
+        Vc = torch.cat([c.V, v[:, t0:t0 + b]], dim=1)                           # [H_kv, budget + b, d]
         tok = torch.full((Hkv, budget), -1, dtype=torch.long)                   # block token in each slot
         P = torch.zeros(Hkv, G, b, budget + b)
-        size_at_start = size
+        size_at_start = c.size
         for i in range(b):
-            t = t0 + i
-            if size < budget:
-                slot = torch.full((Hkv,), size, dtype=torch.long)
-                size += 1
-            else:
-                slot = torch.argmin(torch.where(pos <= t - recent, score, inf), dim=1)
-            K[heads, slot], V[heads, slot], pos[heads, slot], score[heads, slot] = k[:, t], v[:, t], t, 0.0
+            slot = c.take(t0 + i, k, v, recent)
             if masking:
-                tok[heads, slot] = i
+                tok[c.heads, slot] = i
             else:  # only slots never filled before this block get the block token's logits
-                tok[heads, slot] = torch.where(slot >= size_at_start, i, tok[heads, slot])
+                tok[c.heads, slot] = torch.where(slot >= size_at_start, i, tok[c.heads, slot])
+            size = c.size
             taken = tok[:, :size] >= 0                                          # [H_kv, size]
             col = torch.where(taken, tok[:, :size].clamp(min=0), 0).unsqueeze(1).expand(Hkv, G, size)
             logits = torch.where(taken.unsqueeze(1), torch.gather(Lb[:, :, i], 2, col), Ls[:, :, i, :size])
             a = torch.softmax(logits, dim=-1)                                   # [H_kv, G, size]
-            score[:, :size] += a.mean(1)
+            c.score[:, :size] += a.mean(1)
             dest = torch.where(taken, budget + tok[:, :size], slots[:size]).unsqueeze(1).expand(Hkv, G, size)
             P[:, :, i].scatter_(2, dest, a)
         out[:, :, t0:t0 + b] = torch.matmul(P, Vc.unsqueeze(1))
