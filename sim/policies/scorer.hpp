@@ -11,6 +11,8 @@
 // A subclass supplies the scoring rule (H2O: accumulated attention, sim/policies/h2o.cpp; TOVA: the
 // last query's attention; KNorm: −‖k‖; Scissorhands: how rarely a token was unimportant lately).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -51,17 +53,39 @@ class ScorerPolicy : public Policy, public BlockStepper {
       cache_.append(t, k, v);
       return cache_.size() - 1;
     }
-    // After token t joins, positions t − recent + 1 .. t are the recent ones (hd::h2o_evictable).
-    int64_t victim = -1;
-    for (int64_t s = 0; s < cache_.size(); ++s) {
-      const int64_t pos = cache_.position(s);
-      if (pos < sink_ || !hd::h2o_evictable(pos, t, recent_)) continue;
-      if (victim < 0 || hd::h2o_prefer(score_[s], pos, score_[victim], cache_.position(victim))) victim = s;
-    }
+    const int64_t victim = lowest_evictable(t);
     if (victim < 0) throw Error(name_ + ": no evictable token (sink + recent ≥ budget)");
     cache_.put(victim, t, k, v);
     score_[victim] = init;
     slot_replaced(victim);
+    return victim;
+  }
+
+  /// The victim when token t joins a full cache: the slot with the lowest score among positions ≥ sink that are
+  /// not among the `recent` newest after t joins (hd::h2o_evictable), ties to the oldest position
+  /// (hd::h2o_prefer's total order); −1 when none is evictable. Two passes: the lowest score in 8 independent
+  /// lanes (which the compiler vectorizes), then the oldest position holding it — the same slot as folding
+  /// hd::h2o_prefer over the slots, for scores that are not NaN.
+  int64_t lowest_evictable(int64_t t) const {
+    const int64_t m = cache_.size(), newest_old = t - recent_, sink = sink_;
+    const int64_t* pos = cache_.positions();
+    const double* sc = score_.data();
+    auto evictable = [&](int64_t s) { return pos[s] >= sink && hd::h2o_evictable(pos[s], t, recent_); };
+    double lane[8];
+    for (double& l : lane) l = INFINITY;
+    int64_t s = 0;
+    for (; s + 8 <= m; s += 8)
+      for (int k = 0; k < 8; ++k) {
+        const double v = pos[s + k] >= sink && pos[s + k] <= newest_old ? sc[s + k] : INFINITY;
+        lane[k] = v < lane[k] ? v : lane[k];
+      }
+    double best = INFINITY;
+    for (; s < m; ++s)
+      if (evictable(s)) best = std::min(best, sc[s]);
+    for (const double l : lane) best = std::min(best, l);
+    int64_t victim = -1;
+    for (s = 0; s < m; ++s)
+      if (sc[s] == best && evictable(s) && (victim < 0 || pos[s] < pos[victim])) victim = s;
     return victim;
   }
 
@@ -93,6 +117,7 @@ class ScorerPolicy : public Policy, public BlockStepper {
   MatF block_qf_, block_lf_[2];
   std::vector<int64_t> block_tok_, block_slots_;  // the block token in each slot (−1: none), the slots taken
   VecD block_col_;
+  VecF block_colf_;
 };
 
 }  // namespace kvsim::policies

@@ -7,6 +7,7 @@
 // (update_scores, the subclass's rule) in O(cache) per step instead of O(cache · d). The answer at each evaluated
 // step of the block is Vᵀp over the slots as they stand at that step, as the per-step path computes it.
 #include <string>
+#include <type_traits>
 
 #include "scorer.hpp"
 
@@ -59,15 +60,23 @@ void ScorerPolicy::step_block(int64_t t_first, int64_t t_last, const MatF& K, co
       const int64_t m = cache_.size();
       block_P_.resize(m, G);
       for (Eigen::Index g = 0; g < G; ++g) {
-        // The per-step softmax, operation for operation (policy.cpp attend_cached_group, SlotCache's float32 path).
+        // The per-step softmax, operation for operation (policy.cpp attend_cached_group; SlotCache's float32
+        // path, softmax_f32, which writes block_P_'s contiguous column directly).
         const Eigen::Index row = i * G + g;
-        col = Ls.row(row).head(m).transpose().template cast<double>();
-        for (const int64_t s : block_slots_) col[s] = double(Lb(row, block_tok_[size_t(s)]));
-        const double mx = col.maxCoeff();
-        col = (col.array() - mx).exp().matrix();
-        const double sum = col.sum();
-        col /= sum;
-        block_P_.col(g) = col;
+        if constexpr (std::is_same_v<typename std::decay_t<decltype(Ls)>::Scalar, float>) {
+          VecF& lf = block_colf_;
+          lf = Ls.row(row).head(m).transpose();
+          for (const int64_t s : block_slots_) lf[s] = Lb(row, block_tok_[size_t(s)]);
+          softmax_f32(lf.data(), m, block_P_.col(g).data());
+        } else {
+          col = Ls.row(row).head(m).transpose();
+          for (const int64_t s : block_slots_) col[s] = Lb(row, block_tok_[size_t(s)]);
+          const double mx = col.maxCoeff();
+          col = (col.array() - mx).exp().matrix();
+          const double sum = col.sum();
+          col /= sum;
+          block_P_.col(g) = col;
+        }
       }
       update_scores(t, block_P_, score_);
       answer_now(t);

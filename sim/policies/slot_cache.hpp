@@ -7,14 +7,17 @@
 //    policy's own arithmetic adds no rounding beyond the reference's (tests check 1e-12).
 //  - "float32": keys and values are held as the recording gives them (float32, so storage is exact)
 //    and the two matrix-vector products run in float32 (2.4× the double rate here: Eigen GEMV at
-//    m = 896, d = 128 measured 13.6 vs 5.6 GFMA/s); the softmax runs in double on the float logits.
+//    m = 896, d = 128 measured 13.6 vs 5.6 GFMA/s); the softmax (softmax_f32) takes exp in float on the
+//    float logits and sums in double.
 //    Added error: ~1e-7·Σ|k_i q_i| on each logit and ~1e-7 relative on z — measured ≤ 1e-5 relative
 //    on the output (tests/unit/test_policies.cpp), far below the errors the policies themselves make.
 // Memory is *counted* at float32 in both modes (cache_vectors).
 #pragma once
+#include <cmath>
 #include <vector>
 
 #include "kvsim/core/error.hpp"
+#include "kvsim/core/lane_sums.hpp"
 #include "kvsim/policies/policy.hpp"
 
 namespace kvsim::policies {
@@ -27,6 +30,20 @@ void block_queries(const std::vector<const MatD*>& q_scaled, int64_t t_first, in
   Q.resize(b * G, d);
   for (int64_t i = 0; i < b; ++i)
     for (Eigen::Index g = 0; g < G; ++g) Q.row(i * G + g) = q_scaled[size_t(g)]->row(t_first - 1 + i).template cast<typename M::Scalar>();
+}
+
+/// The float32 mode's softmax over m float logits l (overwritten with exp(l − max l)): p[i] = exp(l_i − max) / Σ,
+/// written as doubles, the exponentials in float (Eigen's vectorized expf: twice the lanes of double, and its
+/// ~1 ulp float error is below the logits' own float32 rounding), the sum Σ in double in 8 lanes (lane_sum).
+/// Returns log Σ_i exp(l_i). One function for the per-step path (attend_group_f32) and the blocked walk
+/// (ScorerPolicy::step_block), so both compute the same probabilities from the same logits bit for bit.
+inline double softmax_f32(float* l, int64_t m, double* p) {
+  Eigen::Map<Eigen::ArrayXf> a(l, Eigen::Index(m));
+  const float mx = a.maxCoeff();
+  a = (a - mx).exp();
+  const double sum = detail::lane_sum(l, m);
+  for (int64_t i = 0; i < m; ++i) p[i] = double(l[i]) / sum;
+  return double(mx) + std::log(sum);
 }
 
 class SlotCache {
@@ -61,6 +78,8 @@ class SlotCache {
     pos_[slot] = t;
   }
   int64_t position(int64_t slot) const { return pos_[slot]; }
+  /// The token position in each slot, [capacity] (−1: an empty slot).
+  const int64_t* positions() const { return pos_.data(); }
   /// Softmax attention of q over the filled slots: z and log Σ exp(k·q).
   void attend(const Eigen::Ref<const VecD>& q, VecD& z, double& log_sum) {
     if (!f32_) {
@@ -113,7 +132,7 @@ class SlotCache {
   const MatF& values_f() const { return values_f_; }
 
  private:
-  /// float32 products, double softmax: fills P_ [m, G], Z_ [G, d] (zeros unless with_values), ls_ [G].
+  /// float32 products and softmax_f32: fills P_ [m, G], Z_ [G, d] (zeros unless with_values), ls_ [G].
   void attend_group_f32(const MatD& q, bool with_values = true) {
     const Eigen::Index G = q.rows(), d = keys_f_.cols(), m = size_;
     Z_.setZero(G, d);
@@ -129,17 +148,9 @@ class SlotCache {
     for (Eigen::Index g = 0; g < G; ++g) {
       qf = q.row(g).transpose().cast<float>();
       lf.noalias() = keys_f_.topRows(m) * qf;
-      // Softmax on a contiguous vector (a column of the row-major P_ is strided: scalar exp).
-      VecD& col = ld_;
-      col = lf.cast<double>();
-      const double mx = col.maxCoeff();
-      col = (col.array() - mx).exp().matrix();
-      const double sum = col.sum();
-      col /= sum;
-      ls_[g] = mx + std::log(sum);
-      P_.col(g) = col;
+      ls_[g] = softmax_f32(lf.data(), m, P_.col(g).data());  // P_ is column-major: column g is contiguous
       if (!with_values) continue;
-      pf = col.cast<float>();
+      pf = P_.col(g).cast<float>();
       Z_.row(g) = (values_f_.topRows(m).transpose() * pf).cast<double>().transpose();
     }
   }
@@ -152,7 +163,6 @@ class SlotCache {
   ProbsD P_;    // scratch: the group's probabilities [m, G]
   MatD Z_;      // scratch
   VecF lf_, pf_, qf_;  // float32 scratch (no allocation per step)
-  VecD ld_;            // the float32 path's softmax in double
   VecD ls_;
 };
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kvsim/core/error.hpp"
-#include "lane_sums.hpp"
+#include "kvsim/core/lane_sums.hpp"
 
 namespace kvsim {
 namespace {

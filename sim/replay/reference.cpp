@@ -5,7 +5,7 @@
 
 #include "kvsim/core/blas.hpp"
 #include "kvsim/core/error.hpp"
-#include "lane_sums.hpp"
+#include "kvsim/core/lane_sums.hpp"
 
 namespace kvsim {
 

@@ -1,5 +1,6 @@
-// Internal to sim/replay: sums of float rows accumulated in double, shared by the float32 exact
-// reference (τ's sum and ‖a‖², reference.cpp) and the float32 closed-form caches (banded.cpp).
+// Sums of float rows accumulated in double, shared by the float32 exact reference (τ's sum and ‖a‖²,
+// sim/replay/reference.cpp), the float32 closed-form caches (sim/replay/banded.cpp) and the float32
+// policies' softmax (sim/policies/slot_cache.hpp, softmax_f32).
 #pragma once
 #include <cstdint>
 
@@ -29,6 +30,13 @@ inline void lane_sums(const float* x, int64_t n, double& sum, double& sq) {
     sum += s[k];
     if constexpr (kSquares) sq += q[k];
   }
+}
+
+/// Σ x_i of n floats in double (lane_sums<false>).
+inline double lane_sum(const float* x, int64_t n) {
+  double sum = 0, unused = 0;
+  lane_sums<false>(x, n, sum, unused);
+  return sum;
 }
 
 /// lane_sums<true> over a row given in consecutive pieces (each but the last a multiple of 8 long):
