@@ -116,13 +116,27 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
     for (int64_t j = 0; j < cap; ++j) mask_[j] = owner_[j] >= 0 ? 1.0 : 0.0;
     for (Eigen::Index i = 0; i < rows; ++i) {
       logits_of(i, logits);
+      // The largest logit over the occupied slots, in 8 independent lanes of selects (branch-free, so the
+      // compiler vectorizes it; a maximum is exact in any order).
+      const double* __restrict l = logits.data();
+      const double* __restrict on = mask_.data();
+      double lane[8];
+      for (double& v : lane) v = -INFINITY;
+      int64_t j = 0;
+      for (; j + 8 <= cap; j += 8)
+        for (int k = 0; k < 8; ++k) {
+          const double v = on[j + k] != 0.0 ? l[j + k] : -INFINITY;
+          lane[k] = v > lane[k] ? v : lane[k];
+        }
       double mx = -INFINITY;
-      for (int64_t j = 0; j < cap; ++j)
-        if (owner_[j] >= 0) mx = std::max(mx, logits[j]);
+      for (; j < cap; ++j)
+        if (on[j] != 0.0) mx = std::max(mx, l[j]);
+      for (const double v : lane) mx = std::max(mx, v);
       // Free slots hold stale data: their shifted logit is set to −1000 (no overflow) and their
       // weight to exactly 0 by the mask, so the exponentials run vectorized over the whole store.
       x.resize(cap);
-      for (int64_t j = 0; j < cap; ++j) x[j] = owner_[j] >= 0 ? logits[j] - mx : -1000.0;
+      double* __restrict xs = x.data();
+      for (j = 0; j < cap; ++j) xs[j] = on[j] != 0.0 ? l[j] - mx : -1000.0;
       // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits.
       p = x.array().exp() * mask_.array();
       p /= p.sum();
