@@ -137,8 +137,15 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
       x.resize(cap);
       double* __restrict xs = x.data();
       for (j = 0; j < cap; ++j) xs[j] = on[j] != 0.0 ? l[j] - mx : -1000.0;
-      // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits.
-      p = x.array().exp() * mask_.array();
+      // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits. In float32 mode
+      // the exponentials run in float (as the scorers' softmax_f32: twice the lanes), the rest in double.
+      if (store_.f32()) {
+        xf_ = x.cast<float>();
+        xf_ = xf_.array().exp();
+        p = xf_.cast<double>().cwiseProduct(mask_);
+      } else {
+        p = x.array().exp() * mask_.array();
+      }
       p /= p.sum();
       agg.add(p);
       if (out) {
@@ -212,6 +219,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   int d_;
   SlotCache store_;             // contiguous keys/values (float64 or float32), indexed by slot
   VecD logits_, shifted_, p_, ps_, mask_;  // attend() scratch (no allocation per step)
+  VecF xf_;                                // float32 mode's exponentials
   MatD block_qd_, block_kd_, block_ld_[2];  // step_block() scratch
   MatF block_qf_, block_lf_[2];
   std::vector<int64_t> block_tok_, block_slots_;  // the block token in each slot (−1: none), the slots taken
