@@ -138,7 +138,8 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
       double* __restrict xs = x.data();
       for (j = 0; j < cap; ++j) xs[j] = on[j] != 0.0 ? l[j] - mx : -1000.0;
       // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits. In float32 mode
-      // the exponentials run in float (as the scorers' softmax_f32: twice the lanes), the rest in double.
+      // the unscaled attention's exponentials run in float (as the scorers' softmax_f32: twice the lanes), its
+      // sum and the log-scaled answer's weights in double.
       if (store_.f32()) {
         xf_ = x.cast<float>();
         xf_ = xf_.array().exp();
