@@ -1,5 +1,6 @@
 // Baseline policy semantics on hand-made streams (window, sink, exact, oracle_topk, uniform).
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -243,3 +244,66 @@ TEST_CASE("policies: float32 policy arithmetic stays within 1e-5 of float64 with
   CHECK(max32 > 1e-12);  // float32 arithmetic is really in use
 }
 
+
+TEST_CASE("policies: a scorer's victim is the lowest score, ties to the oldest (knorm on tied key norms)", "[policies]") {
+  // knorm's score is −‖k‖, fixed when a token joins. Keys of norm 1, 2 or 3 make many exact ties. An independent
+  // re-implementation evicts the largest norm, ties to the oldest position, and the kept sets must agree at every
+  // step. Budgets cover the victim scan's 8 lanes, its tail and both at once (sim/policies/scorer.hpp).
+  const int64_t n = 160;
+  const int d = 4;
+  std::vector<int> norm(n);
+  for (int64_t t = 0; t < n; ++t) norm[size_t(t)] = 1 + int(mix64(uint64_t(t) + 11) % 3);
+  for (const int64_t B : {5, 8, 13, 40}) {
+    for (const double recent_ratio : {0.0, 0.25}) {
+      auto pol = make_policy("knorm", params({{"budget", B}, {"recent_ratio", recent_ratio}}), info(n, d));
+      const int64_t recent = std::min<int64_t>(std::llround(recent_ratio * double(B)), B - 1);
+      std::vector<int64_t> mine;  // positions, in the order they joined
+      MatD q = MatD::Ones(1, d);
+      std::vector<Answer> ans(1);
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<float> k(d, 0.0f), v(d, 1.0f);
+        k[0] = float(norm[t]);
+        pol->observe(t, k.data(), v.data());
+        if (int64_t(mine.size()) == B) {
+          int64_t victim = -1;
+          for (size_t i = 0; i < mine.size(); ++i) {
+            const int64_t p = mine[i];
+            if (p > t - recent) continue;  // the recent window after t joins
+            if (victim < 0 || norm[p] > norm[mine[size_t(victim)]] ||
+                (norm[p] == norm[mine[size_t(victim)]] && p < mine[size_t(victim)]))
+              victim = int64_t(i);
+          }
+          REQUIRE(victim >= 0);
+          mine.erase(mine.begin() + victim);
+        }
+        mine.push_back(t);
+        ans[0] = Answer{};
+        pol->attend(t + 1, q, &ans, nullptr);
+        std::vector<int64_t> kept = ans[0].kept, want = mine;
+        std::sort(kept.begin(), kept.end());
+        std::sort(want.begin(), want.end());
+        INFO("B = " << B << ", recent_ratio = " << recent_ratio << ", step " << t);
+        REQUIRE(kept == want);
+      }
+    }
+  }
+  // Negative control: with ties going to the newest instead, the same check fails on this stream.
+  std::vector<int64_t> mine, oldest_rule;
+  for (int64_t t = 0; t < n; ++t) {
+    for (auto* set : {&mine, &oldest_rule})
+      if (int64_t(set->size()) == 8) {
+        int64_t victim = -1;
+        for (size_t i = 0; i < set->size(); ++i) {
+          const int64_t p = (*set)[i], vp = victim < 0 ? -1 : (*set)[size_t(victim)];
+          const bool newest = set == &mine;
+          if (victim < 0 || norm[p] > norm[vp] || (norm[p] == norm[vp] && (newest ? p > vp : p < vp))) victim = int64_t(i);
+        }
+        set->erase(set->begin() + victim);
+      }
+    mine.push_back(t);
+    oldest_rule.push_back(t);
+  }
+  std::sort(mine.begin(), mine.end());
+  std::sort(oldest_rule.begin(), oldest_rule.end());
+  CHECK(mine != oldest_rule);
+}
