@@ -1,4 +1,4 @@
-// Baseline policy semantics on hand-made streams (window, sink, exact, oracle_topk, uniform).
+// Baseline policy semantics on hand-made streams (window, sink, exact, oracle_topk, uniform; the scorers' victim rule via knorm).
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
