@@ -67,16 +67,16 @@ class ScorerPolicy : public Policy, public BlockStepper {
   /// lanes (which the compiler vectorizes), then the oldest position holding it — the same slot as folding
   /// hd::h2o_prefer over the slots, for scores that are not NaN.
   int64_t lowest_evictable(int64_t t) const {
-    const int64_t m = cache_.size(), newest_old = t - recent_, sink = sink_;
+    const int64_t m = cache_.size(), sink = sink_, recent = recent_;
     const int64_t* pos = cache_.positions();
     const double* sc = score_.data();
-    auto evictable = [&](int64_t s) { return pos[s] >= sink && hd::h2o_evictable(pos[s], t, recent_); };
+    auto evictable = [&](int64_t s) { return pos[s] >= sink && hd::h2o_evictable(pos[s], t, recent); };
     double lane[8];
     for (double& l : lane) l = INFINITY;
     int64_t s = 0;
     for (; s + 8 <= m; s += 8)
       for (int k = 0; k < 8; ++k) {
-        const double v = pos[s + k] >= sink && pos[s + k] <= newest_old ? sc[s + k] : INFINITY;
+        const double v = evictable(s + k) ? sc[s + k] : INFINITY;
         lane[k] = v < lane[k] ? v : lane[k];
       }
     double best = INFINITY;
