@@ -12,11 +12,14 @@
 namespace kvsim::policies {
 namespace {
 
-/// `exact`: keeps every token; its answer is exact attention and log τ is exact. With `--device cuda`
-/// the engine answers it from the GPU reference instead (ReferenceAnswered).
-class ExactPolicy final : public Policy, public ReferenceAnswered {
+/// `exact`: keeps every token; its answer is exact attention and log τ is exact (SubGen Eq. 2's τ),
+/// always in double. With `--device cuda` the engine answers it from the GPU reference instead
+/// (ReferenceAnswered). Its cache is a closed form of the step — every token so far, a window as long
+/// as the stream — so the CPU engine answers a block of its evaluated steps with two GEMMs
+/// (ClosedFormPolicy; include/kvsim/replay/banded.hpp), in double as here, with the same log τ.
+class ExactPolicy final : public Policy, public ReferenceAnswered, public ClosedFormPolicy {
  public:
-  explicit ExactPolicy(const StreamInfo& s) : cache_(s.n, s.head_dim) {}
+  explicit ExactPolicy(const StreamInfo& s) : n_(s.n), cache_(s.n, s.head_dim) {}
   void observe(int64_t t, const float* k, const float* v) override { cache_.append(t, k, v); }
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     if (!out) return;
@@ -29,8 +32,15 @@ class ExactPolicy final : public Policy, public ReferenceAnswered {
     }
   }
   int64_t cache_tokens() const override { return cache_.size(); }
+  ClosedFormCache closed_form() const override {
+    ClosedFormCache c{0, n_};
+    c.log_tau = true;
+    c.double_only = true;
+    return c;
+  }
 
  private:
+  int64_t n_;
   SlotCache cache_;
 };
 

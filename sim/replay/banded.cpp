@@ -35,12 +35,13 @@ void exp_range(Eigen::Map<Eigen::Matrix<S, Eigen::Dynamic, 1>> r, S mx) {
 }
 
 /// One chunk's row of logits (length a + W) turned into unnormalized weights e^{l − max} on the row's
-/// cached columns [0, a_end) ∪ [b_beg, b_end) and 0 elsewhere; returns their sum (double).
+/// cached columns [0, a_end) ∪ [b_beg, b_end) and 0 elsewhere; returns their sum (double) and sets
+/// `mx` to the largest cached logit.
 template <class S>
-double masked_softmax_row(S* row, int64_t len, int64_t a_end, int64_t b_beg, int64_t b_end) {
+double masked_softmax_row(S* row, int64_t len, int64_t a_end, int64_t b_beg, int64_t b_end, S& mx) {
   using Vec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
   Eigen::Map<Vec> r(row, len);
-  S mx = -INFINITY;
+  mx = -INFINITY;
   if (a_end > 0) mx = r.head(a_end).maxCoeff();
   if (b_end > b_beg) mx = std::max(mx, r.segment(b_beg, b_end - b_beg).maxCoeff());
   r.segment(a_end, b_beg - a_end).setZero();
@@ -59,13 +60,14 @@ double masked_softmax_row(S* row, int64_t len, int64_t a_end, int64_t b_beg, int
 
 template <class S>
 void answers(const std::vector<const MatD*>& qs, const Mat<S>& K, const Mat<S>& V, const ClosedFormCache& c,
-             const std::vector<int64_t>& steps, MatD& Z) {
+             const std::vector<int64_t>& steps, MatD& Z, VecD* log_sums) {
   const int64_t n = K.rows(), d = K.cols(), H = int64_t(qs.size());
   if (c.sink < 0 || c.window < 0 || c.sink + c.window < 1) throw Error("closed-form cache: sink + window must be ≥ 1");
   if (V.rows() != n || V.cols() != d) throw Error("closed-form cache: K and V differ in shape");
   for (const MatD* q : qs)
     if (q->rows() < n || q->cols() != d) throw Error("closed-form cache: a query matrix is not [n, head_dim]");
   Z.resize(Eigen::Index(steps.size()) * H, d);
+  if (log_sums) log_sums->resize(Z.rows());
   if (steps.empty()) return;
   thread_local Mat<S> Qb, L, Zs;
   thread_local VecD inv;
@@ -95,8 +97,12 @@ void answers(const std::vector<const MatD*>& qs, const Mat<S>& K, const Mat<S>& 
       const int64_t t = steps[b0 + r];
       const int64_t a_end = std::min(c.sink, t);
       const int64_t b_beg = a + std::max<int64_t>(0, std::max(c.sink, t - c.window) - lo), b_end = a + std::max<int64_t>(0, t - lo);
-      for (int64_t h = 0; h < H; ++h)
-        inv[r * H + h] = 1.0 / masked_softmax_row(L.row(r * H + h).data(), a + W, a_end, std::max(a_end, b_beg), std::max(a_end, b_end));
+      for (int64_t h = 0; h < H; ++h) {
+        S mx;
+        const double sum = masked_softmax_row(L.row(r * H + h).data(), a + W, a_end, std::max(a_end, b_beg), std::max(a_end, b_end), mx);
+        inv[r * H + h] = 1.0 / sum;
+        if (log_sums) (*log_sums)[(int64_t(b0) + r) * H + h] = double(mx) + std::log(sum);
+      }
     }
     Zs.resize(rows, d);
     if (a > 0) Zs.noalias() = L.leftCols(a) * V.topRows(a);
@@ -110,13 +116,13 @@ void answers(const std::vector<const MatD*>& qs, const Mat<S>& K, const Mat<S>& 
 }  // namespace
 
 void closed_form_answers(const std::vector<const MatD*>& qs, const MatD& K, const MatD& V, const ClosedFormCache& c,
-                         const std::vector<int64_t>& steps, MatD& Z) {
-  answers<double>(qs, K, V, c, steps, Z);
+                         const std::vector<int64_t>& steps, MatD& Z, VecD* log_sums) {
+  answers<double>(qs, K, V, c, steps, Z, log_sums);
 }
 
 void closed_form_answers(const std::vector<const MatD*>& qs, const MatF& K, const MatF& V, const ClosedFormCache& c,
-                         const std::vector<int64_t>& steps, MatD& Z) {
-  answers<float>(qs, K, V, c, steps, Z);
+                         const std::vector<int64_t>& steps, MatD& Z, VecD* log_sums) {
+  answers<float>(qs, K, V, c, steps, Z, log_sums);
 }
 
 void closed_form_kept(const ClosedFormCache& c, int64_t t, std::vector<int64_t>& kept) {

@@ -73,6 +73,7 @@ class PolicySteps {
   Metrics& metrics_;
   std::vector<PolicyRun> runs_;
   MatD closed_z_;                    // a closed-form block's answers [steps × G, d]
+  VecD closed_log_sums_;             // and their log Σ exp(k·q̃) when the closed form reports log τ (exact)
   std::vector<int64_t> closed_kept_; // a closed-form cache's tokens at one step
   MatD q_group_, q_one_;
   std::vector<Answer> answers_, one_;

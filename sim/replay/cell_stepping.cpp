@@ -81,8 +81,10 @@ void PolicySteps::step_closed(size_t p, const std::vector<int64_t>& block, std::
   const auto t0 = Clock::now();
   std::vector<const MatD*> qs(size_t(G_), nullptr);
   for (int g = 0; g < G_; ++g) qs[g] = &s_.queries_scaled[g];
-  if (ex_.eval.policy_precision == Precision::float32) closed_form_answers(qs, s_.keys32, s_.values32, c, block, closed_z_);
-  else closed_form_answers(qs, s_.keys, s_.values, c, block, closed_z_);
+  VecD* log_sums = c.log_tau ? &closed_log_sums_ : nullptr;
+  if (ex_.eval.policy_precision == Precision::float32 && !c.double_only)
+    closed_form_answers(qs, s_.keys32, s_.values32, c, block, closed_z_, log_sums);
+  else closed_form_answers(qs, s_.keys, s_.values, c, block, closed_z_, log_sums);
   run.ns_since_eval = ns_since(t0);
   run.steps_since_eval = block.back() - run.t;
   run.t = block.back();
@@ -92,6 +94,7 @@ void PolicySteps::step_closed(size_t p, const std::vector<int64_t>& block, std::
     for (int g = 0; g < G_; ++g) {
       answers_[g] = Answer{};
       answers_[g].z = closed_z_.row(Eigen::Index(r) * G_ + g).transpose();
+      if (log_sums) answers_[g].log_tau = closed_log_sums_[Eigen::Index(r) * G_ + g];
       answers_[g].has_kept = true;
       answers_[g].kept = closed_kept_;
     }

@@ -3,9 +3,12 @@
 // kept lists are the per-step cache's, and the engine's two replays of a config agree.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <optional>
+#include <set>
 
 #include "helpers.hpp"
 #include "kvsim/cli/config.hpp"
+#include "kvsim/policies/registry.hpp"
 #include "kvsim/replay/banded.hpp"
 #include "kvsim/replay/engine.hpp"
 
@@ -56,27 +59,42 @@ std::vector<Answer> per_step(const Stream& s, const std::string& name, const Par
   return all;
 }
 
-/// Largest ‖z_banded − z_step‖ / ‖z_step‖ over every answer; checks the kept lists are identical.
-double worst_rel(const Stream& s, const std::string& name, const Params& params, bool f32,
-                 const std::vector<int64_t>& steps, const ClosedFormCache* override_form = nullptr) {
+/// The closed form of `name`'s instance for the stream, if it has one.
+std::optional<ClosedFormCache> form_of(const Stream& s, const std::string& name, const Params& params) {
   StreamInfo info;
   info.n = s.K.rows();
   info.head_dim = int(s.K.cols());
-  auto pol = make_policy(name, params, info);
-  REQUIRE(closed_form(*pol));
-  const ClosedFormCache c = override_form ? *override_form : *closed_form(*pol);
+  info.n_queries = int(s.qs.size());
+  return closed_form(*make_policy(name, params, info));
+}
+
+/// Largest ‖z_banded − z_step‖ / ‖z_step‖ over every answer, and the largest |Δ log τ̂| where the closed
+/// form reports log τ (the per-step answer must then have one, and must not otherwise); checks the kept
+/// lists are identical. Answers in double where the closed form says double_only, as the engine does.
+struct Worst {
+  double z = 0, log_tau = 0;
+};
+Worst worst_rel(const Stream& s, const std::string& name, const Params& params, bool f32,
+                const std::vector<int64_t>& steps, const ClosedFormCache* override_form = nullptr) {
+  const auto form = form_of(s, name, params);
+  REQUIRE(form);
+  const ClosedFormCache c = override_form ? *override_form : *form;
   std::vector<const MatD*> qs;
   for (const auto& q : s.qs) qs.push_back(&q);
   MatD Z;
-  if (f32) closed_form_answers(qs, s.Kf, s.Vf, c, steps, Z);
-  else closed_form_answers(qs, s.K, s.V, c, steps, Z);
+  VecD ls;
+  if (f32 && !c.double_only) closed_form_answers(qs, s.Kf, s.Vf, c, steps, Z, &ls);
+  else closed_form_answers(qs, s.K, s.V, c, steps, Z, &ls);
   const auto want = per_step(s, name, params, f32, steps);
   REQUIRE(Z.rows() == Eigen::Index(want.size()));
-  double worst = 0;
+  REQUIRE(ls.size() == Z.rows());
+  Worst worst;
   std::vector<int64_t> kept;
   for (size_t i = 0; i < want.size(); ++i) {
     const VecD z = Z.row(Eigen::Index(i)).transpose();
-    worst = std::max(worst, (z - want[i].z).norm() / want[i].z.norm());
+    worst.z = std::max(worst.z, (z - want[i].z).norm() / want[i].z.norm());
+    REQUIRE(std::isnan(want[i].log_tau) == !form->log_tau);
+    if (form->log_tau) worst.log_tau = std::max(worst.log_tau, std::abs(ls[Eigen::Index(i)] - want[i].log_tau));
     if (override_form) continue;
     closed_form_kept(c, steps[i / s.qs.size()], kept);
     REQUIRE(kept == want[i].kept);  // the per-step cache's slot order, element for element
@@ -100,20 +118,50 @@ std::vector<int64_t> every(int64_t from, int64_t n, int64_t k) {
 
 }  // namespace
 
-TEST_CASE("banded: window and sink answers equal the per-step policy (double 1e-12 and float32 1e-5)", "[banded]") {
+TEST_CASE("banded: every closed-form policy's answers equal its per-step path (double 1e-12, float32 1e-5)",
+          "[banded][registry]") {
   const int64_t n = 700;
   const Stream s = make_stream(n, 16, 2, 3);
-  // Windows shorter than a chunk, longer than one, and longer than the stream; sparse and late steps.
-  for (int64_t b : {1, 5, 96, 300, 1000})
-    for (const auto& steps : {every(1, n, 1), every(3, n, 7), every(450, n, 1), every(1, n, 200)}) {
-      INFO("window " << b << ", " << steps.size() << " steps");
-      CHECK(worst_rel(s, "window", budget_params(b), false, steps) < 1e-12);
-      CHECK(worst_rel(s, "window", budget_params(b), true, steps) < 1e-5);
-      if (b > 4) {
-        CHECK(worst_rel(s, "sink", budget_params(b, 4), false, steps) < 1e-12);
-        CHECK(worst_rel(s, "sink", budget_params(b, 4), true, steps) < 1e-5);
+  const auto steps_sets = {every(1, n, 1), every(3, n, 7), every(450, n, 1), every(1, n, 200)};
+  // Driven by the registry: every registered policy whose instance is a ClosedFormPolicy, at budgets
+  // shorter than a chunk, longer than one and longer than the stream (where it takes a budget).
+  std::set<std::string> closed_names;
+  for (const auto* reg : policy_registry()) {
+    for (const Params& example : reg->examples) {
+      bool closed = false;
+      try {
+        closed = form_of(s, reg->name, example).has_value();
+      } catch (const Error&) {  // a policy this stream cannot build (press_replay: no prompt) is no closed form
       }
+      if (!closed) continue;
+      closed_names.insert(reg->name);
+      std::vector<Params> variants{example};
+      if (example.has("budget"))
+        for (int64_t b : {1, 5, 96, 300, 1000}) {
+          Params p = example;
+          p.set("budget", b);
+          try {
+            form_of(s, reg->name, p);  // sink: a budget within its sink tokens is refused
+            variants.push_back(p);
+          } catch (const Error&) {
+          }
+        }
+      for (const Params& p : variants)
+        for (const auto& steps : steps_sets)
+          for (const bool f32 : {false, true}) {
+            INFO(reg->name << " " << p.to_string() << ", " << steps.size() << " steps, " << (f32 ? "float32" : "float64"));
+            const Worst w = worst_rel(s, reg->name, p, f32, steps);
+            const bool in_float = f32 && !form_of(s, reg->name, p)->double_only;
+            CHECK(w.z < (in_float ? 1e-5 : 1e-12));
+            CHECK(w.log_tau < (in_float ? 1e-5 : 1e-12));
+          }
     }
+  }
+  // The registry holds at least these closed forms (a registry that lost them would pass vacuously).
+  for (const char* name : {"window", "sink", "exact"}) {
+    INFO(name);
+    CHECK(closed_names.count(name) == 1);
+  }
 }
 
 TEST_CASE("banded: a long window is answered in chunks of at most 2^22 logits, equally", "[banded]") {
@@ -121,8 +169,12 @@ TEST_CASE("banded: a long window is answered in chunks of at most 2^22 logits, e
   const int64_t n = 20500;
   const Stream s = make_stream(n, 8, 2, 6);
   const auto steps = every(20300, n, 1);
-  CHECK(worst_rel(s, "window", budget_params(20000), false, steps) < 1e-12);
-  CHECK(worst_rel(s, "sink", budget_params(20000, 4), true, steps) < 1e-5);
+  CHECK(worst_rel(s, "window", budget_params(20000), false, steps).z < 1e-12);
+  CHECK(worst_rel(s, "sink", budget_params(20000, 4), true, steps).z < 1e-5);
+  // exact: a window as long as the stream, with its log τ.
+  const Worst w = worst_rel(s, "exact", Params{}, true, steps);
+  CHECK(w.z < 1e-12);
+  CHECK(w.log_tau < 1e-12);
 }
 
 TEST_CASE("banded: a wrong closed form is caught (negative control)", "[banded]") {
@@ -131,8 +183,12 @@ TEST_CASE("banded: a wrong closed form is caught (negative control)", "[banded]"
   // One token fewer in the window, or sinks the policy does not keep: the answers move well beyond
   // the tolerances above, so the equality checks can fail.
   const ClosedFormCache shorter{0, 63}, sinks{4, 60};
-  CHECK(worst_rel(s, "window", budget_params(64), false, steps, &shorter) > 1e-6);
-  CHECK(worst_rel(s, "window", budget_params(64), false, steps, &sinks) > 1e-6);
+  CHECK(worst_rel(s, "window", budget_params(64), false, steps, &shorter).z > 1e-6);
+  CHECK(worst_rel(s, "window", budget_params(64), false, steps, &sinks).z > 1e-6);
+  // exact's log τ over one token fewer than the prefix moves well beyond 1e-12 too.
+  ClosedFormCache short_exact{0, 399};
+  short_exact.log_tau = short_exact.double_only = true;
+  CHECK(worst_rel(s, "exact", Params{}, false, steps, &short_exact).log_tau > 1e-6);
 }
 
 TEST_CASE("banded: errors name the problem", "[banded]") {
@@ -167,6 +223,8 @@ budget = [0.1, 0.3]
 name = "sink"
 memory = 0.25
 sink = 3
+[[policy]]
+name = "exact"
 )";
   for (const char* gqa : {"kv_head", "query_head"})
     for (const char* prec : {"float64", "float32"}) {
@@ -191,7 +249,11 @@ sink = 3
           REQUIRE(ra.head == rb.head);
           for (const char* exact : {"cache_bytes", "cache_tokens", "kept_mass", "oracle_mass"})
             REQUIRE(metric_of(ra, exact) == metric_of(rb, exact));
-          for (const char* close : {"rel_err", "eps_spectral"}) {
+          for (const char* close : {"rel_err", "eps_spectral", "tau_rel_err"}) {
+            if (std::isnan(metric_of(rb, close))) {  // window and sink estimate no τ, by either path
+              REQUIRE(std::isnan(metric_of(ra, close)));
+              continue;
+            }
             const double x = metric_of(ra, close), y = metric_of(rb, close);
             worst = std::max(worst, std::abs(x - y));
           }
@@ -202,6 +264,9 @@ sink = 3
       CHECK(worst < 10 * tol);
       // Negative control: the comparison sees real differences (budget 0.1 vs 0.3 of the same run).
       CHECK(metric_of(b.policies[0].rows.back(), "rel_err") != metric_of(b.policies[1].rows.back(), "rel_err"));
+      // exact reports its τ (so tau_rel_err was compared above, not skipped as NaN) in both paths.
+      CHECK(!std::isnan(metric_of(a.policies[3].rows.back(), "tau_rel_err")));
+      CHECK(metric_of(a.policies[3].rows.back(), "tau_rel_err") < 1e-12);
     }
   CHECK_THROWS_WITH(parse_experiment(config, "inline", {"eval.closed_form=\"fast\""}), Catch::Contains("eval.closed_form"));
 }

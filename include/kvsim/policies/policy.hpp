@@ -70,10 +70,15 @@ struct Answer {
 
 /// A cache whose content at every step is a closed form of the step: after t tokens it holds the
 /// first `sink` tokens and the last `window` ones, [0, min(sink, t)) ∪ [max(sink, t − window), t)
-/// (window: sink = 0; StreamingLLM's sink). See ClosedFormPolicy.
+/// (window: sink = 0; StreamingLLM's sink; exact: sink = 0, window = n). See ClosedFormPolicy.
 struct ClosedFormCache {
   int64_t sink = 0;
   int64_t window = 0;
+  /// The answer's log Σ_{j cached} exp(k_j·q̃) is the policy's log τ̂ (exact: the whole prefix, so τ
+  /// itself); false: the policy does not estimate τ (Answer::log_tau stays NaN).
+  bool log_tau = false;
+  /// Answered in double whatever `[eval] policy_precision` says (exact: the pipeline's check, ~1e-15).
+  bool double_only = false;
 };
 
 /// A KV-cache policy: what every policy implements. Optional capabilities are separate interfaces

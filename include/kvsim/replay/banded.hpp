@@ -23,19 +23,22 @@ inline constexpr size_t kBandRows = 128;
 
 /// Answers of the sink + window cache `c` for query heads qs (each [n, d], scaled: q̃ = scale·q, in
 /// double) at the increasing 1-based `steps`, against K, V [n, d] in double. On return Z is
-/// [steps × H, d] with row r·H + h = z of query head h at steps[r]. Arithmetic as the per-step path
+/// [steps × H, d] with row r·H + h = z of query head h at steps[r]; `log_sums`, when given, is
+/// resized to [steps × H] with the same rows' log Σ_{j∈S_t} exp(k_j·q̃) (the cache's log partition
+/// function: exact's log τ, SubGen Eq. 2's τ over the whole prefix). Arithmetic as the per-step path
 /// (Policy::attend → attend_cached_group: double logits, softmax and products), in another summation
 /// order: equal within 1e-12 relative (tests/unit/test_banded.cpp). Throws kvsim::Error on steps outside
 /// [1, n], an empty cache (window 0 and sink 0) or mismatched shapes.
 void closed_form_answers(const std::vector<const MatD*>& qs, const MatD& K, const MatD& V, const ClosedFormCache& c,
-                         const std::vector<int64_t>& steps, MatD& Z);
+                         const std::vector<int64_t>& steps, MatD& Z, VecD* log_sums = nullptr);
 
 /// The same in float32 (`[eval] policy_precision = "float32"`, the per-step path's SlotCache f32
 /// mode): the scaled queries rounded to float, SGEMM logits, the softmax's exponentials in float with
-/// their sum in double, an SGEMM for the output normalized in double. Equal to the per-step float32
+/// their sum in double, an SGEMM for the output normalized in double (log_sums: the float maximum plus
+/// the log of that double sum, as the per-step softmax_f32). Equal to the per-step float32
 /// path within 1e-5 relative (tests/unit/test_banded.cpp).
 void closed_form_answers(const std::vector<const MatD*>& qs, const MatF& K, const MatF& V, const ClosedFormCache& c,
-                         const std::vector<int64_t>& steps, MatD& Z);
+                         const std::vector<int64_t>& steps, MatD& Z, VecD* log_sums = nullptr);
 
 /// The cached tokens of `c` after t tokens have joined, in the per-step cache's slot order (the
 /// sink tokens, then the window ring from slot `sink` on: what SlotCache's positions list) — so
