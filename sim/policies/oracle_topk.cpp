@@ -35,15 +35,26 @@ class OracleTopK final : public Policy, public ExactProbsOracle, public GpuRepla
                      [&](int64_t a, int64_t c) { return hd::topk_prefer(score[a], a, score[c], c); });
     idx.resize(b);
     std::sort(idx.begin(), idx.end());
-    MatD keys(b, all_.keys().cols()), values(b, all_.keys().cols());
-    for (int64_t r = 0; r < b; ++r) {
-      keys.row(r) = all_.keys().row(idx[r]);
-      values.row(r) = all_.values().row(idx[r]);
+    // Attention over the chosen rows, read where they are stored (a gathered copy of the B rows was
+    // half of this function's time): each row's G logits, a softmax per query, then z = Σ_r p_r v_r
+    // over the same rows — attend_cached's arithmetic (double), the logits' sums in another order.
+    const MatD &K = all_.keys(), &V = all_.values();
+    const Eigen::Index G = q.rows();
+    logits_.resize(b, G);  // column-major: one query's logits are contiguous
+    for (int64_t r = 0; r < b; ++r)
+      for (Eigen::Index g = 0; g < G; ++g) logits_(r, g) = K.row(idx[r]).dot(q.row(g));
+    VecD inv(G);
+    for (Eigen::Index g = 0; g < G; ++g) {
+      auto col = logits_.col(g);
+      col = (col.array() - col.maxCoeff()).exp();
+      inv[g] = 1.0 / col.sum();
     }
-    for (Eigen::Index i = 0; i < q.rows(); ++i) {
+    z_.setZero(G, K.cols());
+    for (int64_t r = 0; r < b; ++r)
+      for (Eigen::Index g = 0; g < G; ++g) z_.row(g).noalias() += logits_(r, g) * V.row(idx[r]);
+    for (Eigen::Index i = 0; i < G; ++i) {
       Answer& a = (*out)[i];
-      double ls;
-      attend_cached(keys, values, b, q.row(i).transpose(), a.z, ls);
+      a.z = z_.row(i).transpose() * inv[i];
       a.has_kept = true;
       a.kept = idx;
     }
@@ -61,6 +72,8 @@ class OracleTopK final : public Policy, public ExactProbsOracle, public GpuRepla
   int64_t budget_;
   GroupAgg agg_;
   SlotCache all_;
+  Eigen::MatrixXd logits_;  // scratch: the chosen rows' logits [B, G], then their weights
+  MatD z_;                  // scratch: the unnormalized answers [G, head_dim]
 };
 
 std::unique_ptr<Policy> make_oracle_topk(ParamReader& p, const StreamInfo& s) {
