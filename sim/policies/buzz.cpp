@@ -53,7 +53,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     // One masked matrix-vector product over the whole slot store per query (free slots get weight 0):
     // contiguous memory instead of one dot product per token object.
-    attend_with(t, q.rows(), [&](Eigen::Index i, VecD& logits) { store_.logits_all(q.row(i).transpose(), logits); }, out);
+    attend_with(t, q.rows(), [&](Eigen::Index i, auto& logits) { store_.logits_all(q.row(i).transpose(), logits); }, out);
   }
 
   /// Blocked stepping (BlockStepper, include/kvsim/policies/policy.hpp): the block's logits over every slot of the
@@ -83,10 +83,12 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
           block_tok_[size_t(last_slot_)] = i;
         }
         const int64_t k = out ? out->index_of(t) : -1;
-        auto logits_of = [&](Eigen::Index g, VecD& logits) {
+        // The logits in the store's precision (attend_with takes a VecF in float32 mode, a VecD in float64).
+        auto logits_of = [&](Eigen::Index g, auto& logits) {
+          using S = typename std::decay_t<decltype(logits)>::Scalar;
           const Eigen::Index row = i * G + g;
-          logits = Ls.row(row).transpose().template cast<double>();
-          for (const int64_t s : block_slots_) logits[s] = double(Lb(row, block_tok_[size_t(s)]));
+          logits = Ls.row(row).transpose().template cast<S>();
+          for (const int64_t s : block_slots_) logits[s] = S(Lb(row, block_tok_[size_t(s)]));
         };
         attend_with(t, G, logits_of, k >= 0 ? &out->answers[size_t(k)] : nullptr);
         if (k >= 0) out->cache_bytes[size_t(k)] = cache_bytes(int(d));
@@ -101,7 +103,28 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   }
 
  private:
-  /// attend()'s body with the logits of query row i over every slot of the store from `logits_of`.
+  /// The largest of l[0..cap) over the occupied slots (mask_), in 8 independent lanes of selects
+  /// (branch-free, so the compiler vectorizes it; a maximum is exact in any order).
+  template <class S>
+  S masked_max(const S* __restrict l, int64_t cap) const {
+    const double* __restrict on = mask_.data();
+    S lane[8];
+    for (S& v : lane) v = -INFINITY;
+    int64_t j = 0;
+    for (; j + 8 <= cap; j += 8)
+      for (int k = 0; k < 8; ++k) {
+        const S v = on[j + k] != 0.0 ? l[j + k] : S(-INFINITY);
+        lane[k] = v > lane[k] ? v : lane[k];
+      }
+    S mx = -INFINITY;
+    for (; j < cap; ++j)
+      if (on[j] != 0.0) mx = std::max(mx, l[j]);
+    for (const S v : lane) mx = std::max(mx, v);
+    return mx;
+  }
+
+  /// attend()'s body with the logits of query row i over every slot of the store from `logits_of`
+  /// (called with a VecF in float32 mode, a VecD in float64 mode).
   template <class LogitsOf>
   void attend_with(int64_t t, Eigen::Index rows, LogitsOf&& logits_of, std::vector<Answer>* out) {
     const int64_t cap = int64_t(owner_.size());
@@ -115,36 +138,32 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
     mask_.resize(cap);
     for (int64_t j = 0; j < cap; ++j) mask_[j] = owner_[j] >= 0 ? 1.0 : 0.0;
     for (Eigen::Index i = 0; i < rows; ++i) {
-      logits_of(i, logits);
-      // The largest logit over the occupied slots, in 8 independent lanes of selects (branch-free, so the
-      // compiler vectorizes it; a maximum is exact in any order).
-      const double* __restrict l = logits.data();
-      const double* __restrict on = mask_.data();
-      double lane[8];
-      for (double& v : lane) v = -INFINITY;
-      int64_t j = 0;
-      for (; j + 8 <= cap; j += 8)
-        for (int k = 0; k < 8; ++k) {
-          const double v = on[j + k] != 0.0 ? l[j + k] : -INFINITY;
-          lane[k] = v > lane[k] ? v : lane[k];
-        }
-      double mx = -INFINITY;
-      for (; j < cap; ++j)
-        if (on[j] != 0.0) mx = std::max(mx, l[j]);
-      for (const double v : lane) mx = std::max(mx, v);
       // Free slots hold stale data: their shifted logit is set to −1000 (no overflow) and their
       // weight to exactly 0 by the mask, so the exponentials run vectorized over the whole store.
-      x.resize(cap);
-      double* __restrict xs = x.data();
-      for (j = 0; j < cap; ++j) xs[j] = on[j] != 0.0 ? l[j] - mx : -1000.0;
-      // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits. In float32 mode
-      // the unscaled attention's exponentials run in float (as the scorers' softmax_f32: twice the lanes), its
-      // sum and the log-scaled answer's weights in double.
+      // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits.
+      double mx;
       if (store_.f32()) {
-        xf_ = x.cast<float>();
+        // float32 mode: the logits, their maximum, the shift and the exponentials in float (twice the
+        // lanes). The same bits as shifting in double and rounding: a float difference is correctly
+        // rounded either way, and the maximum of floats is exact in any precision.
+        logits_of(i, lf_);
+        const float mxf = masked_max(lf_.data(), cap);
+        mx = double(mxf);
+        xf_.resize(cap);
+        const float* __restrict l = lf_.data();
+        const double* __restrict on = mask_.data();
+        float* __restrict xs = xf_.data();
+        for (int64_t j = 0; j < cap; ++j) xs[j] = on[j] != 0.0 ? l[j] - mxf : -1000.0f;
         xf_ = xf_.array().exp();
         p = xf_.cast<double>().cwiseProduct(mask_);
       } else {
+        logits_of(i, logits);
+        mx = masked_max(logits.data(), cap);
+        x.resize(cap);
+        const double* __restrict l = logits.data();
+        const double* __restrict on = mask_.data();
+        double* __restrict xs = x.data();
+        for (int64_t j = 0; j < cap; ++j) xs[j] = on[j] != 0.0 ? l[j] - mx : -1000.0;
         p = x.array().exp() * mask_.array();
       }
       p /= p.sum();
@@ -152,6 +171,10 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
       if (out) {
         if (lambda == 1.0) ps = p;
         else {
+          if (store_.f32()) {  // the shifted logits in double, as float64 mode has them
+            x.resize(cap);
+            for (int64_t j = 0; j < cap; ++j) x[j] = mask_[j] != 0.0 ? double(lf_[j]) - mx : -1000.0;
+          }
           ps = (lambda * x.array()).exp() * mask_.array();
           ps /= ps.sum();
         }
@@ -220,7 +243,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   int d_;
   SlotCache store_;             // contiguous keys/values (float64 or float32), indexed by slot
   VecD logits_, shifted_, p_, ps_, mask_;  // attend() scratch (no allocation per step)
-  VecF xf_;                                // float32 mode's exponentials
+  VecF lf_, xf_;                           // float32 mode's logits and exponentials
   MatD block_qd_, block_kd_, block_ld_[2];  // step_block() scratch
   MatF block_qf_, block_lf_[2];
   std::vector<int64_t> block_tok_, block_slots_;  // the block token in each slot (−1: none), the slots taken

@@ -120,6 +120,8 @@ class SlotCache {
     if (f32_) logits = (keys_f_ * q.cast<float>()).cast<double>();
     else logits.noalias() = keys_ * q;
   }
+  /// The same in float (float32 mode only): the float products logits_all rounds up to double.
+  void logits_all(const Eigen::Ref<const VecD>& q, VecF& logits) const { logits.noalias() = keys_f_ * q.cast<float>(); }
   void weighted_values_all(const VecD& w, VecD& z) const {
     if (f32_) z = (values_f_.transpose() * w.cast<float>()).cast<double>();
     else z.noalias() = values_.transpose() * w;
