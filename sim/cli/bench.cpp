@@ -270,6 +270,9 @@ std::string run_bench(const BenchOptions& o) {
   const int N = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   if (!o.model.empty() && !std::filesystem::exists(o.model))
     throw Error(o.model + ": no such checkpoint (kvsim bench --model)");
+  if (o.cell.empty() && std::find(o.only.begin(), o.only.end(), "cell") != o.only.end())
+    throw Error("kvsim bench --only cell: name the config with --cell CONFIG");
+  if (!o.cell.empty() && !std::filesystem::exists(o.cell)) throw Error(o.cell + ": no such config (kvsim bench --cell)");
   if (o.device == Device::cuda) {  // printed as each part ends: the end-to-end part takes minutes
     std::cout << cuda::bench(o.quick) << std::flush;
     return e2e_bench(o, N);
@@ -302,6 +305,7 @@ std::string run_bench(const BenchOptions& o) {
   if (want("subgen_regime")) bench_subgen_regime(o, b);
   if (want("threads")) bench_threads(o, b, ex, N);
   if (want("model")) bench_model(o, b, N);
+  if (!o.cell.empty() && want("cell")) bench_cell(o, b);
   write_bench_json(o, b);
   return b.out.str();
 }

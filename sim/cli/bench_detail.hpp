@@ -137,6 +137,8 @@ inline std::vector<double> policy_means(const RunResult& r, const std::string& n
 void bench_eps(const BenchOptions& o, BenchOut& b, double cheapest);
 void bench_closed_form(const BenchOptions& o, BenchOut& b);
 void bench_blocked_stepping(const BenchOptions& o, BenchOut& b);
+/// Section `cell` (sim/cli/bench_cell.cpp): o.cell replayed at one thread against its FMA bound.
+void bench_cell(const BenchOptions& o, BenchOut& b);
 /// Section `model` (sim/cli/bench_model.cpp): the recorder's prefill on a real LLM beside transformers'
 /// forward, and the replay's head-steps/s at that model's shape; N = the run's thread count.
 void bench_model(const BenchOptions& o, BenchOut& b, int N);

@@ -256,6 +256,10 @@ void add_bench(CLI::App& app) {
   bench->add_option("--only", bo.only, "run only these sections of the CPU bench (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember(kBenchSections));
+  bench->add_option("--cell", bo.cell,
+                    "section cell: replay this config at one thread, each policy's time beside its FMA bound "
+                    "(e.g. experiments/cell_cost_llama3_8b.toml)");
+  bench->add_option("--set", bo.cell_set, "override a key of the --cell config (KEY=VALUE, repeatable)");
 
   bench->callback([] {
     bo.device = *parse_choice<Device>(device);

@@ -143,6 +143,14 @@ expect_fail "$TMP/nope.gguf: no such checkpoint (kvsim bench --model)" "$KVSIM" 
 out=$("$KVSIM" bench --quick --only blocked_stepping 2>&1) && grep -q "^blocked stepping" <<<"$out" \
   && grep -q "^h2o .* float32" <<<"$out" && ! grep -q "^exact reference pass" <<<"$out" && ok || bad "bench --only: $out"
 expect_fail "--only: nope not in" "$KVSIM" bench --quick --only nope
+# --cell: a config replayed at one thread, a row per policy with its time against its FMA bound (a policy
+# that reads every query, h2o, marked so), the totals, and the JSON figures; errors name what is missing.
+out=$("$KVSIM" bench --quick --only cell --cell "$SRC/experiments/cell_cost_llama3_8b.toml" --set data.n=512 --json "$TMP/cell.json" 2>&1) \
+  && grep -q "^cell .*cell_cost_llama3_8b.toml (n = 512" <<<"$out" && grep -qE "^h2o\(memory=0.05\) +every " <<<"$out" \
+  && grep -qE "^window\(memory=0.05\) +eval " <<<"$out" && grep -q "^policies: .* against a bound of" <<<"$out" \
+  && grep -qE '"cell_bound_seconds": [0-9]' "$TMP/cell.json" && ! grep -q "^exact reference pass" <<<"$out" && ok || bad "bench --cell: $out"
+expect_fail "--only cell: name the config with --cell CONFIG" "$KVSIM" bench --quick --only cell
+expect_fail "$TMP/nope.toml: no such config (kvsim bench --cell)" "$KVSIM" bench --quick --cell "$TMP/nope.toml"
 
 # The README's main job.
 (cd "$TMP" && "$KVSIM" run "$SRC/experiments/quickstart.toml" --quiet >/dev/null) && [ -s "$TMP/results/quickstart/summary.csv" ] && ok \

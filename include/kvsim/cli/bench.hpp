@@ -16,13 +16,19 @@ struct BenchOptions {
   /// beside the build folder; the section is SKIPPED when the file is absent)
   std::string model;
   /// Sections to run (empty: all): exact, policies, closed_form, blocked_stepping, eps, subgen_regime,
-  /// threads, model (kBenchSections). eps and threads also run policies (they read its figures).
+  /// threads, model, cell (kBenchSections; cell only with `cell`). eps and threads also run policies (they
+  /// read its figures).
   std::vector<std::string> only;
+  /// Section `cell`: this experiment config replayed at one thread, each policy's time beside its FMA
+  /// bound (sim/cli/bench_cell.cpp); `cell_set` are its `--set KEY=VALUE` overrides. Empty: no cell section.
+  std::string cell;
+  std::vector<std::string> cell_set;
 };
 
 /// The CPU bench's section names, in the order they run (`kvsim bench --only`).
 inline const std::vector<std::string> kBenchSections = {"exact",         "policies", "closed_form", "blocked_stepping",
-                                                        "eps",           "subgen_regime", "threads", "model"};
+                                                        "eps",           "subgen_regime", "threads", "model",
+                                                        "cell"};
 
 /// Runs the benchmarks and returns the printable report (figures, not pass/fail).
 std::string run_bench(const BenchOptions& o);
