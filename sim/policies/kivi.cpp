@@ -19,6 +19,7 @@
 
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
+#include "kvsim/core/masked_attention.hpp"
 #include "slot_cache.hpp"
 
 namespace kvsim::policies {
@@ -56,7 +57,7 @@ void quantize(double* x, int64_t count, int64_t stride, int bits) {
   }
 }
 
-class KiviPolicy final : public Policy {
+class KiviPolicy final : public Policy, public BlockStepper {
  public:
   KiviPolicy(const KiviShape& shape, const StreamInfo& s)
       : sh_(shape), cache_(s.n, s.head_dim, s.policy_f32), K_(shape.group, s.head_dim), V_(shape.group, s.head_dim) {}
@@ -91,6 +92,66 @@ class KiviPolicy final : public Policy {
     if (!out) return;
     for (Eigen::Index i = 0; i < q.rows(); ++i) cache_.attend(q.row(i).transpose(), (*out)[i].z, (*out)[i].log_tau);
   }
+  /// Blocked stepping (BlockStepper, include/kvsim/policies/policy.hpp): the block's tokens join as in
+  /// observe(), then its evaluated steps are answered together by two_part_attention — the dequantized
+  /// tokens as the store holds them at the block's end (rows [0, Q(e_k))) and the stream's full-precision
+  /// rows from Q(e_1) on, each evaluated step e masked to dequantized [0, Q(e)) ∪ full-precision [Q(e), e),
+  /// the cache as it stood at e (Q(e): tokens quantized by then; a group once quantized never changes).
+  /// KIVI reads no query between evaluated steps, so a block needs no walk: two GEMMs over the cache
+  /// for all its evaluated steps instead of two matrix-vector products per step and query head.
+  void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
+                  BlockAnswers* out) override {
+    if (t_first < 1 || t_last < t_first || t_last > K.rows() || q_scaled.empty())
+      throw Error("kivi: step_block: steps [" + std::to_string(t_first) + ", " + std::to_string(t_last) + "] outside a stream of " +
+                  std::to_string(K.rows()) + " tokens");
+    if (out) out->check(t_first, t_last, "kivi");
+    q_at_.clear();
+    for (int64_t t = t_first; t <= t_last; ++t) {
+      observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+      const int64_t k = out ? out->index_of(t) : -1;
+      if (k < 0) continue;
+      q_at_.push_back(quantized_);
+      out->cache_bytes[size_t(k)] = cache_bytes(sh_.d);
+      out->cache_tokens[size_t(k)] = cache_tokens();
+    }
+    if (q_at_.empty()) return;
+    const std::vector<int64_t>& steps = out->steps;
+    const auto G = Eigen::Index(q_scaled.size());
+    const int64_t q1 = q_at_.front(), qk = q_at_.back(), W = steps.back() - q1;
+    masks_.resize(steps.size() * size_t(G));
+    for (size_t i = 0; i < steps.size(); ++i)
+      for (Eigen::Index g = 0; g < G; ++g) {
+        // The test hook (g_blocked_masking_off) reads every step against the block's last state: tokens
+        // quantized later in the block would answer dequantized before their time.
+        const int64_t q = g_blocked_masking_off ? qk : q_at_[i];
+        masks_[i * size_t(G) + size_t(g)] = {q, q - q1, steps[i] - q1};
+      }
+    auto queries = [&](auto& Q) {
+      Q.resize(Eigen::Index(steps.size()) * G, K.cols());
+      for (size_t i = 0; i < steps.size(); ++i)
+        for (Eigen::Index g = 0; g < G; ++g)
+          Q.row(Eigen::Index(i) * G + g) = q_scaled[size_t(g)]->row(steps[i] - 1).template cast<typename std::decay_t<decltype(Q)>::Scalar>();
+    };
+    Z_.resize(Eigen::Index(steps.size()) * G, K.cols());
+    log_sums_.resize(Z_.rows());
+    if (cache_.f32()) {
+      queries(Qf_);
+      two_part_attention(Qf_, cache_.keys_f().topRows(qk), cache_.values_f().topRows(qk), K.middleRows(q1, W),
+                         V.middleRows(q1, W), masks_, Z_, 0, &log_sums_);
+    } else {
+      queries(Qd_);
+      Kb_ = K.middleRows(q1, W).cast<double>();  // the full-precision rows, as the double store holds them
+      Vb_ = V.middleRows(q1, W).cast<double>();
+      two_part_attention(Qd_, cache_.keys().topRows(qk), cache_.values().topRows(qk), Kb_, Vb_, masks_, Z_, 0, &log_sums_);
+    }
+    for (size_t i = 0; i < steps.size(); ++i)
+      for (Eigen::Index g = 0; g < G; ++g) {
+        Answer& a = out->answers[i][size_t(g)];
+        a.z = Z_.row(Eigen::Index(i) * G + g).transpose();
+        a.log_tau = log_sums_[Eigen::Index(i) * G + g];
+      }
+  }
+  bool blocks_evaluated_steps() const override { return true; }
   int64_t cache_tokens() const override { return cache_.size(); }
   double cache_bytes(int head_dim) const override {
     const int64_t full = cache_.size() - quantized_;
@@ -105,6 +166,12 @@ class KiviPolicy final : public Policy {
   std::vector<std::vector<float>> keys_, values_;  ///< the originals until their group is quantized
   Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor> K_, V_;
   int64_t quantized_ = 0;
+  // step_block() scratch: tokens quantized at each evaluated step, the rows' masks, queries, answers.
+  std::vector<int64_t> q_at_;
+  std::vector<TwoPartMask> masks_;
+  MatF Qf_;
+  MatD Qd_, Kb_, Vb_, Z_;
+  VecD log_sums_;
 };
 
 std::unique_ptr<Policy> make_kivi(ParamReader& p, const StreamInfo& s) {

@@ -82,6 +82,7 @@ void BlockAnswers::reset(const std::vector<int64_t>& steps_in_block, size_t rows
   steps = steps_in_block;
   answers.assign(steps.size(), std::vector<Answer>(rows));
   cache_bytes.assign(steps.size(), std::numeric_limits<double>::quiet_NaN());
+  cache_tokens.assign(steps.size(), -1);
 }
 
 int64_t BlockAnswers::index_of(int64_t t) const {
@@ -100,7 +101,7 @@ void BlockAnswers::check(int64_t t_first, int64_t t_last, const std::string& who
 
 BlockStepper* block_stepper(Policy& p) {
   auto* b = dynamic_cast<BlockStepper*>(&p);
-  return b && p.needs_every_query() && !dynamic_cast<PartialLoad*>(&p) ? b : nullptr;
+  return b && (p.needs_every_query() || b->blocks_evaluated_steps()) && !dynamic_cast<PartialLoad*>(&p) ? b : nullptr;
 }
 
 int64_t stepping_block_size(int64_t cache_tokens, int n_queries) {

@@ -19,6 +19,9 @@ struct Evaluated {
   size_t r = 0;
   const std::vector<Answer>* answers = nullptr;
   std::vector<const Policy*> answered_by;
+  /// Per query head, the answering instance's cache_tokens() at step t when recorded then (blocked
+  /// stepping answers after the block); empty: ask the instance.
+  std::vector<int64_t> cache_tokens;
   double cache_bytes = 0, loaded_bytes = 0, policy_ns = 0;
 };
 

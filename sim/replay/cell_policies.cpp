@@ -72,8 +72,9 @@ void PolicySteps::make() {
     runs_[p].memory_tokens = cell_memory_tokens(ex_.policies[p].params, cell_stream(ex_, cell_, n_, meta_));
     runs_[p].oracle = needs_exact_probs(*runs_[p].inst[0]);
     if (ex_.eval.closed_form == ClosedFormMode::blocked) runs_[p].closed = closed_form(*runs_[p].inst[0]);
-    // Blocked stepping: every instance a BlockStepper (a GPU replay or an exact-probs oracle is not).
-    bool blocked = ex_.eval.stepping == SteppingMode::blocked && runs_[p].every && !runs_[p].oracle;
+    // Blocked stepping: every instance a BlockStepper (a GPU replay or an exact-probs oracle is not). One
+    // that reads only the evaluated queries (kivi) answers a block's evaluated steps together.
+    bool blocked = ex_.eval.stepping == SteppingMode::blocked && !runs_[p].oracle;
     for (auto& inst : runs_[p].inst) blocked &= block_stepper(*inst) != nullptr;
     runs_[p].blocked = blocked;
   }
@@ -111,7 +112,10 @@ void PolicySteps::prefill(PolicyRun& run) {
 
 int64_t PolicySteps::block_steps(const PolicyRun& run) const {
   if (ex_.eval.stepping_block > 0) return ex_.eval.stepping_block;
-  return stepping_block_size(std::max<int64_t>(run.memory_tokens, run.inst[0]->cache_tokens()), per_query_ ? 1 : G_);
+  const int64_t b = stepping_block_size(std::max<int64_t>(run.memory_tokens, run.inst[0]->cache_tokens()), per_query_ ? 1 : G_);
+  // A policy that reads only the evaluated queries forms logits for those alone: the same rows per block
+  // when the block spans `every` times the steps.
+  return run.every ? b : b * std::max<int64_t>(1, ex_.eval.every);
 }
 
 void PolicySteps::advance_block(PolicyRun& run, int64_t t_first, int64_t t_last, const std::vector<int64_t>& steps) {

@@ -95,7 +95,7 @@ double MetricContext::kept_mass() {
 
 double MetricContext::oracle_mass() {
   if (oracle_ < 0) {
-    const int64_t m = has_kept() ? int64_t(answer->kept.size()) : policy->cache_tokens();
+    const int64_t m = has_kept() ? int64_t(answer->kept.size()) : policy_tokens();
     oracle_ = row_memo(std::max<int64_t>(m, 0), [&] { return top_mass(probs, t, m, *scratch); });
   }
   return oracle_;
@@ -237,7 +237,7 @@ const std::vector<Metric> kMetrics = {
      [](MetricContext& c) { return c.has_kept() ? 1 - c.kept_mass() : NAN; }},
     {"cache_tokens", "tokens", "tokens in the cache answering this query head (subgen: stored vectors / 2)",
      "kvsim's equal-memory rule (docs/policies.md)",
-     [](MetricContext& c) { return c.has_kept() ? double(c.answer->kept.size()) : double(c.policy->cache_tokens()); }},
+     [](MetricContext& c) { return c.has_kept() ? double(c.answer->kept.size()) : double(c.policy_tokens()); }},
     {"cache_bytes", "bytes",
      "bytes the KV head's cache(s) store: stored vectors × head_dim × 4 (float32), or for a quantized cache (kivi) its "
      "codes, scales, zero points and float32 tokens; query_head mode adds the group's copies",

@@ -199,6 +199,17 @@ TEST_CASE("banded: errors name the problem", "[banded]") {
   CHECK_THROWS_WITH(closed_form_answers(qs, s.K, s.V, ClosedFormCache{0, 8}, {0, 2}, Z), Catch::Contains("steps"));
   CHECK_THROWS_WITH(closed_form_answers(qs, s.K, s.V, ClosedFormCache{0, 8}, {3, 3}, Z), Catch::Contains("steps"));
   CHECK_THROWS_WITH(closed_form_answers(qs, s.K, s.V, ClosedFormCache{0, 8}, {5, 51}, Z), Catch::Contains("steps"));
+  // The two-part chunk under it (kivi calls it directly): a mask beyond its rows, an empty one, too few masks,
+  // output rows that do not fit.
+  const MatD Q = s.qs[0].topRows(2);
+  Z.resize(2, 8);
+  VecD ls(2);
+  const auto Ka = s.K.topRows(10), Va = s.V.topRows(10), Kb = s.K.middleRows(10, 5), Vb = s.V.middleRows(10, 5);
+  CHECK_NOTHROW(two_part_attention(Q, Ka, Va, Kb, Vb, {{10, 0, 5}, {3, 1, 2}}, Z, 0, &ls));
+  CHECK_THROWS_WITH(two_part_attention(Q, Ka, Va, Kb, Vb, {{11, 0, 5}, {3, 1, 2}}, Z, 0, &ls), Catch::Contains("outside its columns"));
+  CHECK_THROWS_WITH(two_part_attention(Q, Ka, Va, Kb, Vb, {{0, 2, 2}, {3, 1, 2}}, Z, 0, &ls), Catch::Contains("empty"));
+  CHECK_THROWS_WITH(two_part_attention(Q, Ka, Va, Kb, Vb, {{3, 1, 2}}, Z, 0, &ls), Catch::Contains("one mask per query row"));
+  CHECK_THROWS_WITH(two_part_attention(Q, Ka, Va, Kb, Vb, {{10, 0, 5}, {3, 1, 2}}, Z, 1, &ls), Catch::Contains("do not fit"));
 }
 
 TEST_CASE("banded: the engine's blocked and per-step replays give the same metrics", "[banded][engine]") {

@@ -7,13 +7,15 @@
 //     cache_tokens, cache_bytes to the bit) and rel_err / eps within 1e-12; in float32 rel_err within 1e-5,
 //     and the kept sets equal except near-ties (rows whose kept_mass moved are counted, and must be rare);
 //   - any other policy is untouched: the same bits;
-//   - at least h2o, tova, scissorhands and buzz are BlockSteppers (the test is not vacuous; knorm needs no query
-//     between evaluations, so it has nothing to block).
+//   - at least h2o, tova, scissorhands, buzz and kivi are BlockSteppers (the test is not vacuous; kivi reads
+//     only the evaluated queries and answers a block's evaluated steps together; knorm needs no query
+//     between evaluations and keeps no cache a GEMM would serve, so it has nothing to block).
 // One block answers each of its evaluated steps (BlockAnswers): h2o and buzz stepped by one step_block over 48
 // steps answer at 4 steps inside it as the per-step path does at those steps (not the block's last answer 4 times:
 // the answers at different steps differ), and a block whose evaluated steps are outside it or unsorted is refused.
 // Negative control: with the block's masking switched off (g_blocked_masking_off: a slot taken over inside a
-// block keeps reading the evicted token's logit), h2o's and buzz's blocked numbers differ from the per-step ones.
+// block keeps reading the evicted token's logit; kivi answers every step of a block from its last state), h2o's,
+// buzz's and kivi's blocked numbers differ from the per-step ones.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -123,17 +125,25 @@ TEST_CASE("blocked stepping: every registered policy gives its per-step numbers"
           }
         }
   }
-  for (const char* name : {"h2o", "tova", "scissorhands", "buzz"}) {
+  for (const char* name : {"h2o", "tova", "scissorhands", "buzz", "kivi"}) {  // kivi: evaluated steps only
     INFO(name);
     CHECK(blocked_names.count(name) == 1);
   }
 }
 
 TEST_CASE("blocked stepping: a block with its masking switched off differs (negative control)", "[blocked]") {
-  for (const char* name : {"h2o", "buzz"}) {  // the ScorerPolicy walk and buzz's slot-store walk
+  // The ScorerPolicy walk, buzz's slot-store walk, and kivi's masks (a group quantized inside a block must
+  // not answer dequantized at the block's earlier evaluated steps; groups of 8 behind 16 full-precision tokens).
+  for (const char* name : {"h2o", "buzz", "kivi"}) {
     INFO(name);
     Params params;
-    params.set("memory", 0.25);
+    if (std::string(name) == "kivi") {
+      params.set("bits", int64_t(2));
+      params.set("group", int64_t(8));
+      params.set("residual", int64_t(16));
+    } else {
+      params.set("memory", 0.25);
+    }
     const PolicySpec spec{name, name, params};
     const RunResult per_step = run(spec, {"eval.stepping=\"per_step\""});
     g_blocked_masking_off = true;

@@ -176,7 +176,9 @@ struct BlockAnswers {
   std::vector<int64_t> steps;
   std::vector<std::vector<Answer>> answers;
   std::vector<double> cache_bytes;
-  /// `steps` with fresh answers (`rows` empty Answers each) and cache_bytes (NaN).
+  /// cache_tokens() at each of `steps` (the metric reads it there, not at the block's end).
+  std::vector<int64_t> cache_tokens;
+  /// `steps` with fresh answers (`rows` empty Answers each), cache_bytes (NaN) and cache_tokens (−1).
   void reset(const std::vector<int64_t>& steps_in_block, size_t rows);
   /// k with steps[k] == t, or −1 when step t is not evaluated.
   int64_t index_of(int64_t t) const;
@@ -193,7 +195,8 @@ struct BlockAnswers {
 /// run's logits can come from one GEMM over the keys present at its start plus its own keys, and the walk
 /// that follows applies each step's eviction, softmax and score update in O(cache) per step. Equal to the
 /// per-step path up to the dot products' summation order (float64: ≤ 1e-12 relative; float32: ≤ 1e-5, kept
-/// sets equal except near-ties). Needs needs_every_query() (the walk is the one a per-step attend makes).
+/// sets equal except near-ties). A policy that reads only the evaluated queries (kivi) may be one too: its
+/// block answers the evaluated steps it holds together, with no walk between them.
 /// A BlockStepper is never a PartialLoad: the engine matches it on the cache_bytes it reports.
 class BlockStepper {
  public:
@@ -202,9 +205,13 @@ class BlockStepper {
   /// when the steps fall outside the stream or out->steps outside [t_first, t_last] or not ascending.
   virtual void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
                           const std::vector<const MatD*>& q_scaled, BlockAnswers* out) = 0;
+  /// True for a policy that reads only the evaluated queries and answers a block's evaluated steps
+  /// together (kivi); otherwise block_stepper() requires needs_every_query().
+  virtual bool blocks_evaluated_steps() const { return false; }
 };
 
-/// `p` as a BlockStepper, or null.
+/// `p` as a BlockStepper, or null (also when it reads only evaluated queries and is not one that blocks
+/// them, blocks_evaluated_steps(), or when it is a PartialLoad).
 BlockStepper* block_stepper(Policy& p);
 /// Steps per block for a cache of `cache_tokens` entries answering `n_queries` query heads: the block's
 /// logits (b · n_queries rows × (cache_tokens + b) columns, in double) kept near 4 MiB, so they stay in

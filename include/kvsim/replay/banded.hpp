@@ -13,6 +13,7 @@
 #pragma once
 #include <vector>
 
+#include "kvsim/core/masked_attention.hpp"
 #include "kvsim/core/types.hpp"
 #include "kvsim/policies/policy.hpp"
 

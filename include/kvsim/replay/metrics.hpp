@@ -56,6 +56,10 @@ class MetricContext {
   std::map<std::tuple<int, int64_t, int64_t>, double>* row_cache = nullptr;
   std::vector<double>* scratch = nullptr;
 
+  /// The policy's cache_tokens() at this step: cache_tokens_at when the engine recorded it then (blocked
+  /// stepping), else the policy's own.
+  int64_t cache_tokens_at = -1;
+  int64_t policy_tokens() const { return cache_tokens_at >= 0 ? cache_tokens_at : policy->cache_tokens(); }
   bool has_kept() const { return answer->has_kept; }
   double diff_norm();     ///< ‖z − Attn‖₂
   double kept_mass();     ///< Σ_{j ∈ kept} a_t(j) (requires has_kept)
