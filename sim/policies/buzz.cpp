@@ -61,10 +61,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   /// column, and the mask of free slots does the rest, as in attend(), answering at each of out->steps.
   void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
                   BlockAnswers* out) override {
-    if (t_first < 1 || t_last < t_first || t_last > K.rows() || q_scaled.empty())
-      throw Error("buzz: step_block: steps [" + std::to_string(t_first) + ", " + std::to_string(t_last) + "] outside a stream of " +
-                  std::to_string(K.rows()) + " tokens");
-    if (out) out->check(t_first, t_last, "buzz");
+    check_step_block(t_first, t_last, K, q_scaled, out, "buzz");
     const int64_t b = t_last - t_first + 1;
     const auto G = Eigen::Index(q_scaled.size()), d = K.cols();
     auto walk = [&](auto& Ls, auto& Lb, auto& Q, const auto& slot_keys, const auto& block_keys) {

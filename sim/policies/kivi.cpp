@@ -101,10 +101,7 @@ class KiviPolicy final : public Policy, public BlockStepper {
   /// for all its evaluated steps instead of two matrix-vector products per step and query head.
   void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
                   BlockAnswers* out) override {
-    if (t_first < 1 || t_last < t_first || t_last > K.rows() || q_scaled.empty())
-      throw Error("kivi: step_block: steps [" + std::to_string(t_first) + ", " + std::to_string(t_last) + "] outside a stream of " +
-                  std::to_string(K.rows()) + " tokens");
-    if (out) out->check(t_first, t_last, "kivi");
+    check_step_block(t_first, t_last, K, q_scaled, out, "kivi");
     q_at_.clear();
     for (int64_t t = t_first; t <= t_last; ++t) {
       observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());

@@ -99,6 +99,14 @@ void BlockAnswers::check(int64_t t_first, int64_t t_last, const std::string& who
                 std::to_string(t_last) + "] or not sized by BlockAnswers::reset");
 }
 
+void check_step_block(int64_t t_first, int64_t t_last, const MatF& K, const std::vector<const MatD*>& q_scaled,
+                      const BlockAnswers* out, const std::string& who) {
+  if (t_first < 1 || t_last < t_first || t_last > K.rows() || q_scaled.empty())
+    throw Error(who + ": step_block: steps [" + std::to_string(t_first) + ", " + std::to_string(t_last) +
+                "] outside a stream of " + std::to_string(K.rows()) + " tokens");
+  if (out) out->check(t_first, t_last, who);
+}
+
 BlockStepper* block_stepper(Policy& p) {
   auto* b = dynamic_cast<BlockStepper*>(&p);
   return b && (p.needs_every_query() || b->blocks_evaluated_steps()) && !dynamic_cast<PartialLoad*>(&p) ? b : nullptr;

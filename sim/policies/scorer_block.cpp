@@ -15,10 +15,7 @@ namespace kvsim::policies {
 
 void ScorerPolicy::step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
                               const std::vector<const MatD*>& q_scaled, BlockAnswers* out) {
-  if (t_first < 1 || t_last < t_first || t_last > K.rows() || q_scaled.empty())
-    throw Error(name_ + ": step_block: steps [" + std::to_string(t_first) + ", " + std::to_string(t_last) +
-                "] outside a stream of " + std::to_string(K.rows()) + " tokens");
-  if (out) out->check(t_first, t_last, name_);
+  check_step_block(t_first, t_last, K, q_scaled, out, name_);
   const int64_t b = t_last - t_first + 1, m0 = cache_.size();
   const auto G = Eigen::Index(q_scaled.size()), d = K.cols();
   // The answers at step t: Vᵀp per query head over the slots as they now stand (the per-step path's products).

@@ -210,6 +210,11 @@ class BlockStepper {
   virtual bool blocks_evaluated_steps() const { return false; }
 };
 
+/// A step_block call's arguments, checked once for every BlockStepper: throws Error (naming `who`) when the
+/// steps fall outside the stream of K's rows or there is no query head, then out->check when `out` is given.
+void check_step_block(int64_t t_first, int64_t t_last, const MatF& K, const std::vector<const MatD*>& q_scaled,
+                      const BlockAnswers* out, const std::string& who);
+
 /// `p` as a BlockStepper, or null (also when it reads only evaluated queries and is not one that blocks
 /// them, blocks_evaluated_steps(), or when it is a PartialLoad).
 BlockStepper* block_stepper(Policy& p);
