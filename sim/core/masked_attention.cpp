@@ -101,22 +101,28 @@ void two_part_check(const QM& Q, const R& Ka, const R& Va, const R& Kb, const R&
       throw Error("two-part attention: a row's mask lies outside its columns or is empty (a_end, b_beg, b_end)");
 }
 
+/// two_part_attention in scalar S: the checks, then the chunk with this thread's scratch.
+template <class S>
+void two_part(const Mat<S>& Q, const Eigen::Ref<const Mat<S>>& Ka, const Eigen::Ref<const Mat<S>>& Va,
+              const Eigen::Ref<const Mat<S>>& Kb, const Eigen::Ref<const Mat<S>>& Vb, const std::vector<TwoPartMask>& masks,
+              MatD& Z, Eigen::Index z0, VecD* log_sums) {
+  two_part_check(Q, Ka, Va, Kb, Vb, masks, Z, z0, log_sums);
+  thread_local Mat<S> L, Zs;
+  two_part_chunk<S>(Q, Ka, Va, Kb, Vb, masks, L, Zs, Z, z0, log_sums);
+}
+
 }  // namespace
 
 void two_part_attention(const MatD& Q, const Eigen::Ref<const MatD>& Ka, const Eigen::Ref<const MatD>& Va,
                         const Eigen::Ref<const MatD>& Kb, const Eigen::Ref<const MatD>& Vb, const std::vector<TwoPartMask>& masks,
                         MatD& Z, Eigen::Index z0, VecD* log_sums) {
-  two_part_check(Q, Ka, Va, Kb, Vb, masks, Z, z0, log_sums);
-  thread_local MatD L, Zs;
-  two_part_chunk<double>(Q, Ka, Va, Kb, Vb, masks, L, Zs, Z, z0, log_sums);
+  two_part<double>(Q, Ka, Va, Kb, Vb, masks, Z, z0, log_sums);
 }
 
 void two_part_attention(const MatF& Q, const Eigen::Ref<const MatF>& Ka, const Eigen::Ref<const MatF>& Va,
                         const Eigen::Ref<const MatF>& Kb, const Eigen::Ref<const MatF>& Vb, const std::vector<TwoPartMask>& masks,
                         MatD& Z, Eigen::Index z0, VecD* log_sums) {
-  two_part_check(Q, Ka, Va, Kb, Vb, masks, Z, z0, log_sums);
-  thread_local MatF L, Zs;
-  two_part_chunk<float>(Q, Ka, Va, Kb, Vb, masks, L, Zs, Z, z0, log_sums);
+  two_part<float>(Q, Ka, Va, Kb, Vb, masks, Z, z0, log_sums);
 }
 
 }  // namespace kvsim

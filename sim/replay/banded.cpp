@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <type_traits>
 #include <string>
 
 #include "kvsim/core/error.hpp"
