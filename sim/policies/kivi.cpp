@@ -123,20 +123,14 @@ class KiviPolicy final : public Policy, public BlockStepper {
         const int64_t q = g_blocked_masking_off ? qk : q_at_[i];
         masks_[i * size_t(G) + size_t(g)] = {q, q - q1, steps[i] - q1};
       }
-    auto queries = [&](auto& Q) {
-      Q.resize(Eigen::Index(steps.size()) * G, K.cols());
-      for (size_t i = 0; i < steps.size(); ++i)
-        for (Eigen::Index g = 0; g < G; ++g)
-          Q.row(Eigen::Index(i) * G + g) = q_scaled[size_t(g)]->row(steps[i] - 1).template cast<typename std::decay_t<decltype(Q)>::Scalar>();
-    };
     Z_.resize(Eigen::Index(steps.size()) * G, K.cols());
     log_sums_.resize(Z_.rows());
     if (cache_.f32()) {
-      queries(Qf_);
+      block_queries(q_scaled, steps, K.cols(), Qf_);
       two_part_attention(Qf_, cache_.keys_f().topRows(qk), cache_.values_f().topRows(qk), K.middleRows(q1, W),
                          V.middleRows(q1, W), masks_, Z_, 0, &log_sums_);
     } else {
-      queries(Qd_);
+      block_queries(q_scaled, steps, K.cols(), Qd_);
       Kb_ = K.middleRows(q1, W).cast<double>();  // the full-precision rows, as the double store holds them
       Vb_ = V.middleRows(q1, W).cast<double>();
       two_part_attention(Qd_, cache_.keys().topRows(qk), cache_.values().topRows(qk), Kb_, Vb_, masks_, Z_, 0, &log_sums_);

@@ -32,6 +32,17 @@ void block_queries(const std::vector<const MatD*>& q_scaled, int64_t t_first, in
     for (Eigen::Index g = 0; g < G; ++g) Q.row(i * G + g) = q_scaled[size_t(g)]->row(t_first - 1 + i).template cast<typename M::Scalar>();
 }
 
+/// The same rows at any increasing `steps` (1-based): row i·G + g is query head g's scaled query at steps[i] —
+/// a block's evaluated steps, for a policy that answers only those (kivi).
+template <class M>
+void block_queries(const std::vector<const MatD*>& q_scaled, const std::vector<int64_t>& steps, Eigen::Index d, M& Q) {
+  const auto G = Eigen::Index(q_scaled.size());
+  Q.resize(Eigen::Index(steps.size()) * G, d);
+  for (size_t i = 0; i < steps.size(); ++i)
+    for (Eigen::Index g = 0; g < G; ++g)
+      Q.row(Eigen::Index(i) * G + g) = q_scaled[size_t(g)]->row(steps[i] - 1).template cast<typename M::Scalar>();
+}
+
 /// The float32 mode's softmax over m float logits l (overwritten with exp(l − max l)): p[i] = exp(l_i − max) / Σ,
 /// written as doubles, the exponentials in float (Eigen's vectorized expf: twice the lanes of double, and its
 /// ~1 ulp float error is below the logits' own float32 rounding), the sum Σ in double in 8 lanes (lane_sum).
