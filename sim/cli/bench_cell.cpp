@@ -21,7 +21,10 @@ struct CellPolicy {
 /// d·m multiply-adds for the logits of each query it reads — E of them for a policy that reads every
 /// query (Policy::needs_every_query: the score-based evictors), 1 for the others (exact, window and sink
 /// as closed forms, oracle_topk, quest, kivi, subgen, …) — and d·m for the answer (Vᵀp). m is taken
-/// as constant over the E steps (it is the budget once the cache is full). Time: policy_ns per step
+/// as constant over the E steps (it is the budget once the cache is full). A cache that loads part of what it
+/// stores per query (PartialLoad: quest) does one multiply-add per float it loads instead — its loaded_bytes / 4:
+/// d per loaded key (logit) and value (answer), 2·d per page of min/max keys (the bound max(q,0)·M + min(q,0)·m,
+/// Quest §3.2), the same d·m + d·m for a cache that loads what it stores. Time: policy_ns per step
 /// × E, counted once per instance (kv_head mode: one instance answers the G heads of the group).
 CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunResult& r, size_t p) {
   const RecordingMeta& meta = src.meta();
@@ -33,7 +36,8 @@ CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunR
   c.every = inst->needs_every_query();
   const auto form = closed_form(*inst);
   c.in_double = ex.eval.policy_precision == Precision::float64 || (form && form->double_only);
-  const size_t k_ns = metric_index("policy_ns"), k_tok = metric_index("cache_tokens");
+  const size_t k_ns = metric_index("policy_ns"), k_tok = metric_index("cache_tokens"), k_load = metric_index("loaded_bytes");
+  const bool partial = matched_on_loaded(*inst);
   const double per_instance = ex.eval.gqa == GqaMode::kv_head ? double(G) : 1.0;
   std::map<std::pair<int, int>, int64_t> last;  // (layer, head) -> its previous evaluated step
   for (const MetricRow& row : r.policies[p].rows) {
@@ -41,7 +45,7 @@ CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunR
     const double E = double(row.step - prev), m = row[k_tok];
     prev = row.step;
     c.seconds += row[k_ns] * E * 1e-9 / per_instance;
-    c.fmas += double(meta.head_dim) * m * ((c.every ? E : 1.0) + 1.0);
+    c.fmas += partial ? row[k_load] / double(sizeof(float)) : double(meta.head_dim) * m * ((c.every ? E : 1.0) + 1.0);
     c.tokens += m;
     ++c.rows;
   }

@@ -82,6 +82,7 @@ void BlockAnswers::reset(const std::vector<int64_t>& steps_in_block, size_t rows
   steps = steps_in_block;
   answers.assign(steps.size(), std::vector<Answer>(rows));
   cache_bytes.assign(steps.size(), std::numeric_limits<double>::quiet_NaN());
+  loaded_bytes.assign(steps.size(), std::numeric_limits<double>::quiet_NaN());
   cache_tokens.assign(steps.size(), -1);
 }
 
@@ -91,7 +92,7 @@ int64_t BlockAnswers::index_of(int64_t t) const {
 }
 
 void BlockAnswers::check(int64_t t_first, int64_t t_last, const std::string& who) const {
-  bool ok = answers.size() == steps.size() && cache_bytes.size() == steps.size();
+  bool ok = answers.size() == steps.size() && cache_bytes.size() == steps.size() && loaded_bytes.size() == steps.size();
   for (size_t k = 0; ok && k < steps.size(); ++k)
     ok = steps[k] >= t_first && steps[k] <= t_last && (k == 0 || steps[k] > steps[k - 1]);
   if (!ok)
@@ -109,7 +110,7 @@ void check_step_block(int64_t t_first, int64_t t_last, const MatF& K, const std:
 
 BlockStepper* block_stepper(Policy& p) {
   auto* b = dynamic_cast<BlockStepper*>(&p);
-  return b && (p.needs_every_query() || b->blocks_evaluated_steps()) && !dynamic_cast<PartialLoad*>(&p) ? b : nullptr;
+  return b && (p.needs_every_query() || b->blocks_evaluated_steps()) ? b : nullptr;
 }
 
 int64_t stepping_block_size(int64_t cache_tokens, int n_queries) {

@@ -15,6 +15,8 @@
 // loaded with no metadata (dense). cache_bytes counts everything stored: all t tokens and the pages'
 // min/max. Stepping is stateless between queries (no score history).
 #include <algorithm>
+#include <climits>
+#include <limits>
 #include <numeric>
 
 #include "factories.hpp"
@@ -24,7 +26,7 @@
 namespace kvsim::policies {
 namespace {
 
-class QuestPolicy final : public Policy, public PartialLoad {
+class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper {
  public:
   /// budget ≥ page (tokens loaded, `budget` mode) or memory M (`memory` mode, the other −1); page S ≥ 1.
   QuestPolicy(int64_t budget, int64_t memory, int64_t page, const StreamInfo& s)
@@ -47,12 +49,116 @@ class QuestPolicy final : public Policy, public PartialLoad {
   }
 
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
-    const int64_t m = cache_.size(), pages = pages_;
-    const int64_t dense_limit = memory_ >= 0 ? memory_ : budget_;
-    if (m <= dense_limit) {  // everything fits: dense attention, no metadata read
-      loaded_tokens_ = m;
+    if (choose(q, cache_.size())) {  // everything fits: dense attention, no metadata read
       if (out) cache_.answer_group(q, out);
       return;
+    }
+    if (out) attend_runs(q, *out);
+  }
+
+  /// Blocked (BlockStepper, include/kvsim/policies/policy.hpp): the block's tokens join as in observe(); each
+  /// evaluated step e then chooses its pages as attend() does, from the same bounds (the pages before e's current
+  /// one were complete at e, so their extrema at the block's end are those at e). One product of every evaluated
+  /// step's query rows against the union of the tokens they load forms the logits, each row masked to its own
+  /// step's tokens before its softmax, and a second forms the answers: a page loaded by several of the block's
+  /// steps is read once for all of them instead of once per step (Quest's criticality per query is unchanged;
+  /// only the attention over the loaded pages is batched).
+  void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
+                  BlockAnswers* out) override {
+    check_step_block(t_first, t_last, K, q_scaled, out, "quest");
+    m_at_.clear();
+    for (int64_t t = t_first; t <= t_last; ++t) {
+      observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+      const int64_t k = out ? out->index_of(t) : -1;
+      if (k < 0) continue;
+      m_at_.push_back(cache_.size());
+      out->cache_bytes[size_t(k)] = cache_bytes(d_);
+      out->cache_tokens[size_t(k)] = cache_tokens();
+    }
+    if (m_at_.empty()) return;
+    const auto G = Eigen::Index(q_scaled.size());
+    const size_t E = m_at_.size();
+    block_queries(q_scaled, out->steps, d_, Qb_);
+    page_bounds(Qb_, (m_at_.back() + S_ - 1) / S_ - 1);  // every step's bounds in one pair of products
+    step_runs_.assign(E, {});
+    std::vector<std::pair<int64_t, int64_t>> all;
+    for (size_t i = 0; i < E; ++i) {
+      q_step_ = Qb_.middleRows(Eigen::Index(i) * G, G);
+      choose(q_step_, m_at_[i], &U_, Eigen::Index(i) * G);
+      step_runs_[i] = runs_;
+      all.insert(all.end(), runs_.begin(), runs_.end());
+      out->loaded_bytes[i] = loaded_bytes(d_);
+      for (Eigen::Index g = 0; g < G; ++g) {
+        Answer& a = out->answers[i][size_t(g)];
+        a.has_kept = true;
+        a.kept = rows_;
+      }
+    }
+    // The union of the loaded runs, merged, as the columns of the block's products.
+    std::sort(all.begin(), all.end());
+    union_.clear();
+    for (const auto& r : all)
+      if (!union_.empty() && r.first <= union_.back().second) union_.back().second = std::max(union_.back().second, r.second);
+      else union_.push_back(r);
+    std::vector<int64_t> col0(union_.size());  // the column of each union run's first token
+    int64_t u = 0;
+    for (size_t r = 0; r < union_.size(); ++r) col0[r] = u, u += union_[r].second - union_[r].first;
+    Ku_.resize(u, d_);
+    Vu_.resize(u, d_);
+    for (size_t r = 0; r < union_.size(); ++r) {  // the store holds the stream's float rows as doubles
+      const auto [a, b] = union_[r];
+      Ku_.middleRows(col0[r], b - a) = K.middleRows(a, b - a).cast<double>();
+      Vu_.middleRows(col0[r], b - a) = V.middleRows(a, b - a).cast<double>();
+    }
+    L_.noalias() = Qb_ * Ku_.transpose();
+    P_.setZero(L_.rows(), u);
+    for (size_t i = 0; i < E; ++i) {
+      // Step i's runs as column ranges of the union (each lies inside one union run).
+      cols_.clear();
+      // The test hook (g_blocked_masking_off): every row reads every token its block loads.
+      if (g_blocked_masking_off) cols_.emplace_back(0, u);
+      else for (const auto& [a, b] : step_runs_[i]) {
+        const size_t r = size_t(std::upper_bound(union_.begin(), union_.end(), std::make_pair(a, INT64_MAX)) - union_.begin()) - 1;
+        cols_.emplace_back(col0[r] + a - union_[r].first, b - a);
+      }
+      for (Eigen::Index g = 0; g < G; ++g) {
+        const Eigen::Index row = Eigen::Index(i) * G + g;
+        double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+        for (const auto& [c, len] : cols_) mx = std::max(mx, L_.row(row).segment(c, len).maxCoeff());
+        for (const auto& [c, len] : cols_) {
+          auto p = P_.row(row).segment(c, len);
+          p = (L_.row(row).segment(c, len).array() - mx).exp().matrix();
+          sum += p.sum();
+        }
+        for (const auto& [c, len] : cols_) P_.row(row).segment(c, len) /= sum;
+      }
+    }
+    Z_.noalias() = P_ * Vu_;
+    for (size_t i = 0; i < E; ++i)
+      for (Eigen::Index g = 0; g < G; ++g) out->answers[i][size_t(g)].z = Z_.row(Eigen::Index(i) * G + g).transpose();
+  }
+  bool blocks_evaluated_steps() const override { return true; }
+
+  int64_t cache_tokens() const override { return cache_.size(); }
+  int64_t cache_vectors() const override { return 2 * cache_.size() + 2 * pages_; }
+  double loaded_bytes(int head_dim) const override { return double(2 * loaded_tokens_) * head_dim * sizeof(float); }
+  bool capacity_matched() const override { return true; }
+
+ private:
+  /// The pages the group's query rows q load when the cache holds m tokens (Quest §3.2-3.3): fills runs_ (the
+  /// loaded tokens as runs [a, b), ascending), rows_ (those tokens) and loaded_tokens_. True when every token fits
+  /// (dense: no metadata read), false when the current page and the top pages by U were chosen. `bounds`: U for
+  /// these rows already formed, rows [row0, row0 + q.rows()) of it, columns ≥ the pages before the current one.
+  bool choose(const MatD& q, int64_t m, const MatD* bounds = nullptr, Eigen::Index row0 = 0) {
+    const int64_t pages = (m + S_ - 1) / S_;
+    const int64_t dense_limit = memory_ >= 0 ? memory_ : budget_;
+    rows_.clear();
+    runs_.clear();
+    if (m <= dense_limit) {
+      loaded_tokens_ = m;
+      for (int64_t j = 0; j < m; ++j) rows_.push_back(j);
+      runs_.emplace_back(0, m);
+      return true;
     }
     const int64_t last = pages - 1, last_len = m - last * S_;
     const int64_t others = memory_ >= 0 ? (memory_ - pages - last_len) / S_ : budget_ / S_ - 1;
@@ -63,14 +169,15 @@ class QuestPolicy final : public Policy, public PartialLoad {
     // m_p ≤ M_p, max(q_i·m_{p,i}, q_i·M_{p,i}) is q_i·M_{p,i} where q_i ≥ 0 and q_i·m_{p,i} where q_i < 0, so
     // U = max(Q, 0)·Mᵀ + min(Q, 0)·mᵀ: two products over the pages' extrema for the whole group (the same terms
     // as §3.2's sum; only their summation order is the GEMM's).
-    q_pos_ = q.cwiseMax(0.0);
-    q_neg_ = q.cwiseMin(0.0);
-    U_.noalias() = q_pos_ * hi_.topRows(last).transpose();
-    U_.noalias() += q_neg_ * lo_.topRows(last).transpose();
+    if (!bounds) {
+      page_bounds(q, last);
+      bounds = &U_;
+      row0 = 0;
+    }
     GroupAggregate agg(agg_, last);
     VecD u(last);
     for (Eigen::Index g = 0; g < q.rows(); ++g) {
-      u = U_.row(g).transpose();
+      u = bounds->row(row0 + g).head(last).transpose();
       agg.add(u);
     }
     const VecD score = agg.result();
@@ -83,8 +190,6 @@ class QuestPolicy final : public Policy, public PartialLoad {
     order.push_back(last);
     std::sort(order.begin(), order.end());
     // The loaded pages as runs of consecutive tokens (order is sorted): attention reads them where they sit.
-    rows_.clear();
-    runs_.clear();
     for (int64_t p : order) {
       const int64_t a = p * S_, b = std::min(m, (p + 1) * S_);
       for (int64_t j = a; j < b; ++j) rows_.push_back(j);
@@ -92,16 +197,17 @@ class QuestPolicy final : public Policy, public PartialLoad {
       else runs_.emplace_back(a, b);
     }
     loaded_tokens_ = int64_t(rows_.size()) + pages;  // + the metadata: one token's K+V worth per page
-    if (!out) return;
-    attend_runs(q, *out);
+    return false;
   }
 
-  int64_t cache_tokens() const override { return cache_.size(); }
-  int64_t cache_vectors() const override { return 2 * cache_.size() + 2 * pages_; }
-  double loaded_bytes(int head_dim) const override { return double(2 * loaded_tokens_) * head_dim * sizeof(float); }
-  bool capacity_matched() const override { return true; }
+  /// U_ = max(Q, 0)·Mᵀ + min(Q, 0)·mᵀ over the first `pages` pages: [Q.rows(), pages].
+  void page_bounds(const MatD& q, int64_t pages) {
+    q_pos_ = q.cwiseMax(0.0);
+    q_neg_ = q.cwiseMin(0.0);
+    U_.noalias() = q_pos_ * hi_.topRows(pages).transpose();
+    U_.noalias() += q_neg_ * lo_.topRows(pages).transpose();
+  }
 
- private:
   /// Exact attention of the group's query rows over the loaded tokens (runs_), one product per run of consecutive
   /// tokens read where it sits and once for the whole group (K and V stream from memory once per query group, not
   /// once per query head): the softmax of attend_cached_group (policy.cpp) without gathering the rows first.
@@ -148,6 +254,13 @@ class QuestPolicy final : public Policy, public PartialLoad {
   std::vector<std::pair<int64_t, int64_t>> runs_;  // the loaded tokens as runs [a, b)
   Eigen::MatrixXd logits_;  // attend_runs(): the loaded tokens' logits, then probabilities [loaded, G]
   MatD z_;
+  // step_block() scratch: the cache size at each evaluated step, the block's query rows, each step's runs, their
+  // union and its rows, a row's runs as union columns (first, length), logits, probabilities and answers.
+  std::vector<int64_t> m_at_;
+  MatD Qb_, q_step_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> step_runs_;
+  std::vector<std::pair<int64_t, int64_t>> union_, cols_;
+  MatD Ku_, Vu_, L_, P_, Z_;
 };
 
 std::unique_ptr<Policy> make_quest(ParamReader& p, const StreamInfo& s) {

@@ -1,5 +1,6 @@
 // A replay cell's policies stepped through the stream (sim/replay/cell_policies.hpp).
 #include <chrono>
+#include <cmath>
 
 #include "cell_policies.hpp"
 #include "kvsim/core/hd.hpp"
@@ -58,16 +59,18 @@ void PolicySteps::step_blocked(size_t p, const std::vector<int64_t>& block, std:
     run.steps_since_eval += t_last - t_first + 1;
     run.t = t_last;
     for (size_t k = 0; k < steps.size(); ++k) {
-      // A BlockStepper is never a PartialLoad (block_stepper): what it loads is what it stores.
-      double bytes = 0;
+      // What a PartialLoad (quest) read at the step; any other cache loads what it stores.
+      double bytes = 0, loaded = 0;
       for (size_t i = 0; i < run.inst.size(); ++i) {
         bytes += block_answers_[i].cache_bytes[k];
+        const double l = block_answers_[i].loaded_bytes[k];
+        loaded += std::isnan(l) ? block_answers_[i].cache_bytes[k] : l;
         if (per_query_) answers_[i] = std::move(block_answers_[i].answers[k][0]);
       }
       if (!per_query_) answers_ = std::move(block_answers_[0].answers[k]);
       tokens_.assign(size_t(G_), 0);
       for (int g = 0; g < G_; ++g) tokens_[size_t(g)] = block_answers_[per_query_ ? size_t(g) : 0].cache_tokens[k];
-      evaluated(p, steps[k], r + k, bytes, bytes, out, &tokens_);
+      evaluated(p, steps[k], r + k, bytes, loaded, out, &tokens_);
     }
     if (steps.empty()) continue;
     run.ns_since_eval = 0;

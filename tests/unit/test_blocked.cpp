@@ -7,8 +7,9 @@
 //     cache_tokens, cache_bytes to the bit) and rel_err / eps within 1e-12; in float32 rel_err within 1e-5,
 //     and the kept sets equal except near-ties (rows whose kept_mass moved are counted, and must be rare);
 //   - any other policy is untouched: the same bits;
-//   - at least h2o, tova, scissorhands, buzz and kivi are BlockSteppers (the test is not vacuous; kivi reads
-//     only the evaluated queries and answers a block's evaluated steps together; knorm needs no query
+//   - at least h2o, tova, scissorhands, buzz, kivi and quest are BlockSteppers (the test is not vacuous; kivi and
+//     quest read only the evaluated queries and answer a block's evaluated steps together, quest's loaded bytes
+//     per step too (loaded_bytes is compared with the kept set); knorm needs no query
 //     between evaluations and keeps no cache a GEMM would serve, so it has nothing to block).
 // One block answers each of its evaluated steps (BlockAnswers): h2o and buzz stepped by one step_block over 48
 // steps answer at 4 steps inside it as the per-step path does at those steps (not the block's last answer 4 times:
@@ -77,7 +78,7 @@ Diff compare(const RunResult& a, const RunResult& b) {
     for (const auto& c : a.metrics)
       if (c.name != "policy_ns") d.bits &= test::same_bits(ra[i][c.index], rb[i][c.index]);
     bool moved = false;
-    for (const char* m : {"kept_mass", "cache_tokens", "cache_bytes"})
+    for (const char* m : {"kept_mass", "cache_tokens", "cache_bytes", "loaded_bytes"})
       moved |= !test::same_bits(metric_of(ra[i], m), metric_of(rb[i], m));
     d.kept_moved += moved;
     for (const char* m : {"rel_err", "eps_spectral"}) d.worst = std::max(d.worst, std::abs(metric_of(ra[i], m) - metric_of(rb[i], m)));
@@ -125,7 +126,7 @@ TEST_CASE("blocked stepping: every registered policy gives its per-step numbers"
           }
         }
   }
-  for (const char* name : {"h2o", "tova", "scissorhands", "buzz", "kivi"}) {  // kivi: evaluated steps only
+  for (const char* name : {"h2o", "tova", "scissorhands", "buzz", "kivi", "quest"}) {  // kivi, quest: evaluated steps only
     INFO(name);
     CHECK(blocked_names.count(name) == 1);
   }
@@ -133,14 +134,18 @@ TEST_CASE("blocked stepping: every registered policy gives its per-step numbers"
 
 TEST_CASE("blocked stepping: a block with its masking switched off differs (negative control)", "[blocked]") {
   // The ScorerPolicy walk, buzz's slot-store walk, and kivi's masks (a group quantized inside a block must
-  // not answer dequantized at the block's earlier evaluated steps; groups of 8 behind 16 full-precision tokens).
-  for (const char* name : {"h2o", "buzz", "kivi"}) {
+  // not answer dequantized at the block's earlier evaluated steps; groups of 8 behind 16 full-precision tokens),
+  // and quest's (a row must read only the pages its own step loads, not every page its block loads).
+  for (const char* name : {"h2o", "buzz", "kivi", "quest"}) {
     INFO(name);
     Params params;
     if (std::string(name) == "kivi") {
       params.set("bits", int64_t(2));
       params.set("group", int64_t(8));
       params.set("residual", int64_t(16));
+    } else if (std::string(name) == "quest") {
+      params.set("budget", int64_t(32));
+      params.set("page_size", int64_t(4));
     } else {
       params.set("memory", 0.25);
     }

@@ -178,7 +178,9 @@ struct BlockAnswers {
   std::vector<double> cache_bytes;
   /// cache_tokens() at each of `steps` (the metric reads it there, not at the block's end).
   std::vector<int64_t> cache_tokens;
-  /// `steps` with fresh answers (`rows` empty Answers each), cache_bytes (NaN) and cache_tokens (−1).
+  /// A PartialLoad's loaded_bytes(head_dim) at each of `steps` (what the step read); NaN for any other cache.
+  std::vector<double> loaded_bytes;
+  /// `steps` with fresh answers (`rows` empty Answers each), cache_bytes and loaded_bytes (NaN), cache_tokens (−1).
   void reset(const std::vector<int64_t>& steps_in_block, size_t rows);
   /// k with steps[k] == t, or −1 when step t is not evaluated.
   int64_t index_of(int64_t t) const;
@@ -196,8 +198,8 @@ struct BlockAnswers {
 /// that follows applies each step's eviction, softmax and score update in O(cache) per step. Equal to the
 /// per-step path up to the dot products' summation order (float64: ≤ 1e-12 relative; float32: ≤ 1e-5, kept
 /// sets equal except near-ties). A policy that reads only the evaluated queries (kivi) may be one too: its
-/// block answers the evaluated steps it holds together, with no walk between them.
-/// A BlockStepper is never a PartialLoad: the engine matches it on the cache_bytes it reports.
+/// block answers the evaluated steps it holds together, with no walk between them. A PartialLoad that is one
+/// (quest) reports what each evaluated step loaded in BlockAnswers::loaded_bytes.
 class BlockStepper {
  public:
   virtual ~BlockStepper() = default;
@@ -216,7 +218,7 @@ void check_step_block(int64_t t_first, int64_t t_last, const MatF& K, const std:
                       const BlockAnswers* out, const std::string& who);
 
 /// `p` as a BlockStepper, or null (also when it reads only evaluated queries and is not one that blocks
-/// them, blocks_evaluated_steps(), or when it is a PartialLoad).
+/// them, blocks_evaluated_steps()).
 BlockStepper* block_stepper(Policy& p);
 /// Steps per block for a cache of `cache_tokens` entries answering `n_queries` query heads: the block's
 /// logits (b · n_queries rows × (cache_tokens + b) columns, in double) kept near 4 MiB, so they stay in
