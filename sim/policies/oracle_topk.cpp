@@ -1,13 +1,13 @@
 // `oracle_topk`: the non-causal top-B bound (H2O Fig. 2 "oracle").
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "kvsim/policies/gpu_replay.hpp"
 #include "factories.hpp"
 #include "kvsim/core/error.hpp"
 #include "kvsim/core/hd.hpp"
-#include "slot_cache.hpp"
 
 namespace kvsim::policies {
 namespace {
@@ -18,48 +18,39 @@ namespace {
 /// whole stream internally (it is a bound, not a cache) but reports B tokens.
 class OracleTopK final : public Policy, public ExactProbsOracle, public GpuReplayable {
  public:
-  OracleTopK(int64_t budget, const StreamInfo& s) : budget_(budget), agg_(s.group_agg), all_(s.n, s.head_dim) {}
-  void observe(int64_t t, const float* k, const float* v) override { all_.append(t, k, v); }
+  OracleTopK(int64_t budget, const StreamInfo& s) : budget_(budget), agg_(s.group_agg), values_(s.n, s.head_dim) {}
+  void observe(int64_t t, const float* k, const float* v) override {
+    (void)k;  // the logits come with the exact rows (ExactProbsOracle): no key is read
+    if (t != size_ || t >= values_.rows()) throw Error("oracle_topk: token " + std::to_string(t) + " out of order");
+    values_.row(t) = Eigen::Map<const Eigen::Matrix<float, 1, Eigen::Dynamic>>(v, values_.cols());
+    ++size_;
+  }
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>* probs) override {
     if (!out) return;
     if (!probs) throw Error("oracle_topk: the engine did not pass exact attention");
     GroupAggregate agg(agg_, t);
     for (const double* p : *probs) agg.add(Eigen::Map<const VecD>(p, t));
-    const VecD& score = agg.ranking();  // ordering only: the mean's division is not needed
-    std::vector<int64_t> idx(t);
-    std::iota(idx.begin(), idx.end(), 0);
     const int64_t b = std::min(budget_, t);
-    // Ties broken by position so the choice is deterministic (hd::topk_prefer: the GPU replay's
-    // bitonic sort uses the same total order, so it selects the same set).
-    std::nth_element(idx.begin(), idx.begin() + (b - 1), idx.end(),
-                     [&](int64_t a, int64_t c) { return hd::topk_prefer(score[a], a, score[c], c); });
-    idx.resize(b);
-    std::sort(idx.begin(), idx.end());
-    // Attention over the chosen rows, read where they are stored (a gathered copy of the B rows was
-    // half of this function's time): each row's G logits, a softmax per query, then z = Σ_r p_r v_r
-    // over the same rows — attend_cached's arithmetic (double), the logits' sums in another order.
-    const MatD &K = all_.keys(), &V = all_.values();
+    choose(agg.ranking(), t, b);  // ordering only: the mean's division is not needed
+    // The answer over the chosen rows S: softmax over S of the logits l = the exact row a_t renormalized over S,
+    // since a_t(j) = exp(l_j − log τ): z = Σ_{j∈S} a_t(j) v_j / Σ_{j∈S} a_t(j). Only the values of S are read.
     const Eigen::Index G = q.rows();
-    logits_.resize(b, G);  // column-major: one query's logits are contiguous
-    for (int64_t r = 0; r < b; ++r)
-      for (Eigen::Index g = 0; g < G; ++g) logits_(r, g) = K.row(idx[r]).dot(q.row(g));
-    VecD inv(G);
-    for (Eigen::Index g = 0; g < G; ++g) {
-      auto col = logits_.col(g);
-      col = (col.array() - col.maxCoeff()).exp();
-      inv[g] = 1.0 / col.sum();
-    }
-    z_.setZero(G, K.cols());
-    for (int64_t r = 0; r < b; ++r)
-      for (Eigen::Index g = 0; g < G; ++g) z_.row(g).noalias() += logits_(r, g) * V.row(idx[r]);
+    z_.setZero(G, values_.cols());
+    VecD mass = VecD::Zero(G);
+    for (int64_t j : idx_)
+      for (Eigen::Index g = 0; g < G; ++g) {
+        const double a = (*probs)[size_t(g)][j];
+        mass[g] += a;
+        z_.row(g).noalias() += a * values_.row(j).cast<double>();
+      }
     for (Eigen::Index i = 0; i < G; ++i) {
       Answer& a = (*out)[i];
-      a.z = z_.row(i).transpose() * inv[i];
+      a.z = z_.row(i).transpose() / mass[i];
       a.has_kept = true;
-      a.kept = idx;
+      a.kept = idx_;
     }
   }
-  int64_t cache_tokens() const override { return std::min(budget_, all_.size()); }
+  int64_t cache_tokens() const override { return std::min(budget_, size_); }
   std::optional<cuda::PolicyReplay> gpu_replay() const override {
     cuda::PolicyReplay r;
     r.kind = cuda::ReplayKind::oracle_topk;
@@ -69,11 +60,29 @@ class OracleTopK final : public Policy, public ExactProbsOracle, public GpuRepla
   }
 
  private:
+  /// idx_ = the b positions first in hd::topk_prefer's order (larger score, ties to the older position:
+  /// the GPU replay's bitonic sort selects the same set), ascending: the b-th largest score θ by
+  /// nth_element over a copy of the scores, then one pass taking every score above θ and, oldest first,
+  /// as many equal to θ as b still needs.
+  void choose(const VecD& score, int64_t t, int64_t b) {
+    sorted_.assign(score.data(), score.data() + t);
+    std::nth_element(sorted_.begin(), sorted_.begin() + (b - 1), sorted_.end(), std::greater<double>());
+    const double theta = sorted_[size_t(b - 1)];
+    int64_t above = 0;
+    for (int64_t j = 0; j < t; ++j) above += score[j] > theta;
+    int64_t ties = b - above;
+    idx_.clear();
+    for (int64_t j = 0; j < t; ++j)
+      if (score[j] > theta || (score[j] == theta && ties-- > 0)) idx_.push_back(j);
+  }
+
   int64_t budget_;
   GroupAgg agg_;
-  SlotCache all_;
-  Eigen::MatrixXd logits_;  // scratch: the chosen rows' logits [B, G], then their weights
-  MatD z_;                  // scratch: the unnormalized answers [G, head_dim]
+  MatF values_;  // the stream's values v_j, row j, as recorded (it stores them all: a bound, not a cache)
+  int64_t size_ = 0;
+  std::vector<double> sorted_;  // choose() scratch: the scores, partly ordered
+  std::vector<int64_t> idx_;    // the chosen positions, ascending
+  MatD z_;                      // scratch: the unnormalized answers [G, head_dim]
 };
 
 std::unique_ptr<Policy> make_oracle_topk(ParamReader& p, const StreamInfo& s) {
