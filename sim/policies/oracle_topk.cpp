@@ -15,7 +15,9 @@ namespace {
 /// `oracle_topk` (H2O Fig. 2 "oracle"): for each evaluated query, the B tokens of largest exact
 /// attention a_t — not causal, the best any eviction of size B could keep. In kv_head mode the set is
 /// shared by the group and chosen by the group-aggregated probabilities (group_agg). It stores the
-/// whole stream internally (it is a bound, not a cache) but reports B tokens.
+/// whole stream internally (it is a bound, not a cache) but reports B tokens. Its answer is the exact rows it is
+/// handed renormalized over its set, so with `[eval] reference_precision = "float32"` it carries that reference's
+/// float32 rounding, as the exact policy does.
 class OracleTopK final : public Policy, public ExactProbsOracle, public GpuReplayable {
  public:
   OracleTopK(int64_t budget, const StreamInfo& s) : budget_(budget), agg_(s.group_agg), values_(s.n, s.head_dim) {}

@@ -42,6 +42,7 @@ void replay_cell(const Experiment& ex, const StreamSource& src, const Cell& cell
     const size_t b1 = reference_block_end(steps, b0, ref_f32 ? kReferenceRowsF32 : 256);
     const std::vector<int64_t> block(steps.begin() + b0, steps.begin() + b1);
     reference.pass(block);
+    metrics.begin_block();
     phase::Scope ps(phase::policies);
     for (size_t p = 0; p < policies.size(); ++p) policies.step(p, block, out[p]);
     b0 = b1;

@@ -51,6 +51,7 @@ MetricContext Metrics::context(const Evaluated& e, int g) {
   c.powerlaw_cache = &powerlaw_cache_;
   c.row_cache = &row_cache_;
   c.scratch = &scratch_;
+  c.digit_cache = &digit_cache_;
   return c;
 }
 

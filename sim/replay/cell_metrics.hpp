@@ -37,6 +37,9 @@ class Metrics {
   /// share the target. Throws kvsim::Error naming the policy, step, layer and KV head.
   void check_memory(size_t p, int64_t memory_tokens, const Policy& first, size_t instances, int64_t t, double bytes) const;
 
+  /// A new block of evaluated steps: the per-row top_mass digits of the last one are dropped (32 KB a row).
+  void begin_block() { digit_cache_.clear(); }
+
   /// One row per query head for policy p at an evaluated step: the metric registry over its context.
   void record(size_t p, const Evaluated& e, std::vector<MetricRow>& out);
 
@@ -54,6 +57,7 @@ class Metrics {
   std::map<std::pair<int, int64_t>, PowerLawFit> powerlaw_cache_;                        // (g, t) -> H2O Fig. 2 fit
   std::map<std::tuple<int, int64_t, int64_t>, double> row_cache_;  // (g, t, key) -> MetricContext::row_memo
   std::vector<double> scratch_;
+  std::map<std::pair<int, int64_t>, TopMassDigit> digit_cache_;  // (g, t) -> top_mass's first digit, this block
 };
 
 }  // namespace kvsim::cell

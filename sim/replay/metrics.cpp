@@ -32,37 +32,41 @@ inline uint64_t order_key(double x) {
 // top 10 bits) leaves few candidates: two passes over the row instead of nth_element's copy and
 // partitioning passes (which were ~75% of the metrics' time: KVSIM_PROFILE, docs/performance.md).
 // The sum is of the same m values as a full sort's; only its order of additions differs.
-double top_mass(const double* p, int64_t t, int64_t m, std::vector<double>& scratch) {
-  if (m >= t) {
-    double s = 0;
-    for (int64_t j = 0; j < t; ++j) s += p[j];
-    return s;
+namespace {
+constexpr int kTopBits = 11, kTopBuckets = 1 << kTopBits, kTopFirstShift = 64 - kTopBits;
+
+/// The first digit's histogram of a row (or of candidates): counts and sums per bucket, in row order.
+void first_digit(const double* cand, int64_t nc, int shift, TopMassDigit& h) {
+  h.count.assign(kTopBuckets, 0);
+  h.sum.assign(kTopBuckets, 0.0);
+  for (int64_t i = 0; i < nc; ++i) {
+    const unsigned b = unsigned(order_key(cand[i]) >> shift) & (kTopBuckets - 1);
+    ++h.count[b];
+    h.sum[b] += cand[i];
   }
-  if (m <= 0) return 0;
-  constexpr int kBits = 11, kBuckets = 1 << kBits;
-  std::array<int64_t, kBuckets> cnt;
-  std::array<double, kBuckets> sum;
-  const double* cand = p;  // the candidates: the row, then the kept bucket's values in scratch
-  int64_t nc = t, need = m;
-  double total = 0;
-  for (int shift = 64 - kBits;; shift = std::max(0, shift - kBits)) {
-    cnt.fill(0);
-    sum.fill(0.0);
-    for (int64_t i = 0; i < nc; ++i) {
-      const unsigned b = unsigned(order_key(cand[i]) >> shift) & (kBuckets - 1);
-      ++cnt[b];
-      sum[b] += cand[i];
+}
+
+/// The top-`need` sum of cand[0..nc) added to `total`, from the digit at `shift` on, whose histogram `h`
+/// holds (`own`: recomputed here for each later digit).
+double refine(const double* cand, int64_t nc, int64_t need, double total, int shift, const TopMassDigit& first,
+              std::vector<double>& scratch) {
+  TopMassDigit own;
+  const TopMassDigit* h = &first;
+  for (;; shift = std::max(0, shift - kTopBits)) {
+    if (h != &first || shift != kTopFirstShift) {
+      first_digit(cand, nc, shift, own);
+      h = &own;
     }
-    int b = kBuckets - 1;
-    for (; cnt[b] < need; --b) {  // Σ cnt = nc ≥ need, so this stops at a bucket
-      need -= cnt[b];
-      total += sum[b];
+    int b = kTopBuckets - 1;
+    for (; h->count[size_t(b)] < need; --b) {  // Σ count = nc ≥ need, so this stops at a bucket
+      need -= h->count[size_t(b)];
+      total += h->sum[size_t(b)];
     }
-    if (cnt[b] == need) return total + sum[b];
-    if (scratch.size() < size_t(cnt[b])) scratch.resize(size_t(cnt[b]));
+    if (h->count[size_t(b)] == need) return total + h->sum[size_t(b)];
+    if (scratch.size() < size_t(h->count[size_t(b)])) scratch.resize(size_t(h->count[size_t(b)]));
     int64_t k = 0;  // in place when cand is scratch: k ≤ i
     for (int64_t i = 0; i < nc; ++i)
-      if ((unsigned(order_key(cand[i]) >> shift) & (kBuckets - 1)) == unsigned(b)) scratch[size_t(k++)] = cand[i];
+      if ((unsigned(order_key(cand[i]) >> shift) & (kTopBuckets - 1)) == unsigned(b)) scratch[size_t(k++)] = cand[i];
     cand = scratch.data();
     nc = k;
     if (shift == 0) {  // every key resolved: the candidates are equal values
@@ -70,10 +74,29 @@ double top_mass(const double* p, int64_t t, int64_t m, std::vector<double>& scra
       return total;
     }
     if (nc <= 64) break;
+    h = &own;  // the next digit's histogram is of the candidates
   }
   std::nth_element(scratch.begin(), scratch.begin() + (need - 1), scratch.begin() + nc, std::greater<double>());
   for (int64_t i = 0; i < need; ++i) total += scratch[size_t(i)];
   return total;
+}
+}  // namespace
+
+void top_mass_digit(const double* p, int64_t t, TopMassDigit& h) { first_digit(p, t, kTopFirstShift, h); }
+
+double top_mass(const double* p, int64_t t, int64_t m, std::vector<double>& scratch, const TopMassDigit* digit) {
+  if (m >= t) {
+    double s = 0;
+    for (int64_t j = 0; j < t; ++j) s += p[j];
+    return s;
+  }
+  if (m <= 0) return 0;
+  TopMassDigit own;
+  if (!digit) {
+    top_mass_digit(p, t, own);
+    digit = &own;
+  }
+  return refine(p, t, m, 0.0, kTopFirstShift, *digit, scratch);
 }
 
 double MetricContext::diff_norm() {
@@ -82,6 +105,13 @@ double MetricContext::diff_norm() {
     diff_ = diff.norm();
   }
   return diff_;
+}
+
+const TopMassDigit* MetricContext::row_digit() {
+  if (!digit_cache) return nullptr;
+  auto [it, fresh] = digit_cache->try_emplace(std::make_pair(group_index, t));
+  if (fresh) top_mass_digit(probs, t, it->second);
+  return &it->second;
 }
 
 double MetricContext::kept_mass() {
@@ -96,7 +126,7 @@ double MetricContext::kept_mass() {
 double MetricContext::oracle_mass() {
   if (oracle_ < 0) {
     const int64_t m = has_kept() ? int64_t(answer->kept.size()) : policy_tokens();
-    oracle_ = row_memo(std::max<int64_t>(m, 0), [&] { return top_mass(probs, t, m, *scratch); });
+    oracle_ = row_memo(std::max<int64_t>(m, 0), [&] { return top_mass(probs, t, m, *scratch, row_digit()); });
   }
   return oracle_;
 }
@@ -324,7 +354,7 @@ const std::vector<Metric> kMetrics = {
        if (c.topk <= 0) return double(NAN);  // off: every metric is computed, only applying ones are written
        return c.row_memo(std::min(c.topk, c.t), [&] {
          std::vector<double> own;
-         return top_mass(c.probs, c.t, std::min(c.topk, c.t), c.scratch ? *c.scratch : own);
+         return top_mass(c.probs, c.t, std::min(c.topk, c.t), c.scratch ? *c.scratch : own, c.row_digit());
        });
      },
      topk_on},

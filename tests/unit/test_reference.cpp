@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -288,12 +289,17 @@ TEST_CASE("top_mass is the sum of the m largest entries, on rows with spread, ti
   int checked = 0, separated = 0;
   for (const auto& p : rows) {
     const int64_t t = int64_t(p.size());
+    TopMassDigit digit;  // the row's first digit formed once (the metrics' per-row memo)
+    top_mass_digit(p.data(), t, digit);
     std::vector<double> sorted = p;
     std::sort(sorted.begin(), sorted.end(), std::greater<double>());
     double prefix = 0;
     for (int64_t m = 0; m <= t + 1; ++m) {
       if (m > 0 && m <= t) prefix += sorted[size_t(m - 1)];
       const double got = top_mass(p.data(), t, m, scratch);
+      // With the row's digit given: the same additions in the same order, so the same bits.
+      const double with_digit = top_mass(p.data(), t, m, scratch, &digit);
+      REQUIRE(std::memcmp(&got, &with_digit, sizeof got) == 0);
       const double want = m >= t ? std::accumulate(p.begin(), p.end(), 0.0) : prefix;
       // The same values summed in another order: equal to a few ulps of the row's total.
       REQUIRE(std::abs(got - want) <= 1e-13 * (1.0 + std::abs(want)));

@@ -19,6 +19,13 @@
 
 namespace kvsim {
 
+/// top_mass's first radix digit over one exact row (counts and sums per bucket), kept per row across a cell's
+/// policies so that each policy's top-m mass reads the row once instead of twice.
+struct TopMassDigit {
+  std::vector<int64_t> count;
+  std::vector<double> sum;
+};
+
 /// Everything a metric may look at for one evaluated step t of one query head: the policy's answer,
 /// the exact reference at t, the cache's size, and (when [eval] objectives = true) the full causal
 /// attention of the first objectives_max_t queries. Shared intermediate values (‖z − Attn‖, the kept
@@ -55,6 +62,9 @@ class MetricContext {
   /// sink_mass (−2), topk_kept's k-th largest weight (−3) and the count of weights at or above it (−4).
   std::map<std::tuple<int, int64_t, int64_t>, double>* row_cache = nullptr;
   std::vector<double>* scratch = nullptr;
+  /// top_mass_digit per (query head, t) across the policies of a block of evaluated steps (row_digit).
+  std::map<std::pair<int, int64_t>, TopMassDigit>* digit_cache = nullptr;
+  const TopMassDigit* row_digit();  ///< this row's digit (null without digit_cache)
 
   /// The policy's cache_tokens() at this step: cache_tokens_at when the engine recorded it then (blocked
   /// stepping), else the policy's own.
@@ -106,8 +116,11 @@ size_t metric_index(std::string_view name);
 /// A row's value of metric `name` (tests, tools).
 double metric_of(const MetricRow& row, std::string_view name);
 
-/// Top-m sum of p[0..t) (the best any set of m tokens can keep); `scratch` is reused storage.
-double top_mass(const double* p, int64_t t, int64_t m, std::vector<double>& scratch);
+/// Top-m sum of p[0..t) (the best any set of m tokens can keep); `scratch` is reused storage. `digit`:
+/// top_mass_digit(p, t) formed once for the row (many m per row: one pass over it instead of two each).
+double top_mass(const double* p, int64_t t, int64_t m, std::vector<double>& scratch, const TopMassDigit* digit = nullptr);
+/// The radix select's first digit over a row: counts and sums of p[0..t) per bucket of the order key's top bits.
+void top_mass_digit(const double* p, int64_t t, TopMassDigit& h);
 
 /// `kvsim metrics --markdown`: docs/metrics.md, the registry as a Markdown table with its notation.
 std::string metrics_markdown();
