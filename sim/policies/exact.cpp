@@ -19,7 +19,7 @@ namespace {
 /// (ClosedFormPolicy; include/kvsim/replay/banded.hpp), in double as here, with the same log τ.
 class ExactPolicy final : public Policy, public ReferenceAnswered, public ClosedFormPolicy {
  public:
-  explicit ExactPolicy(const StreamInfo& s) : n_(s.n), cache_(s.n, s.head_dim) {}
+  explicit ExactPolicy(const StreamInfo& s) : n_(s.n), cache_(s.n, s.head_dim, false, /*lazy=*/true) {}
   void observe(int64_t t, const float* k, const float* v) override { cache_.append(t, k, v); }
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     if (!out) return;

@@ -60,14 +60,11 @@ inline double softmax_f32(float* l, int64_t m, double* p) {
 class SlotCache {
  public:
   /// Slots are zero-filled, so products over the whole store (buzz's masked attention) stay finite.
-  SlotCache(int64_t capacity, int d, bool f32 = false) : f32_(f32), pos_(capacity, -1) {
-    if (f32_) {
-      keys_f_.setZero(capacity, d);
-      values_f_.setZero(capacity, d);
-    } else {
-      keys_.setZero(capacity, d);
-      values_.setZero(capacity, d);
-    }
+  /// `lazy`: the store is allocated when the first token is put (before that, keys() and values() are
+  /// empty), for caches the engine may answer in closed form (exact, window, sink): those never observe a
+  /// token and then hold no store (64 MB for exact at n = 32768 in double).
+  SlotCache(int64_t capacity, int d, bool f32 = false, bool lazy = false) : f32_(f32), d_(d), pos_(capacity, -1) {
+    if (!lazy) allocate();
   }
   int64_t size() const { return size_; }
   int64_t capacity() const { return static_cast<int64_t>(pos_.size()); }
@@ -78,7 +75,8 @@ class SlotCache {
     put(size_++, t, k, v);
   }
   void put(int64_t slot, int64_t t, const float* k, const float* v) {
-    const auto d = f32_ ? keys_f_.cols() : keys_.cols();
+    const Eigen::Index d = d_;
+    if (!allocated_) allocate();
     if (f32_) {
       keys_f_.row(slot) = Eigen::Map<const VecF>(k, d).transpose();
       values_f_.row(slot) = Eigen::Map<const VecF>(v, d).transpose();
@@ -147,7 +145,7 @@ class SlotCache {
  private:
   /// float32 products and softmax_f32: fills P_ [m, G], Z_ [G, d] (zeros unless with_values), ls_ [G].
   void attend_group_f32(const MatD& q, bool with_values = true) {
-    const Eigen::Index G = q.rows(), d = keys_f_.cols(), m = size_;
+    const Eigen::Index G = q.rows(), d = d_, m = size_;
     Z_.setZero(G, d);
     ls_.setConstant(G, -INFINITY);
     P_.resize(m, G);
@@ -168,7 +166,21 @@ class SlotCache {
     }
   }
 
+  void allocate() {
+    if (f32_) {
+      keys_f_.setZero(capacity(), d_);
+      values_f_.setZero(capacity(), d_);
+    } else {
+      keys_.setZero(capacity(), d_);
+      values_.setZero(capacity(), d_);
+    }
+    allocated_ = true;
+  }
+
   bool f32_;
+  int d_;
+  bool allocated_ = false;
+
   MatD keys_, values_;
   MatF keys_f_, values_f_;
   std::vector<int64_t> pos_;

@@ -17,7 +17,7 @@ namespace {
 class SinkWindowPolicy final : public Policy, public ClosedFormPolicy, public GpuReplayable {
  public:
   SinkWindowPolicy(int64_t sink, int64_t window, int d, bool f32)
-      : sink_(sink), window_(window), cache_(sink + window, d, f32) {}
+      : sink_(sink), window_(window), cache_(sink + window, d, f32, /*lazy=*/true) {}
   void observe(int64_t t, const float* k, const float* v) override {
     // Shared with the CUDA path (include/kvsim/core/hd.hpp): the first sink + window tokens fill the
     // slots in order, later ones replace the oldest non-sink token (a ring over the window part).
