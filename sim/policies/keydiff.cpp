@@ -100,7 +100,7 @@ KVSIM_POLICY(keydiff) {
       "no",
       {example_params({{"budget", 0.25}})},
       "#5254a3",  // figure colour
-      {example_params({{"budget", 0.25}}), false, false}};  // kvsim bench: parameters, after a prefill, float32 too
+      {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -219,7 +219,7 @@ KVSIM_POLICY(kivi) {
       "no",
       {example_params({{"bits", int64_t(2)}}), example_params({{"bits", int64_t(4)}, {"residual", 0.1}})},
       "#637939",  // figure colour
-      {example_params({{"memory", 0.5}, {"bits", int64_t(4)}}), false, false}};  // kvsim bench: parameters, after a prefill, float32 too
+      {example_params({{"memory", 0.5}, {"bits", int64_t(4)}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -162,7 +162,7 @@ KVSIM_POLICY(lagkv) {
       "no",
       {example_params({{"budget", 0.25}}), example_params({{"budget", 0.5}, {"lag", int64_t(16)}})},
       "#ad494a",  // figure colour
-      {example_params({{"budget", 0.25}}), false, false}};  // kvsim bench: parameters, after a prefill, float32 too
+      {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
   return info;
 }
 

@@ -1,13 +1,17 @@
 // The policy and metric registries: documentation that cannot drift from the code.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
 
+#include "kvsim/cli/config.hpp"
 #include "kvsim/core/error.hpp"
+#include "kvsim/io/spec.hpp"
 #include "kvsim/policies/registry.hpp"
+#include "kvsim/replay/engine.hpp"
 #include "kvsim/replay/metrics.hpp"
 #include "registry_examples.hpp"
 
@@ -169,4 +173,54 @@ TEST_CASE("registry: metrics have unique names, units, descriptions and sources"
   CHECK(metric_registry().size() <= kMaxMetrics);
   CHECK(metric_index("eps_spectral") < metric_registry().size());
   CHECK_THROWS_AS(metric_index("no_such_metric"), Error);
+}
+
+TEST_CASE("registry: a bench entry's float32 flag says whether the policy follows [eval] policy_precision",
+          "[registry][precision]") {
+  // `kvsim bench` times a policy again in float32 when its entry says so (PolicyInfo::Bench::float32). The flag
+  // must be true exactly when the arithmetic follows the precision: replayed at its bench parameters in float64
+  // and float32, a flagged policy's rel_err moves (float32 rounding is really in use) and an unflagged one gives
+  // the same bits (it computes in double whatever the setting). Prompt-compressing policies (bench after a
+  // prefill) are timed without the float32 row, so they are left out.
+  const char* base = R"(
+name = "precision"
+seed = 2
+[data]
+synthetic = "heavy_hitter"
+n = 96
+d = 16
+n_layers = 1
+n_heads = 2
+n_kv_heads = 1
+[eval]
+every = 4
+[[policy]]
+name = "exact"
+)";
+  int flagged = 0, unflagged = 0;
+  for (const PolicyInfo* info : policy_registry()) {
+    if (info->bench.params.values().empty() || info->bench.after_prefill) continue;
+    INFO(info->name);
+    auto run = [&](const char* prec) {
+      Experiment ex = parse_experiment(base, "inline", {std::string("eval.policy_precision=\"") + prec + "\""});
+      ex.policies.push_back(PolicySpec{info->name, info->name, info->bench.params});
+      auto src = open_source(ex.data);
+      return run_experiment(ex, *src, 1);
+    };
+    const RunResult r64 = run("float64"), r32 = run("float32");
+    const auto& a = r64.policies[1].rows;
+    const auto& b = r32.policies[1].rows;
+    REQUIRE(a.size() == b.size());
+    double moved = 0;
+    for (size_t i = 0; i < a.size(); ++i) moved = std::max(moved, std::abs(metric_of(a[i], "rel_err") - metric_of(b[i], "rel_err")));
+    if (info->bench.float32) {
+      ++flagged;
+      CHECK(moved > 1e-12);
+    } else {
+      ++unflagged;
+      CHECK(moved == 0.0);
+    }
+  }
+  CHECK(flagged >= 10);   // window, sink, h2o, tova, scissorhands, knorm, uniform, buzz, kivi, keydiff, lagkv
+  CHECK(unflagged >= 2);  // quest, subgen, subgen_kcenter
 }
