@@ -5,6 +5,7 @@
 
 #include "bench_detail.hpp"
 #include "kvsim/cli/config.hpp"
+#include "kvsim/policies/registry.hpp"
 
 namespace kvsim::bench {
 namespace {
@@ -35,7 +36,12 @@ CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunR
   CellPolicy c;
   c.every = inst->needs_every_query();
   const auto form = closed_form(*inst);
-  c.in_double = ex.eval.policy_precision == Precision::float64 || (form && form->double_only);
+  // A cache whose arithmetic ignores policy_precision (its bench entry's float32 flag is false: quest, oracle_topk,
+  // subgen, k-center; the registry test holds the flag to the arithmetic) is held to the DGEMM rate. The
+  // prompt-compressing caches' flag is false only because the bench times their float32 row without the prompt.
+  const PolicyInfo::Bench& bench = policy_info(ex.policies[p].name).bench;
+  const bool follows = bench.float32 || bench.after_prefill;
+  c.in_double = ex.eval.policy_precision == Precision::float64 || (form && form->double_only) || !follows;
   const size_t k_ns = metric_index("policy_ns"), k_tok = metric_index("cache_tokens"), k_load = metric_index("loaded_bytes");
   const bool partial = matched_on_loaded(*inst);
   const double per_instance = ex.eval.gqa == GqaMode::kv_head ? double(G) : 1.0;

@@ -83,7 +83,7 @@ KVSIM_POLICY(press_replay) {
       "no",
       {example_params({{"file", std::string("press.h5")}})},  // tests/unit/test_registry.cpp writes the file
       "#843c39",  // figure colour
-      {}};        // kvsim bench: not benchmarked (needs a press file)
+      {{}, false, true}};  // kvsim bench: not benchmarked (needs a press file); its arithmetic follows policy_precision
   return info;
 }
 
