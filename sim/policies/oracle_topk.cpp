@@ -23,7 +23,9 @@ class OracleTopK final : public Policy, public ExactProbsOracle, public GpuRepla
   OracleTopK(int64_t budget, const StreamInfo& s) : budget_(budget), agg_(s.group_agg), values_(s.n, s.head_dim) {}
   void observe(int64_t t, const float* k, const float* v) override {
     (void)k;  // the logits come with the exact rows (ExactProbsOracle): no key is read
-    if (t != size_ || t >= values_.rows()) throw Error("oracle_topk: token " + std::to_string(t) + " out of order");
+    if (t >= values_.rows())
+      throw Error("oracle_topk: token " + std::to_string(t) + " beyond the stream's " + std::to_string(values_.rows()) + " tokens");
+    if (t != size_) throw Error("oracle_topk: token " + std::to_string(t) + " observed out of order (expected " + std::to_string(size_) + ")");
     values_.row(t) = Eigen::Map<const Eigen::Matrix<float, 1, Eigen::Dynamic>>(v, values_.cols());
     ++size_;
   }

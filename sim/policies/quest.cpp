@@ -13,7 +13,8 @@
 // (PartialLoad): the metadata (one key-sized min and max per page, i.e. one token's
 // K+V worth per page) plus the loaded tokens never exceed M tokens' worth; with t ≤ M every token is
 // loaded with no metadata (dense). cache_bytes counts everything stored: all t tokens and the pages'
-// min/max. Stepping is stateless between queries (no score history).
+// min/max. Stepping is stateless between queries (no score history); with blocked stepping (`[eval] stepping`)
+// a block's evaluated steps choose their pages as attend() does and are answered together (step_block).
 #include <algorithm>
 #include <climits>
 #include <limits>
