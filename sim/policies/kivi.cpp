@@ -103,14 +103,7 @@ class KiviPolicy final : public Policy, public BlockStepper {
                   BlockAnswers* out) override {
     check_step_block(t_first, t_last, K, q_scaled, out, "kivi");
     q_at_.clear();
-    for (int64_t t = t_first; t <= t_last; ++t) {
-      observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
-      const int64_t k = out ? out->index_of(t) : -1;
-      if (k < 0) continue;
-      q_at_.push_back(quantized_);
-      out->cache_bytes[size_t(k)] = cache_bytes(sh_.d);
-      out->cache_tokens[size_t(k)] = cache_tokens();
-    }
+    observe_block(*this, t_first, t_last, K, V, out, [&] { q_at_.push_back(quantized_); });
     if (q_at_.empty()) return;
     const std::vector<int64_t>& steps = out->steps;
     const auto G = Eigen::Index(q_scaled.size());

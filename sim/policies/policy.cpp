@@ -108,6 +108,18 @@ void check_step_block(int64_t t_first, int64_t t_last, const MatF& K, const std:
   if (out) out->check(t_first, t_last, who);
 }
 
+void observe_block(Policy& p, int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, BlockAnswers* out,
+                   const std::function<void()>& at_evaluated) {
+  for (int64_t t = t_first; t <= t_last; ++t) {
+    p.observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
+    const int64_t k = out ? out->index_of(t) : -1;
+    if (k < 0) continue;
+    out->cache_bytes[size_t(k)] = p.cache_bytes(int(K.cols()));
+    out->cache_tokens[size_t(k)] = p.cache_tokens();
+    at_evaluated();
+  }
+}
+
 BlockStepper* block_stepper(Policy& p) {
   auto* b = dynamic_cast<BlockStepper*>(&p);
   return b && (p.needs_every_query() || b->blocks_evaluated_steps()) ? b : nullptr;

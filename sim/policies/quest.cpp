@@ -68,14 +68,7 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
                   BlockAnswers* out) override {
     check_step_block(t_first, t_last, K, q_scaled, out, "quest");
     m_at_.clear();
-    for (int64_t t = t_first; t <= t_last; ++t) {
-      observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
-      const int64_t k = out ? out->index_of(t) : -1;
-      if (k < 0) continue;
-      m_at_.push_back(cache_.size());
-      out->cache_bytes[size_t(k)] = cache_bytes(d_);
-      out->cache_tokens[size_t(k)] = cache_tokens();
-    }
+    observe_block(*this, t_first, t_last, K, V, out, [&] { m_at_.push_back(cache_.size()); });
     if (m_at_.empty()) return;
     const auto G = Eigen::Index(q_scaled.size());
     const size_t E = m_at_.size();
