@@ -2,6 +2,7 @@
 #include "kvsim/cli/task.hpp"
 
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -62,7 +63,7 @@ std::vector<TaskRow> open_loop_trial(const TaskConfig& c, const LlamaModel& mode
                                      int L, double depth, int index, int threads) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto specs = pin_budgets(c.policies, L);
-  const TrialTensors tt = exact_tensors(model, tr.tokens, threads);
+  const TrialTensors tt = exact_tensors(model, tr.tokens, threads, tr.question_begin);
   std::vector<TaskRow> rows(specs.size());
   std::vector<TaskRow*> policy_rows;
   for (size_t p = 0; p < specs.size(); ++p) {
@@ -82,22 +83,16 @@ std::vector<TaskRow> open_loop_trial(const TaskConfig& c, const LlamaModel& mode
   return rows;
 }
 
-std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, const Tokenizer& tok, const TaskTrial& tr,
-                               int L, double depth, int index, int threads, std::vector<double>& phases) {
-  const auto t0 = std::chrono::steady_clock::now();
+/// The closed loop of one trial: exact, every policy's cache and the control, each given the context at once
+/// then decoding the question and the answer in one batch; rows named and scored. Returns the exact cache's
+/// tokens. The caches and the context's tensors are freed on return, before the open loop builds its own.
+std::vector<int> closed_loop_answers(const TaskConfig& c, const LlamaModel& model, const Tokenizer& tok, const TaskTrial& tr,
+                                     const std::vector<PolicySpec>& specs, const TrialTensors& tt, int threads,
+                                     std::vector<TaskRow>& rows, const std::function<void()>& lap) {
   const auto& cfg = model.config();
-  const auto specs = pin_budgets(c.policies, L);
-  const TrialTensors tt = exact_tensors(model, tr.tokens, threads);
-  auto lap = [&, last = t0]() mutable {
-    const auto now = std::chrono::steady_clock::now();
-    phases.push_back(std::chrono::duration<double>(now - last).count());
-    last = now;
-  };
-  lap();
   const PromptTensors ctx = context_tensors(tt, cfg, tr.question_begin);
-  const int out_size = cfg.n_heads * cfg.head_dim(), total = L + c.generate;
+  const int L = int(tr.tokens.size()), out_size = cfg.n_heads * cfg.head_dim(), total = L + c.generate;
   std::vector<std::unique_ptr<GuardedAttention>> caches;
-  std::vector<TaskRow> rows;
   auto add = [&](std::unique_ptr<KVAttention> a, const std::string& label, const std::string& name) {
     caches.push_back(std::make_unique<GuardedAttention>(std::move(a), out_size));
     TaskRow r;
@@ -121,18 +116,36 @@ std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, con
   const std::vector<int> stop = stop_tokens(tok);
   for (size_t b = 0; b < rows.size(); ++b) {
     TaskRow& r = rows[b];
-    r.length = L, r.depth = depth, r.trial = index, r.needle_depth = tr.depth;
-    r.needle_begin = tr.needle_begin, r.needle_end = tr.needle_end, r.question_begin = tr.question_begin;
-    r.answer = tr.value;
-    r.evidence = evidence_text(tr.evidence);
     r.generated = generated_text(tok, std::vector<int>(gen[b].begin() + L, gen[b].end()), stop);
     r.score = caches[b]->broken().empty() ? answer_score(r.generated, tr.answers, c.settings.match) : 0;
     r.correct = r.score == 1;
     r.cache_tokens = caches[b]->mean_cache_tokens();
   }
+  return gen.at(0);
+}
+
+std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, const Tokenizer& tok, const TaskTrial& tr,
+                               int L, double depth, int index, int threads, std::vector<double>& phases) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto specs = pin_budgets(c.policies, L);
+  const TrialTensors tt = exact_tensors(model, tr.tokens, threads, tr.question_begin);
+  std::function<void()> lap = [&, last = t0]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    phases.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
+  };
+  lap();
+  std::vector<TaskRow> rows;
+  const std::vector<int> exact_generated = closed_loop_answers(c, model, tok, tr, specs, tt, threads, rows, lap);
+  for (TaskRow& r : rows) {
+    r.length = L, r.depth = depth, r.trial = index, r.needle_depth = tr.depth;
+    r.needle_begin = tr.needle_begin, r.needle_end = tr.needle_end, r.question_begin = tr.question_begin;
+    r.answer = tr.value;
+    r.evidence = evidence_text(tr.evidence);
+  }
   std::vector<TaskRow*> policy_rows;
   for (size_t p = 0; p < specs.size(); ++p) policy_rows.push_back(&rows[p + 1]);
-  link_trial(c, model, specs, tr, tt, gen.at(0), stop, threads, policy_rows);
+  link_trial(c, model, specs, tr, tt, exact_generated, stop_tokens(tok), threads, policy_rows);
   lap();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (auto& r : rows) r.seconds = secs;

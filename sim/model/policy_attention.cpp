@@ -98,9 +98,13 @@ void PolicyKVAttention::prefill_layer(int layer, const PromptTensors& prompt) {
   if (const int64_t w = cfg_.layer_window(layer); w > 0) {  // the window's ring: the prompt's last w tokens
     for (int kvh = 0; kvh < cfg_.n_kv_heads; ++kvh) {
       const size_t kv = size_t(layer) * cfg_.n_kv_heads + kvh;
-      for (int64_t j = std::max<int64_t>(0, prefill_ - w); j < prefill_; ++j) {
-        window_[kv].k.row(j % w) = prompt.k[kv].row(j).cast<double>();
-        window_[kv].v.row(j % w) = prompt.v[kv].row(j).cast<double>();
+      const int64_t lo = std::max<int64_t>(0, prefill_ - w), off = prefill_ - prompt.k[kv].rows();  // rows from `off`
+      if (off > lo || prompt.v[kv].rows() != prompt.k[kv].rows())
+        throw Error("load_prompt: local layer " + std::to_string(layer) + " holds " + std::to_string(prompt.k[kv].rows()) +
+                    " key rows, not the prompt's last " + std::to_string(prefill_ - lo));
+      for (int64_t j = lo; j < prefill_; ++j) {
+        window_[kv].k.row(j % w) = prompt.k[kv].row(j - off).cast<double>();
+        window_[kv].v.row(j % w) = prompt.v[kv].row(j - off).cast<double>();
       }
     }
     return;

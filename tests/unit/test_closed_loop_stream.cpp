@@ -5,7 +5,10 @@
 // its query statistics to post-RoPE queries there: docs/results.md, "kvsim's expected_attention beside
 // kvpress".)
 #include <catch2/catch.hpp>
+#include <random>
 #include <string>
+
+#include "../sim/cli/task_trial.hpp"
 
 #include "kvsim/model/policy_attention.hpp"
 #include "kvsim/model/record.hpp"
@@ -91,4 +94,81 @@ TEST_CASE("closed loop: a cache is built for the stream a replay of the same mod
   StreamInfo theta = model_cache_stream(cfg, 1, 0, n, GqaMode::kv_head, GroupAgg::mean, P, false);
   theta.rope_theta = 10000.0;
   CHECK(differences(theta, replay) == "rope_theta ");
+}
+
+namespace {
+
+/// A prompt of P positions with random keys, values and (global layers') scaled queries; a local layer's K and V
+/// cut to the rows [P − rows, P − rows + keep) when rows > 0 (keep = rows unless given), else whole.
+PromptTensors random_prompt(const LlamaConfig& cfg, int64_t P, int64_t rows, uint64_t seed, int64_t keep = -1) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  auto rnd = [&](int64_t r) {
+    MatF m(r, cfg.head_dim());
+    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = nd(rng);
+    return m;
+  };
+  PromptTensors pt;
+  pt.P = P;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+      MatF k = rnd(P), v = rnd(P);
+      if (cfg.layer_window(l) > 0 && rows > 0) {
+        k = MatF(k.middleRows(P - rows, keep < 0 ? rows : keep)), v = MatF(v.middleRows(P - rows, keep < 0 ? rows : keep));
+      }
+      pt.k.push_back(k), pt.v.push_back(v);
+    }
+    for (int h = 0; h < cfg.n_heads; ++h) pt.q.push_back(cfg.layer_window(l) > 0 ? MatD() : MatD(rnd(P).cast<double>() * 0.1));
+  }
+  return pt;
+}
+
+/// The outputs [layer][n_heads · head_dim] of `a` at positions P … P + steps − 1 for seeded random q, k, v.
+std::vector<std::vector<float>> decode_outputs(KVAttention& a, const LlamaConfig& cfg, int64_t P, int steps) {
+  std::mt19937_64 rng(99);
+  std::normal_distribution<float> nd;
+  const int hd = cfg.head_dim();
+  std::vector<std::vector<float>> out;
+  for (int s = 0; s < steps; ++s)
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      std::vector<float> q(size_t(cfg.n_heads) * hd), k(size_t(cfg.n_kv_heads) * hd), v(k.size()), o(q.size());
+      for (auto* x : {&q, &k, &v})
+        for (float& f : *x) f = nd(rng);
+      a.attend(l, int(P + s), q.data(), k.data(), v.data(), o.data());
+      out.push_back(o);
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("closed loop: a local layer's prompt may hold only its window's rows, for every cache and the evict_needle control",
+          "[model][closed_loop]") {
+  const LlamaConfig cfg = model_config(true);  // sliding window 16
+  const int64_t P = 40, w = cfg.sliding_window;
+  REQUIRE(cfg.layer_window(0) == w);
+  const PromptTensors full = random_prompt(cfg, P, 0, 5), tail = random_prompt(cfg, P, w, 5);
+  // Negative control: the window's rows shifted by one position (the last 16 rows but one, and one before them).
+  const PromptTensors shifted = random_prompt(cfg, P, w + 1, 5, w);
+  REQUIRE(tail.k[0].rows() == w);
+  REQUIRE(tail.k[0].row(0) == full.k[0].row(P - w));
+  Params budget;
+  budget.set("budget", int64_t(20));
+  auto policy_outputs = [&](const PromptTensors& pt) {
+    PolicyKVAttention a(cfg, PolicySpec{"h2o", "h2o", budget}, P + 8, 3, GqaMode::kv_head, GroupAgg::mean, P);
+    a.load_prompt(pt);
+    return decode_outputs(a, cfg, P, 8);
+  };
+  CHECK(policy_outputs(tail) == policy_outputs(full));
+  CHECK(policy_outputs(shifted) != policy_outputs(full));
+  PromptTensors short_tail = random_prompt(cfg, P, w - 1, 5);
+  CHECK_THROWS_WITH(policy_outputs(short_tail), Catch::Contains("local layer 0 holds 15 key rows"));
+  // evict_needle: spans inside a local window (and before it) drop the same tokens either way.
+  for (const std::vector<Span>& evict : {std::vector<Span>{{30, 33}}, std::vector<Span>{{2, 5}, {35, 37}}}) {
+    task_detail::EvictSpanAttention a_full(cfg, full, evict), a_tail(cfg, tail, evict), a_shift(cfg, shifted, evict);
+    const auto o = decode_outputs(a_full, cfg, P, 20);  // 20 steps: the window slides past the prompt's rows
+    CHECK(decode_outputs(a_tail, cfg, P, 20) == o);
+    CHECK(decode_outputs(a_shift, cfg, P, 20) != o);
+    CHECK(a_tail.mean_cache_tokens() == a_full.mean_cache_tokens());
+  }
 }

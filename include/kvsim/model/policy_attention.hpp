@@ -16,7 +16,10 @@ namespace kvsim {
 /// batched prefill and handed to every policy's cache (PolicyKVAttention::load_prompt).
 struct PromptTensors {
   int64_t P = 0;
-  std::vector<MatF> k, v;          ///< [layer · n_kv_heads + kvh] → [P, head_dim], post-RoPE keys; values
+  /// [layer · n_kv_heads + kvh] → [P, head_dim], post-RoPE keys; values. A local (sliding-window, w) layer's may hold
+  /// only the prompt's last rows, at least min(P, w) of them (all its window's ring reads): row r is position
+  /// P − rows + r.
+  std::vector<MatF> k, v;
   /// [layer · n_heads + h] → [P, head_dim], post-RoPE queries · 1/√head_dim; empty (0 × 0) on a local
   /// (sliding-window) layer, whose cache is its exact window and reads no query (Gemma 3: 15 of 18 layers, 4 GB
   /// of doubles at 32k tokens saved).
