@@ -45,12 +45,6 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
     throw Error("model.prefill (" + std::to_string(prefill) + ") must be in [0, model.tokens = " + std::to_string(n_tokens) + ")");
   const int G = cfg.n_heads / cfg.n_kv_heads;
   const int caches = per_query_ ? cfg.n_heads : cfg.n_kv_heads;
-  if (prefill > 0) {
-    prompt_.P = prefill;
-    prompt_.k.assign(size_t(cfg.n_layers) * cfg.n_kv_heads, MatF::Zero(prefill, cfg.head_dim()));
-    prompt_.v = prompt_.k;
-    prompt_.q.assign(size_t(cfg.n_layers) * cfg.n_heads, MatD::Zero(prefill, cfg.head_dim()));
-  }
   window_.resize(size_t(cfg.n_layers) * cfg.n_kv_heads);
   for (int l = 0; l < cfg.n_layers; ++l)
     for (int h = 0; h < caches; ++h) {
@@ -72,6 +66,13 @@ PolicyKVAttention::PolicyKVAttention(const LlamaConfig& cfg, const PolicySpec& s
 
 void PolicyKVAttention::attend_prompt(int layer, int pos, const float* q, const float* k, const float* v, float* out) {
   const int hs = cfg_.head_dim(), G = cfg_.n_heads / cfg_.n_kv_heads, w = cfg_.layer_window(layer);
+  if (prompt_.P == 0) {  // the buffer, on the prompt's first position: a cache given load_prompt never holds it
+    // (its queries in double are 8 · n_layers · n_heads · head_dim bytes a token: 6 GB for Gemma 3 at 32k).
+    prompt_.P = prefill_;
+    prompt_.k.assign(size_t(cfg_.n_layers) * cfg_.n_kv_heads, MatF::Zero(prefill_, hs));
+    prompt_.v = prompt_.k;
+    prompt_.q.assign(size_t(cfg_.n_layers) * cfg_.n_heads, MatD::Zero(prefill_, hs));
+  }
   const int lo = w > 0 ? std::max(0, pos - w + 1) : 0;  // a local layer's first visible key
   const double scale = cfg_.attn_scale();
   for (int kvh = 0; kvh < cfg_.n_kv_heads; ++kvh) {
