@@ -301,6 +301,10 @@ gemma3_long() {
   [ "$TASKS" = 1 ] && step gemma3_ruler_headline_long null env KVSIM="$K" bash scripts/ruler_suite.sh \
     experiments/gemma3_ruler_headline.toml results/ruler_gemma3_headline_long --lengths "8192 16384 32752" --kinds niah_single \
     --threads "$T"
+  # The same trials at 8192 with the open loop at the answer's steps (the link; the closed loop repeats).
+  [ "$TASKS" = 1 ] && step gemma3_ruler_headline_long_answer null env KVSIM="$K" bash scripts/ruler_suite.sh \
+    experiments/gemma3_ruler_headline.toml results/ruler_gemma3_headline_long_answer --lengths 8192 --kinds niah_single \
+    --threads "$T" -- --set 'task.link_steps="answer"'
   # transformers on the same GGUF and prompts, the first trial at each depth at 8192, paired with kvsim's answers.
   [ "$TASKS" = 1 ] && step gemma3_ruler_long_transformers null "$PY" scripts/kvpress_task.py experiments/gemma3_ruler.toml \
     --set 'task.lengths=[8192]' --set task.trials=1 --presses "" --threads "$T" --out results/kvpress_gemma3_exact_8192 \
