@@ -43,7 +43,7 @@ void rope_angle(float inv, int64_t t, double* c, double* s) {
 int pair_a(bool halves, int k) { return halves ? k : 2 * k; }
 int pair_b(bool halves, int d, int k) { return halves ? k + d / 2 : 2 * k + 1; }
 
-class ExpectedAttentionPolicy final : public Policy, public PromptCompressor {
+class ExpectedAttentionPolicy final : public Policy, public PromptCompressor, public SlotAnswersStepper {
  public:
   struct Options {
     int64_t budget, n_future, sink, decode_window;
@@ -106,6 +106,10 @@ class ExpectedAttentionPolicy final : public Policy, public PromptCompressor {
     if (out) cache_.answer_group(q, out);
   }
   int64_t cache_tokens() const override { return cache_.size(); }
+
+  // Blocked stepping over the answering store (SlotAnswersStepper).
+  Policy& stepper_policy() override { return *this; }
+  const SlotCache& answering_store() const override { return cache_; }
 
  private:
   /// R̄: the mean of R(p) over the n_future positions after the prompt (identity without RoPE);

@@ -21,7 +21,7 @@
 namespace kvsim::policies {
 namespace {
 
-class KeyDiffPolicy final : public Policy, public PromptCompressor {
+class KeyDiffPolicy final : public Policy, public PromptCompressor, public SlotAnswersStepper {
  public:
   KeyDiffPolicy(int64_t budget, const StreamInfo& s)
       : B_(budget), d_(s.head_dim), cache_(budget, s.head_dim, s.policy_f32), unit_(budget, s.head_dim), sum_(VecD::Zero(s.head_dim)) {}
@@ -60,6 +60,10 @@ class KeyDiffPolicy final : public Policy, public PromptCompressor {
     if (out) cache_.answer_group(q, out);
   }
   int64_t cache_tokens() const override { return cache_.size(); }
+
+  // Blocked stepping over the answering store (SlotAnswersStepper).
+  Policy& stepper_policy() override { return *this; }
+  const SlotCache& answering_store() const override { return cache_; }
 
  private:
   VecD normalized(const float* k) const {

@@ -74,7 +74,7 @@ VecD lagkv_scores(const MatF& K, const MatF& V, int64_t m, int64_t sink, int64_t
 
 namespace {
 
-class LagKVPolicy final : public Policy, public PromptCompressor {
+class LagKVPolicy final : public Policy, public PromptCompressor, public SlotAnswersStepper {
  public:
   LagKVPolicy(int64_t budget, int64_t sink, int64_t lag, int64_t interval, const StreamInfo& s)
       : B_(budget), sink_(sink), lag_(lag), keep_(std::max<int64_t>(1, budget + 1 - interval)), d_(s.head_dim),
@@ -111,6 +111,10 @@ class LagKVPolicy final : public Policy, public PromptCompressor {
   int64_t cache_tokens() const override { return m_; }
   /// Between B + 1 − interval and B tokens once decoding compresses: matched on capacity.
   bool capacity_matched() const override { return true; }
+
+  // Blocked stepping over the answering store (SlotAnswersStepper).
+  Policy& stepper_policy() override { return *this; }
+  const SlotCache& answering_store() const override { return cache_; }
 
  private:
   void append(int64_t t, const float* k, const float* v) {

@@ -18,7 +18,7 @@
 namespace kvsim::policies {
 namespace {
 
-class PressReplay final : public Policy, public PromptCompressor {
+class PressReplay final : public Policy, public PromptCompressor, public SlotAnswersStepper {
  public:
   PressReplay(std::vector<int64_t> kept, const StreamInfo& s)
       : kept_(std::move(kept)), cache_(int64_t(kept_.size()) + std::max<int64_t>(0, s.n - s.prefill), s.head_dim, s.policy_f32) {}
@@ -35,6 +35,10 @@ class PressReplay final : public Policy, public PromptCompressor {
     if (out) cache_.answer_group(q, out);
   }
   int64_t cache_tokens() const override { return cache_.size(); }
+
+  // Blocked stepping over the answering store (SlotAnswersStepper).
+  Policy& stepper_policy() override { return *this; }
+  const SlotCache& answering_store() const override { return cache_; }
 
  private:
   std::vector<int64_t> kept_;

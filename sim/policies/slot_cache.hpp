@@ -14,6 +14,7 @@
 // Memory is *counted* at float32 in both modes (cache_vectors).
 #pragma once
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kvsim/core/error.hpp"
@@ -189,6 +190,40 @@ class SlotCache {
   MatD Z_;      // scratch
   VecF lf_, pf_, qf_;  // float32 scratch (no allocation per step)
   VecD ls_;
+};
+
+/// Blocked stepping (BlockStepper, include/kvsim/policies/policy.hpp) for a policy that reads only the evaluated
+/// queries and answers them with exact softmax attention over a SlotCache holding the stream's own keys and values
+/// (SlotCache::answer_group or answer: keydiff, lagkv, uniform, snapkv, pyramidkv, expected_attention, press_replay).
+/// The block's tokens join one by one (observe_block), each evaluated step's slots are noted, and then one
+/// product of every evaluated query row against the union of those tokens' keys (read from the stream, as the
+/// store holds them) forms the logits; each row takes the softmax over its own step's slots only (softmax_f32 in
+/// float32 mode, as answer_group), and one more product forms the answers. A token several steps hold is read
+/// once for all of them. Equal to attend() at each evaluated step up to the products' summation order.
+class SlotAnswersStepper : public BlockStepper {
+ public:
+  void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
+                  BlockAnswers* out) override;
+  bool blocks_evaluated_steps() const override { return true; }
+
+ protected:
+  /// The policy, and the store its attend() answers from (slot order is the Answer's kept order).
+  virtual Policy& stepper_policy() = 0;
+  virtual const SlotCache& answering_store() const = 0;
+  /// Answer::log_tau from log Σ_{slots} exp(k·q̃) at step t with m slots (uniform's estimate); NaN by default.
+  virtual double answer_log_tau(double /*log_sum*/, int64_t /*t*/, int64_t /*m*/) const {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+
+ private:
+  std::vector<int64_t> slots_;     // the evaluated steps' slot positions, one run per step
+  std::vector<size_t> run0_;       // run i is slots_[run0_[i], run0_[i + 1])
+  std::vector<int64_t> cols_;      // the union of the runs, ascending: the products' key rows
+  std::vector<int32_t> col_of_;    // [position] → its column in cols_ (−1: not in the union)
+  MatD Qd_, Kd_, Vd_, Ltd_, Ptd_, Zd_;
+  MatF Qf_, Kf_, Vf_, Ltf_, Ptf_, Zf_;
+  VecF lf_;
+  VecD p_;
 };
 
 }  // namespace kvsim::policies

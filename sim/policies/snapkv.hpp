@@ -54,7 +54,7 @@ inline VecD snapkv_head_scores(int64_t P, int64_t w, int kernel, bool maxpool, c
   return pooled;
 }
 
-class SnapKVPolicy final : public Policy, public PromptCompressor, public LayerMemoryShare {
+class SnapKVPolicy final : public Policy, public PromptCompressor, public LayerMemoryShare, public SlotAnswersStepper {
  public:
   /// budget B ≥ 2 tokens after the prompt; window w in [1, B]; kernel k odd ≥ 1; decode_window D = −1
   /// (append every decoded token) or in [1, B]; `share` = memory_share (pyramidkv's B_l / M).
@@ -107,6 +107,10 @@ class SnapKVPolicy final : public Policy, public PromptCompressor, public LayerM
   }
   int64_t cache_tokens() const override { return cache_.size(); }
   double memory_share() const override { return share_; }
+
+  // Blocked stepping over the answering store (SlotAnswersStepper).
+  Policy& stepper_policy() override { return *this; }
+  const SlotCache& answering_store() const override { return cache_; }
 
  private:
   enum Kind : char { kSelected, kWindow, kDecoded };

@@ -16,7 +16,7 @@ namespace {
 /// with probability B/t. The partition function estimate is τ̂ = (t/B)·Σ_{j∈S} exp(<k_j, q̃>)
 /// (unbiased); the output is the softmax over the sample. Each token's draw is hd::reservoir_slot:
 /// Philox at (stream seed, token), so the GPU replay (sim/cuda/policies.cu) keeps the same samples.
-class UniformPolicy final : public Policy, public GpuReplayable {
+class UniformPolicy final : public Policy, public GpuReplayable, public SlotAnswersStepper {
  public:
   UniformPolicy(int64_t budget, const StreamInfo& s)
       : budget_(budget), seed_(s.seed), cache_(budget, s.head_dim, s.policy_f32) {}
@@ -40,6 +40,11 @@ class UniformPolicy final : public Policy, public GpuReplayable {
     r.seeds = {seed_};
     return r;
   }
+
+  // Blocked stepping over the answering store (SlotAnswersStepper).
+  Policy& stepper_policy() override { return *this; }
+  const SlotCache& answering_store() const override { return cache_; }
+  double answer_log_tau(double log_sum, int64_t t, int64_t m) const override { return hd::uniform_log_tau(log_sum, t, m); }
 
  private:
   int64_t budget_;
