@@ -199,7 +199,8 @@ class SlotCache {
 /// product of every evaluated query row against the union of those tokens' keys (read from the stream, as the
 /// store holds them) forms the logits; each row takes the softmax over its own step's slots only (softmax_f32 in
 /// float32 mode, as answer_group), and one more product forms the answers. A token several steps hold is read
-/// once for all of them. Equal to attend() at each evaluated step up to the products' summation order.
+/// once for all of them (the steps are answered in groups whose union stays within 5/4 of their largest set).
+/// Equal to attend() at each evaluated step up to the products' summation order.
 class SlotAnswersStepper : public BlockStepper {
  public:
   void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
@@ -216,10 +217,15 @@ class SlotAnswersStepper : public BlockStepper {
   }
 
  private:
+  /// Steps [i0, i1) of out->steps, answered by the two products over the union of their slots.
+  void answer_steps(size_t i0, size_t i1, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
+                    BlockAnswers* out);
+
+  std::vector<int64_t> steps_;     // the steps answer_steps answers
   std::vector<int64_t> slots_;     // the evaluated steps' slot positions, one run per step
   std::vector<size_t> run0_;       // run i is slots_[run0_[i], run0_[i + 1])
   std::vector<int64_t> cols_;      // the union of the runs, ascending: the products' key rows
-  std::vector<int32_t> col_of_;    // [position] → its column in cols_ (−1: not in the union)
+  std::vector<int32_t> col_of_;    // [position] → a group's mark, or its column in cols_ (−1 between uses)
   MatD Qd_, Kd_, Vd_, Ltd_, Ptd_, Zd_;
   MatF Qf_, Kf_, Vf_, Ltf_, Ptf_, Zf_;
   VecF lf_;

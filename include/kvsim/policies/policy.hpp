@@ -197,8 +197,9 @@ struct BlockAnswers {
 /// run's logits can come from one GEMM over the keys present at its start plus its own keys, and the walk
 /// that follows applies each step's eviction, softmax and score update in O(cache) per step. Equal to the
 /// per-step path up to the dot products' summation order (float64: ≤ 1e-12 relative; float32: ≤ 1e-5, kept
-/// sets equal except near-ties). A policy that reads only the evaluated queries (kivi) may be one too: its
-/// block answers the evaluated steps it holds together, with no walk between them. A PartialLoad that is one
+/// sets equal except near-ties). A policy that reads only the evaluated queries (kivi, quest, and the policies that
+/// answer from a slot store of the stream's own rows: SlotAnswersStepper, sim/policies/slot_cache.hpp) may be one
+/// too: its block answers the evaluated steps it holds together, with no walk between them. A PartialLoad that is one
 /// (quest) reports what each evaluated step loaded in BlockAnswers::loaded_bytes.
 class BlockStepper {
  public:
