@@ -37,102 +37,121 @@ double softmax_columns(const MatF& Lt, Eigen::Index r, const int32_t* cols, int6
 
 }  // namespace
 
+struct SlotAnswersStepper::Scratch {
+  std::vector<int64_t> steps;   // the steps answer_steps answers
+  std::vector<int64_t> slots;   // the evaluated steps' slot positions, one run per step
+  std::vector<size_t> run0;     // run i is slots[run0[i], run0[i + 1])
+  std::vector<int64_t> cols;    // the union of a group's runs, ascending: the products' key rows
+  std::vector<int32_t> col_of;  // [position] → a group's mark, or its column in cols (−1 between uses)
+  MatD Qd, Kd, Vd, Ltd, Ptd, Zd;
+  MatF Qf, Kf, Vf, Ltf, Ptf, Zf;
+  VecF lf;
+  VecD p;
+};
+
 void SlotAnswersStepper::step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
                                     const std::vector<const MatD*>& q_scaled, BlockAnswers* out) {
   check_step_block(t_first, t_last, K, q_scaled, out, "blocked slot answers");
   const SlotCache& store = answering_store();
-  slots_.clear();
-  run0_.assign(1, 0);
+  thread_local Scratch w;
+  std::vector<int64_t>& slots = w.slots;
+  std::vector<size_t>& run0 = w.run0;
+  std::vector<int32_t>& col_of = w.col_of;
+  slots.clear();
+  run0.assign(1, 0);
   observe_block(stepper_policy(), t_first, t_last, K, V, out, [&] {
-    slots_.insert(slots_.end(), store.positions(), store.positions() + store.size());
-    run0_.push_back(slots_.size());
+    slots.insert(slots.end(), store.positions(), store.positions() + store.size());
+    run0.push_back(slots.size());
   });
   if (!out || out->steps.empty()) return;
-  // The evaluated steps in groups whose union of slots stays within 5/4 of their largest set: a cache that
+  // The evaluated steps in groups whose union of slots stays within kUnionGrowth of their largest set: a cache that
   // evicts a token per step (keydiff, a full snapkv) would otherwise make the union grow with the block's span,
   // and the products with it. A cache that only grows (snapkv below its budget) keeps one group.
-  if (col_of_.size() < size_t(K.rows())) col_of_.assign(size_t(K.rows()), -1);
+  if (col_of.size() < size_t(K.rows())) col_of.assign(size_t(K.rows()), -1);
   const size_t E = out->steps.size();
   int32_t gid = 0;
   size_t first = 0, u = 0, largest = 0;
   for (size_t i = 0; i < E; ++i) {
-    const size_t m = run0_[i + 1] - run0_[i];
+    const size_t m = run0[i + 1] - run0[i];
     size_t fresh = 0;
-    for (size_t j = run0_[i]; j < run0_[i + 1]; ++j) fresh += col_of_[size_t(slots_[j])] != gid;
+    for (size_t j = run0[i]; j < run0[i + 1]; ++j) fresh += col_of[size_t(slots[j])] != gid;
     if (i > first && double(u + fresh) > kUnionGrowth * double(std::max(largest, m))) {  // step i opens the next group
-      answer_steps(first, i, K, V, q_scaled, out);
+      answer_steps(w, first, i, K, V, q_scaled, out);
       first = i, u = 0, largest = 0, fresh = m;
       ++gid;
     }
-    for (size_t j = run0_[i]; j < run0_[i + 1]; ++j) col_of_[size_t(slots_[j])] = gid;
+    for (size_t j = run0[i]; j < run0[i + 1]; ++j) col_of[size_t(slots[j])] = gid;
     u += fresh;
     largest = std::max(largest, m);
   }
-  answer_steps(first, E, K, V, q_scaled, out);
-  std::fill(col_of_.begin(), col_of_.end(), -1);
+  answer_steps(w, first, E, K, V, q_scaled, out);  // each group's answer_steps left its marks at −1 again
 }
 
-void SlotAnswersStepper::answer_steps(size_t i0, size_t i1, const MatF& K, const MatF& V,
-                                      const std::vector<const MatD*>& q_scaled, BlockAnswers* out) {
+void SlotAnswersStepper::answer_steps(Scratch& w, size_t i0, size_t i1, const MatF& K, const MatF& V,
+                                      const std::vector<const MatD*>& q_scaled, BlockAnswers* out) const {
+  const std::vector<int64_t>& slots = w.slots;
+  const std::vector<size_t>& run0 = w.run0;
+  std::vector<int32_t>& col_of = w.col_of;
+  std::vector<int64_t>& cols = w.cols;
   const auto G = Eigen::Index(q_scaled.size()), d = Eigen::Index(K.cols());
-  // The union of the steps' slots as the products' columns, ascending (col_of_ marks are the caller's: reset).
-  cols_.clear();
-  for (size_t j = run0_[i0]; j < run0_[i1]; ++j)
-    if (col_of_[size_t(slots_[j])] != -2) col_of_[size_t(slots_[j])] = -2, cols_.push_back(slots_[j]);
-  std::sort(cols_.begin(), cols_.end());
-  for (size_t c = 0; c < cols_.size(); ++c) col_of_[size_t(cols_[c])] = int32_t(c);
-  std::vector<int32_t> cols(run0_[i1] - run0_[i0]);  // each step's slots as columns
-  for (size_t j = run0_[i0]; j < run0_[i1]; ++j) cols[j - run0_[i0]] = col_of_[size_t(slots_[j])];
-  for (int64_t pos : cols_) col_of_[size_t(pos)] = -1;
+  // The union of the steps' slots as the products' columns, ascending (col_of marks are the caller's: reset).
+  cols.clear();
+  for (size_t j = run0[i0]; j < run0[i1]; ++j)
+    if (col_of[size_t(slots[j])] != -2) col_of[size_t(slots[j])] = -2, cols.push_back(slots[j]);
+  std::sort(cols.begin(), cols.end());
+  for (size_t c = 0; c < cols.size(); ++c) col_of[size_t(cols[c])] = int32_t(c);
+  std::vector<int32_t> run_cols_of(run0[i1] - run0[i0]);  // each step's slots as columns
+  for (size_t j = run0[i0]; j < run0[i1]; ++j) run_cols_of[j - run0[i0]] = col_of[size_t(slots[j])];
+  for (int64_t pos : cols) col_of[size_t(pos)] = -1;
   std::vector<int32_t> all;  // the test hook: every row reads the whole union
   if (g_blocked_masking_off) {
-    all.resize(cols_.size());
+    all.resize(cols.size());
     for (size_t c = 0; c < all.size(); ++c) all[c] = int32_t(c);
   }
-  const auto u = Eigen::Index(cols_.size());
+  const auto u = Eigen::Index(cols.size());
   const size_t E = i1 - i0;
   std::vector<double> log_sum(E * size_t(G));
-  auto run_cols = [&](size_t i) { return g_blocked_masking_off ? all.data() : cols.data() + (run0_[i0 + i] - run0_[i0]); };
-  auto run_len = [&](size_t i) { return g_blocked_masking_off ? int64_t(all.size()) : int64_t(run0_[i0 + i + 1] - run0_[i0 + i]); };
-  steps_.assign(out->steps.begin() + std::ptrdiff_t(i0), out->steps.begin() + std::ptrdiff_t(i1));
+  auto run_cols = [&](size_t i) { return g_blocked_masking_off ? all.data() : run_cols_of.data() + (run0[i0 + i] - run0[i0]); };
+  auto run_len = [&](size_t i) { return g_blocked_masking_off ? int64_t(all.size()) : int64_t(run0[i0 + i + 1] - run0[i0 + i]); };
+  w.steps.assign(out->steps.begin() + std::ptrdiff_t(i0), out->steps.begin() + std::ptrdiff_t(i1));
   if (!answering_store().f32()) {
-    Kd_.resize(u, d);
-    Vd_.resize(u, d);
+    w.Kd.resize(u, d);
+    w.Vd.resize(u, d);
     for (Eigen::Index c = 0; c < u; ++c) {  // the store holds the stream's float rows as doubles
-      Kd_.row(c) = K.row(cols_[size_t(c)]).cast<double>();
-      Vd_.row(c) = V.row(cols_[size_t(c)]).cast<double>();
+      w.Kd.row(c) = K.row(cols[size_t(c)]).cast<double>();
+      w.Vd.row(c) = V.row(cols[size_t(c)]).cast<double>();
     }
-    block_queries(q_scaled, steps_, d, Qd_);
-    Ltd_.noalias() = Kd_ * Qd_.transpose();  // [u, rows]: a row's logits are one contiguous column
-    Ptd_.setZero(u, Qd_.rows());
+    block_queries(q_scaled, w.steps, d, w.Qd);
+    w.Ltd.noalias() = w.Kd * w.Qd.transpose();  // [u, rows]: a row's logits are one contiguous column
+    w.Ptd.setZero(u, w.Qd.rows());
     for (size_t i = 0; i < E; ++i)
       for (Eigen::Index g = 0; g < G; ++g)
-        log_sum[i * size_t(G) + size_t(g)] = softmax_columns(Ltd_, Eigen::Index(i) * G + g, run_cols(i), run_len(i), Ptd_, p_);
-    Zd_.noalias() = Ptd_.transpose() * Vd_;
+        log_sum[i * size_t(G) + size_t(g)] = softmax_columns(w.Ltd, Eigen::Index(i) * G + g, run_cols(i), run_len(i), w.Ptd, w.p);
+    w.Zd.noalias() = w.Ptd.transpose() * w.Vd;
   } else {
-    Kf_.resize(u, d);
-    Vf_.resize(u, d);
+    w.Kf.resize(u, d);
+    w.Vf.resize(u, d);
     for (Eigen::Index c = 0; c < u; ++c) {
-      Kf_.row(c) = K.row(cols_[size_t(c)]);
-      Vf_.row(c) = V.row(cols_[size_t(c)]);
+      w.Kf.row(c) = K.row(cols[size_t(c)]);
+      w.Vf.row(c) = V.row(cols[size_t(c)]);
     }
-    block_queries(q_scaled, steps_, d, Qf_);
-    Ltf_.noalias() = Kf_ * Qf_.transpose();
-    Ptf_.setZero(u, Qf_.rows());
+    block_queries(q_scaled, w.steps, d, w.Qf);
+    w.Ltf.noalias() = w.Kf * w.Qf.transpose();
+    w.Ptf.setZero(u, w.Qf.rows());
     for (size_t i = 0; i < E; ++i)
       for (Eigen::Index g = 0; g < G; ++g)
-        log_sum[i * size_t(G) + size_t(g)] = softmax_columns(Ltf_, Eigen::Index(i) * G + g, run_cols(i), run_len(i), Ptf_, lf_, p_);
-    Zf_.noalias() = Ptf_.transpose() * Vf_;
-    Zd_ = Zf_.cast<double>();
+        log_sum[i * size_t(G) + size_t(g)] = softmax_columns(w.Ltf, Eigen::Index(i) * G + g, run_cols(i), run_len(i), w.Ptf, w.lf, w.p);
+    w.Zf.noalias() = w.Ptf.transpose() * w.Vf;
+    w.Zd = w.Zf.cast<double>();
   }
   for (size_t i = 0; i < E; ++i) {
     const size_t k = i0 + i;
     for (Eigen::Index g = 0; g < G; ++g) {
       Answer& a = out->answers[k][size_t(g)];
-      a.z = Zd_.row(Eigen::Index(i) * G + g).transpose();
+      a.z = w.Zd.row(Eigen::Index(i) * G + g).transpose();
       a.has_kept = true;
-      a.kept.assign(slots_.begin() + std::ptrdiff_t(run0_[k]), slots_.begin() + std::ptrdiff_t(run0_[k + 1]));
-      a.log_tau = answer_log_tau(log_sum[i * size_t(G) + size_t(g)], out->steps[k], int64_t(run0_[k + 1] - run0_[k]));
+      a.kept.assign(slots.begin() + std::ptrdiff_t(run0[k]), slots.begin() + std::ptrdiff_t(run0[k + 1]));
+      a.log_tau = answer_log_tau(log_sum[i * size_t(G) + size_t(g)], out->steps[k], int64_t(run0[k + 1] - run0[k]));
     }
   }
 }

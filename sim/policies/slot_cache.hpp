@@ -217,19 +217,12 @@ class SlotAnswersStepper : public BlockStepper {
   }
 
  private:
+  /// The block's working arrays, one set per thread (sim/policies/slot_block.cpp): shared by every instance a
+  /// thread steps, since a cell's policies step one after another (20 MB an instance at a 6k-token cache).
+  struct Scratch;
   /// Steps [i0, i1) of out->steps, answered by the two products over the union of their slots.
-  void answer_steps(size_t i0, size_t i1, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
-                    BlockAnswers* out);
-
-  std::vector<int64_t> steps_;     // the steps answer_steps answers
-  std::vector<int64_t> slots_;     // the evaluated steps' slot positions, one run per step
-  std::vector<size_t> run0_;       // run i is slots_[run0_[i], run0_[i + 1])
-  std::vector<int64_t> cols_;      // the union of the runs, ascending: the products' key rows
-  std::vector<int32_t> col_of_;    // [position] → a group's mark, or its column in cols_ (−1 between uses)
-  MatD Qd_, Kd_, Vd_, Ltd_, Ptd_, Zd_;
-  MatF Qf_, Kf_, Vf_, Ltf_, Ptf_, Zf_;
-  VecF lf_;
-  VecD p_;
+  void answer_steps(Scratch& w, size_t i0, size_t i1, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
+                    BlockAnswers* out) const;
 };
 
 }  // namespace kvsim::policies
