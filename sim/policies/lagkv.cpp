@@ -124,7 +124,7 @@ class LagKVPolicy final : public Policy, public PromptCompressor, public SlotAns
     ++m_;
   }
   void rebuild() {  // the answering cache from the kept rows
-    cache_ = SlotCache(B_, d_, f32_);
+    cache_.clear();
     for (int64_t i = 0; i < m_; ++i) cache_.append(pos_[size_t(i)], K_.row(i).data(), V_.row(i).data());
   }
 

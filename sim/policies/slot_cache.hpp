@@ -13,6 +13,7 @@
 //    on the output (tests/unit/test_policies.cpp), far below the errors the policies themselves make.
 // Memory is *counted* at float32 in both modes (cache_vectors).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -68,6 +69,11 @@ class SlotCache {
     if (!lazy) allocate();
   }
   int64_t size() const { return size_; }
+  /// Empties the cache, keeping its store (free slots keep finite stale data): for a policy that refills it.
+  void clear() {
+    std::fill(pos_.begin(), pos_.begin() + size_, int64_t(-1));
+    size_ = 0;
+  }
   int64_t capacity() const { return static_cast<int64_t>(pos_.size()); }
   bool f32() const { return f32_; }
   void append(int64_t t, const float* k, const float* v) {
