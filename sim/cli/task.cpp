@@ -2,10 +2,10 @@
 #include "kvsim/cli/task.hpp"
 
 #include <chrono>
-#include <functional>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
