@@ -205,7 +205,7 @@ class SlotCache {
 /// product of every evaluated query row against the union of those tokens' keys (read from the stream, as the
 /// store holds them) forms the logits; each row takes the softmax over its own step's slots only (softmax_f32 in
 /// float32 mode, as answer_group), and one more product forms the answers. A token several steps hold is read
-/// once for all of them (the steps are answered in groups whose union stays within 5/4 of their largest set).
+/// once for all of them (the steps are answered in groups whose union stays within 1.1× their largest set).
 /// Equal to attend() at each evaluated step up to the products' summation order.
 class SlotAnswersStepper : public BlockStepper {
  public:
