@@ -297,10 +297,11 @@ gemma3_long() {
   [ "$TASKS" = 1 ] && step gemma3_ruler_long null env KVSIM="$K" bash scripts/ruler_suite.sh experiments/gemma3_ruler.toml \
     results/ruler_gemma3_long --lengths "8192 16384 32752" --kinds niah_single --threads "$T"
   # The headline policies at 25/50/75% at every length where the exact cache counts (docs/results.md "32k tokens";
-  # 32752 takes about 13 GB and many hours: run it alone, resumed across sessions).
+  # 32752 takes about 13 GB and many hours: run it alone, resumed across sessions; trials checkpointed in an earlier
+  # session and landed under docs/task_runs are taken up).
   [ "$TASKS" = 1 ] && step gemma3_ruler_headline_long null env KVSIM="$K" bash scripts/ruler_suite.sh \
     experiments/gemma3_ruler_headline.toml results/ruler_gemma3_headline_long --lengths "8192 16384 32752" --kinds niah_single \
-    --threads "$T"
+    --threads "$T" --checkpoints docs/task_runs/ruler_gemma3_headline
   # The same trials at 8192 with the open loop at the answer's steps (the link; the closed loop repeats).
   [ "$TASKS" = 1 ] && step gemma3_ruler_headline_long_answer null env KVSIM="$K" bash scripts/ruler_suite.sh \
     experiments/gemma3_ruler_headline.toml results/ruler_gemma3_headline_long_answer --lengths 8192 --kinds niah_single \
