@@ -134,14 +134,21 @@ TEST_CASE("prefill: the default prefill streams the prompt, so every streaming p
                                         spec("subgen", {{"memory", 0.3}}), spec("kivi", {{"memory", 0.5}}),
                                         spec("quest", {{"memory", 0.5}})};
   const RunResult a = replay(src, pols, kP, kP + 1), b = replay(src, pols, 0, kP + 1);
-  const size_t rel = metric_index("rel_err"), bytes = metric_index("cache_bytes");
+  // The kept sets match exactly (kept_mass sums the exact attention over them; cache_bytes counts them). The
+  // outputs match up to summation order: a blocked stepper (h2o, tova) meets the decoded steps at other rows of
+  // its block's products when the prompt is streamed from step 1, and a GEMM's rounding may depend on a row's
+  // place in the kernel's register block (≤ 1.2e-15 relative on an AVX2 EPYC; earlier machines matched bit for bit).
+  const size_t rel = metric_index("rel_err"), bytes = metric_index("cache_bytes"), mass = metric_index("kept_mass");
   for (size_t p = 0; p < pols.size(); ++p) {
     INFO(pols[p].name);
     REQUIRE(a.policies[p].rows.size() == b.policies[p].rows.size());
     REQUIRE(a.policies[p].rows.front().step == kP + 1);
     for (size_t r = 0; r < a.policies[p].rows.size(); ++r) {
-      REQUIRE(a.policies[p].rows[r][rel] == b.policies[p].rows[r][rel]);
+      const double ra = a.policies[p].rows[r][rel], rb = b.policies[p].rows[r][rel];
+      REQUIRE(std::abs(ra - rb) <= 1e-12 * std::abs(ra));
       REQUIRE(a.policies[p].rows[r][bytes] == b.policies[p].rows[r][bytes]);
+      const double ma = a.policies[p].rows[r][mass], mb = b.policies[p].rows[r][mass];
+      REQUIRE(((std::isnan(ma) && std::isnan(mb)) || ma == mb));
     }
   }
   // Negative control: h2o given the prompt without its queries (observe only) decodes differently.
