@@ -2,6 +2,7 @@
 // answers with exact attention over its SlotCache, as two products over the union of the steps' slots.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "slot_cache.hpp"
 
@@ -10,30 +11,43 @@ namespace {
 
 constexpr double kUnionGrowth = 1.1;  // a group's union of slots within this many times its largest set
 
+/// MatD (S = double) or MatF (S = float): row-major as they are, which fixes the products' summation order.
+template <class S>
+using RowMat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
 /// Row r's softmax over its own columns (cols, in slot order) of the logits' column Lt.col(r), written into
-/// the same columns of Pt.col(r) (the others stay zero); returns log Σ exp. Float64: answer_group's arithmetic
-/// (attend_cached_group); the test hook g_blocked_masking_off reads every column of the union instead.
-double softmax_columns(const MatD& Lt, Eigen::Index r, const int32_t* cols, int64_t m, MatD& Pt, VecD& p) {
+/// the same columns of Pt.col(r) (the others stay zero); returns log Σ exp.
+///  - float64: answer_group's arithmetic (attend_cached_group); l is unused.
+///  - float32: float logits, softmax_f32 (exponentials in float, the sum in double), the probabilities rounded
+///    to float for the values' product, as SlotCache::attend_group_f32.
+/// The test hook g_blocked_masking_off hands every column of the union instead.
+template <class S>
+double softmax_columns(const RowMat<S>& Lt, Eigen::Index r, const int32_t* cols, int64_t m,
+                       RowMat<S>& Pt, VecF& l, VecD& p) {
   p.resize(m);
-  for (int64_t j = 0; j < m; ++j) p[j] = Lt(cols[j], r);
-  const double mx = p.maxCoeff();
-  p = (p.array() - mx).exp().matrix();
-  const double sum = p.sum();
-  p /= sum;
-  for (int64_t j = 0; j < m; ++j) Pt(cols[j], r) = p[j];
-  return mx + std::log(sum);
+  if constexpr (std::is_same_v<S, double>) {
+    for (int64_t j = 0; j < m; ++j) p[j] = Lt(cols[j], r);
+    const double mx = p.maxCoeff();
+    p = (p.array() - mx).exp().matrix();
+    const double sum = p.sum();
+    p /= sum;
+    for (int64_t j = 0; j < m; ++j) Pt(cols[j], r) = p[j];
+    return mx + std::log(sum);
+  } else {
+    l.resize(m);
+    for (int64_t j = 0; j < m; ++j) l[j] = Lt(cols[j], r);
+    const double ls = softmax_f32(l.data(), m, p.data());
+    for (int64_t j = 0; j < m; ++j) Pt(cols[j], r) = float(p[j]);
+    return ls;
+  }
 }
 
-/// The same in float32 mode: float logits, softmax_f32 (exponentials in float, the sum in double), the
-/// probabilities rounded to float for the values' product, as SlotCache::attend_group_f32.
-double softmax_columns(const MatF& Lt, Eigen::Index r, const int32_t* cols, int64_t m, MatF& Pt, VecF& l, VecD& p) {
-  l.resize(m);
-  p.resize(m);
-  for (int64_t j = 0; j < m; ++j) l[j] = Lt(cols[j], r);
-  const double ls = softmax_f32(l.data(), m, p.data());
-  for (int64_t j = 0; j < m; ++j) Pt(cols[j], r) = float(p[j]);
-  return ls;
-}
+/// One group's products in scalar S: K, V [u, d] the union's rows, Q the steps' query rows, Lt = K·Qᵀ [u, rows]
+/// (a row's logits are one contiguous column), Pt its masked softmax, Z = Ptᵀ·V [rows, d].
+template <class S>
+struct GroupProducts {
+  RowMat<S> K, V, Q, Lt, Pt, Z;
+};
 
 }  // namespace
 
@@ -43,10 +57,34 @@ struct SlotAnswersStepper::Scratch {
   std::vector<size_t> run0;     // run i is slots[run0[i], run0[i + 1])
   std::vector<int64_t> cols;    // the union of a group's runs, ascending: the products' key rows
   std::vector<int32_t> col_of;  // [position] → a group's mark, or its column in cols (−1 between uses)
-  MatD Qd, Kd, Vd, Ltd, Ptd, Zd;
-  MatF Qf, Kf, Vf, Ltf, Ptf, Zf;
+  std::vector<int32_t> run_cols_of;  // a group's runs as columns of cols
+  std::vector<int32_t> all;          // the test hook's columns: every row reads the whole union
+  std::vector<double> log_sum;       // [step in group · G + g]
+  GroupProducts<double> d;
+  GroupProducts<float> f;
   VecF lf;
   VecD p;
+
+  /// The group's products and softmaxes in S (run_cols(i), run_len(i): step i's columns); fills log_sum, and
+  /// leaves the answers in g.Z.
+  template <class S, class Cols, class Len>
+  void products(GroupProducts<S>& g, const std::vector<int64_t>& cols, const MatF& K, const MatF& V,
+                const std::vector<const MatD*>& q_scaled, Cols run_cols, Len run_len) {
+    const auto u = Eigen::Index(cols.size()), d = Eigen::Index(K.cols()), G = Eigen::Index(q_scaled.size());
+    g.K.resize(u, d);
+    g.V.resize(u, d);
+    for (Eigen::Index c = 0; c < u; ++c) {  // a float64 store holds the stream's float rows as doubles
+      g.K.row(c) = K.row(cols[size_t(c)]).template cast<S>();
+      g.V.row(c) = V.row(cols[size_t(c)]).template cast<S>();
+    }
+    block_queries(q_scaled, steps, d, g.Q);
+    g.Lt.noalias() = g.K * g.Q.transpose();
+    g.Pt.setZero(u, g.Q.rows());
+    for (size_t i = 0; i < steps.size(); ++i)
+      for (Eigen::Index h = 0; h < G; ++h)
+        log_sum[i * size_t(G) + size_t(h)] = softmax_columns(g.Lt, Eigen::Index(i) * G + h, run_cols(i), run_len(i), g.Pt, lf, p);
+    g.Z.noalias() = g.Pt.transpose() * g.V;
+  }
 };
 
 void SlotAnswersStepper::step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
@@ -93,65 +131,42 @@ void SlotAnswersStepper::answer_steps(Scratch& w, size_t i0, size_t i1, const Ma
   const std::vector<size_t>& run0 = w.run0;
   std::vector<int32_t>& col_of = w.col_of;
   std::vector<int64_t>& cols = w.cols;
-  const auto G = Eigen::Index(q_scaled.size()), d = Eigen::Index(K.cols());
+  const auto G = Eigen::Index(q_scaled.size());
   // The union of the steps' slots as the products' columns, ascending (col_of marks are the caller's: reset).
   cols.clear();
   for (size_t j = run0[i0]; j < run0[i1]; ++j)
     if (col_of[size_t(slots[j])] != -2) col_of[size_t(slots[j])] = -2, cols.push_back(slots[j]);
   std::sort(cols.begin(), cols.end());
   for (size_t c = 0; c < cols.size(); ++c) col_of[size_t(cols[c])] = int32_t(c);
-  std::vector<int32_t> run_cols_of(run0[i1] - run0[i0]);  // each step's slots as columns
+  std::vector<int32_t>& run_cols_of = w.run_cols_of;  // each step's slots as columns
+  run_cols_of.resize(run0[i1] - run0[i0]);
   for (size_t j = run0[i0]; j < run0[i1]; ++j) run_cols_of[j - run0[i0]] = col_of[size_t(slots[j])];
   for (int64_t pos : cols) col_of[size_t(pos)] = -1;
-  std::vector<int32_t> all;  // the test hook: every row reads the whole union
+  std::vector<int32_t>& all = w.all;
   if (g_blocked_masking_off) {
     all.resize(cols.size());
     for (size_t c = 0; c < all.size(); ++c) all[c] = int32_t(c);
   }
-  const auto u = Eigen::Index(cols.size());
   const size_t E = i1 - i0;
-  std::vector<double> log_sum(E * size_t(G));
+  w.log_sum.resize(E * size_t(G));
   auto run_cols = [&](size_t i) { return g_blocked_masking_off ? all.data() : run_cols_of.data() + (run0[i0 + i] - run0[i0]); };
   auto run_len = [&](size_t i) { return g_blocked_masking_off ? int64_t(all.size()) : int64_t(run0[i0 + i + 1] - run0[i0 + i]); };
   w.steps.assign(out->steps.begin() + std::ptrdiff_t(i0), out->steps.begin() + std::ptrdiff_t(i1));
   if (!answering_store().f32()) {
-    w.Kd.resize(u, d);
-    w.Vd.resize(u, d);
-    for (Eigen::Index c = 0; c < u; ++c) {  // the store holds the stream's float rows as doubles
-      w.Kd.row(c) = K.row(cols[size_t(c)]).cast<double>();
-      w.Vd.row(c) = V.row(cols[size_t(c)]).cast<double>();
-    }
-    block_queries(q_scaled, w.steps, d, w.Qd);
-    w.Ltd.noalias() = w.Kd * w.Qd.transpose();  // [u, rows]: a row's logits are one contiguous column
-    w.Ptd.setZero(u, w.Qd.rows());
-    for (size_t i = 0; i < E; ++i)
-      for (Eigen::Index g = 0; g < G; ++g)
-        log_sum[i * size_t(G) + size_t(g)] = softmax_columns(w.Ltd, Eigen::Index(i) * G + g, run_cols(i), run_len(i), w.Ptd, w.p);
-    w.Zd.noalias() = w.Ptd.transpose() * w.Vd;
+    w.products(w.d, cols, K, V, q_scaled, run_cols, run_len);
   } else {
-    w.Kf.resize(u, d);
-    w.Vf.resize(u, d);
-    for (Eigen::Index c = 0; c < u; ++c) {
-      w.Kf.row(c) = K.row(cols[size_t(c)]);
-      w.Vf.row(c) = V.row(cols[size_t(c)]);
-    }
-    block_queries(q_scaled, w.steps, d, w.Qf);
-    w.Ltf.noalias() = w.Kf * w.Qf.transpose();
-    w.Ptf.setZero(u, w.Qf.rows());
-    for (size_t i = 0; i < E; ++i)
-      for (Eigen::Index g = 0; g < G; ++g)
-        log_sum[i * size_t(G) + size_t(g)] = softmax_columns(w.Ltf, Eigen::Index(i) * G + g, run_cols(i), run_len(i), w.Ptf, w.lf, w.p);
-    w.Zf.noalias() = w.Ptf.transpose() * w.Vf;
-    w.Zd = w.Zf.cast<double>();
+    w.products(w.f, cols, K, V, q_scaled, run_cols, run_len);
+    w.d.Z = w.f.Z.cast<double>();
   }
+  const MatD& Z = w.d.Z;  // [E·G, d]
   for (size_t i = 0; i < E; ++i) {
     const size_t k = i0 + i;
     for (Eigen::Index g = 0; g < G; ++g) {
       Answer& a = out->answers[k][size_t(g)];
-      a.z = w.Zd.row(Eigen::Index(i) * G + g).transpose();
+      a.z = Z.row(Eigen::Index(i) * G + g).transpose();
       a.has_kept = true;
       a.kept.assign(slots.begin() + std::ptrdiff_t(run0[k]), slots.begin() + std::ptrdiff_t(run0[k + 1]));
-      a.log_tau = answer_log_tau(log_sum[i * size_t(G) + size_t(g)], out->steps[k], int64_t(run0[k + 1] - run0[k]));
+      a.log_tau = answer_log_tau(w.log_sum[i * size_t(G) + size_t(g)], out->steps[k], int64_t(run0[k + 1] - run0[k]));
     }
   }
 }
