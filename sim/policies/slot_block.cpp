@@ -65,8 +65,8 @@ struct SlotAnswersStepper::Scratch {
   VecF lf;
   VecD p;
 
-  /// The group's products and softmaxes in S (run_cols(i), run_len(i): step i's columns); fills log_sum, and
-  /// leaves the answers in g.Z.
+  /// The group's products and softmaxes in S for the steps in `steps` (run_cols(i), run_len(i): step i's
+  /// columns of cols); fills log_sum, and leaves the answers in g.Z.
   template <class S, class Cols, class Len>
   void products(GroupProducts<S>& g, const std::vector<int64_t>& cols, const MatF& K, const MatF& V,
                 const std::vector<const MatD*>& q_scaled, Cols run_cols, Len run_len) {
