@@ -306,10 +306,14 @@ gemma3_long() {
   [ "$TASKS" = 1 ] && step gemma3_ruler_headline_long_answer null env KVSIM="$K" bash scripts/ruler_suite.sh \
     experiments/gemma3_ruler_headline.toml results/ruler_gemma3_headline_long_answer --lengths 8192 --kinds niah_single \
     --threads "$T" -- --set 'task.link_steps="answer"'
-  # transformers on the same GGUF and prompts, the first trial at each depth at 8192, paired with kvsim's answers.
+  # transformers on the same GGUF and prompts, the first trial at each depth at 8192 and 16384 (17 min, 4.5 GB at two
+  # threads), paired with kvsim's answers.
   [ "$TASKS" = 1 ] && step gemma3_ruler_long_transformers null "$PY" scripts/kvpress_task.py experiments/gemma3_ruler.toml \
     --set 'task.lengths=[8192]' --set task.trials=1 --presses "" --threads "$T" --out results/kvpress_gemma3_exact_8192 \
     --kvsim results/ruler_gemma3_long/niah_single_8192
+  [ "$TASKS" = 1 ] && step gemma3_ruler_long_transformers_16384 null "$PY" scripts/kvpress_task.py experiments/gemma3_ruler.toml \
+    --set 'task.lengths=[16384]' --set task.trials=1 --presses "" --threads "$T" --out results/kvpress_gemma3_exact_16384 \
+    --kvsim results/ruler_gemma3_long/niah_single_16384
   return 0
 }
 
