@@ -29,7 +29,16 @@ SubGen::SubGen(const SubGenConfig& cfg, int d, uint64_t seed)
   mv_.setZero();
 }
 
-int64_t SubGen::nearest(const VecD& k, const float* kp, double& best_d2) {
+void SubGen::begin_block(const MatF& K, int64_t first, int64_t b) {
+  if (first < 0 || b < 0 || first + b > K.rows() || K.cols() != d_)
+    throw Error("subgen: a block of keys outside the stream (" + std::to_string(first) + " + " + std::to_string(b) + " of " +
+                std::to_string(K.rows()) + " rows)");
+  block_first_ = first, block_b_ = b, block_m_ = clusters(), block_merges_ = merges_;
+  block_keys_ = K.middleRows(first, b).cast<double>();
+  block_dots_.noalias() = block_keys_ * reps_.topRows(block_m_).transpose();  // [b, m]
+}
+
+int64_t SubGen::nearest(int64_t index, const VecD& k, const float* kp, double& best_d2) {
   const int64_t m = clusters();
   int64_t best = -1;
   best_d2 = INFINITY;
@@ -40,7 +49,14 @@ int64_t SubGen::nearest(const VecD& k, const float* kp, double& best_d2) {
   // ~d·1e-16) of the smallest — usually one.
   if (m > 0) {
     const double kk = k.squaredNorm();
-    est_.noalias() = reps_.topRows(m) * k;
+    const int64_t row = index - block_first_;
+    if (row >= 0 && row < block_b_ && merges_ == block_merges_) {  // begin_block's products, then the newer representatives
+      est_.resize(m);
+      est_.head(block_m_) = block_dots_.row(row).transpose();
+      for (int64_t i = block_m_; i < m; ++i) est_[i] = reps_.row(i).dot(k);
+    } else {
+      est_.noalias() = reps_.topRows(m) * k;
+    }
     double cut = INFINITY;
     for (int64_t i = 0; i < m; ++i) {
       const double tol = 1e-9 * (rep_sqnorm_[i] + kk) + 1e-300;
@@ -75,7 +91,7 @@ void SubGen::update(int64_t index, const float* kp, const float* vp) {
   // Line 4: UPDATESOFTMAXNORMALIZER(D, δ, t, k).
   const int64_t m = clusters();
   double best_d2 = INFINITY;
-  const int64_t best = nearest(k, kp, best_d2);
+  const int64_t best = nearest(index, k, kp, best_d2);
   if (best >= 0 && std::sqrt(best_d2) <= delta_) {  // line 13
     count_[best] += 1;                                  // line 14
     const double p = 1.0 / double(count_[best]);
@@ -213,6 +229,40 @@ double SubGen::query_parts(const Eigen::Ref<const VecD>& q, VecD& out, double& t
     w[j] = mv_sqnorm_[j] > 0 ? mu_ / (double(cfg_.s) * mv_sqnorm_[j]) * std::exp(ml[j] - c) : 0.0;
   out.noalias() = mv_.transpose() * w;
   return c;
+}
+
+void SubGen::query_rows(const MatD& Q, MatD& Z, std::vector<double>& log_tau) const {
+  const int64_t m = clusters();
+  const Eigen::Index G = Q.rows();
+  Z.setZero(G, d_);
+  log_tau.assign(size_t(G), -INFINITY);
+  if (m == 0) return;
+  // query_parts' two products with every row of Q at once: [m·t, G] and [s, G]. Coefficient-wise (lazyProduct): each
+  // stored row is read from memory once and dotted with the G queries while it is in L1. A GEMM would first pack the
+  // whole store (a copy as large as what it reads) to multiply it by only G columns.
+  const auto Qt = Q.transpose();
+  MatD SL(m * cfg_.t, G), ML(cfg_.s, G);
+  SL.noalias() = samples_.topRows(m * cfg_.t).lazyProduct(Qt);
+  ML.noalias() = mk_.lazyProduct(Qt);
+  MatD W(cfg_.s, G);
+  std::vector<double> shift(static_cast<size_t>(G)), tau(static_cast<size_t>(G), 0.0);
+  for (Eigen::Index g = 0; g < G; ++g) {
+    const double c = std::max(SL.col(g).maxCoeff(), ML.col(g).maxCoeff());
+    const VecD e = (SL.col(g).array() - c).exp().matrix();
+    double t = 0;  // line 30, in query_parts' order
+    for (int64_t i = 0; i < m; ++i) t += double(count_[i]) / double(cfg_.t) * e.segment(i * cfg_.t, cfg_.t).sum();
+    for (int64_t j = 0; j < cfg_.s; ++j)  // line 29's weights
+      W(j, g) = mv_sqnorm_[j] > 0 ? mu_ / (double(cfg_.s) * mv_sqnorm_[j]) * std::exp(ML(j, g) - c) : 0.0;
+    shift[size_t(g)] = c, tau[size_t(g)] = t;
+  }
+  for (int64_t j = 0; j < cfg_.s; ++j)  // line 29's sum over M, each stored value read once for the G rows
+    for (Eigen::Index g = 0; g < G; ++g) Z.row(g) += W(j, g) * mv_.row(j);
+  for (Eigen::Index g = 0; g < G; ++g) {
+    const double t = tau[size_t(g)];
+    if (!(t > 0)) continue;  // as query(): −∞, z left scaled
+    Z.row(g) /= t;            // line 31
+    log_tau[size_t(g)] = shift[size_t(g)] + std::log(t);
+  }
 }
 
 }  // namespace kvsim

@@ -87,8 +87,8 @@ std::vector<TaskRow> open_loop_trial(const TaskConfig& c, const LlamaModel& mode
 /// then decoding the question and the answer in one batch; rows named and scored. Returns the exact cache's
 /// tokens. The caches and the context's tensors are freed on return, before the open loop builds its own.
 std::vector<int> closed_loop_answers(const TaskConfig& c, const LlamaModel& model, const Tokenizer& tok, const TaskTrial& tr,
-                                     const std::vector<PolicySpec>& specs, const TrialTensors& tt, int threads,
-                                     std::vector<TaskRow>& rows, const std::function<void()>& lap) {
+                                     const std::vector<PolicySpec>& specs, const TrialTensors& tt, const std::vector<int>& stop,
+                                     int threads, std::vector<TaskRow>& rows, const std::function<void()>& lap) {
   const auto& cfg = model.config();
   const PromptTensors ctx = context_tensors(tt, cfg, tr.question_begin);
   const int L = int(tr.tokens.size()), out_size = cfg.n_heads * cfg.head_dim(), total = L + c.generate;
@@ -113,7 +113,6 @@ std::vector<int> closed_loop_answers(const TaskConfig& c, const LlamaModel& mode
   lap();
   const auto gen = batched_greedy(model, tr.tokens, tr.question_begin, total, nullptr, attn, threads);
   lap();
-  const std::vector<int> stop = stop_tokens(tok);
   for (size_t b = 0; b < rows.size(); ++b) {
     TaskRow& r = rows[b];
     r.generated = generated_text(tok, std::vector<int>(gen[b].begin() + L, gen[b].end()), stop);
@@ -136,7 +135,8 @@ std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, con
   };
   lap();
   std::vector<TaskRow> rows;
-  const std::vector<int> exact_generated = closed_loop_answers(c, model, tok, tr, specs, tt, threads, rows, lap);
+  const std::vector<int> stop = stop_tokens(tok);
+  const std::vector<int> exact_generated = closed_loop_answers(c, model, tok, tr, specs, tt, stop, threads, rows, lap);
   for (TaskRow& r : rows) {
     r.length = L, r.depth = depth, r.trial = index, r.needle_depth = tr.depth;
     r.needle_begin = tr.needle_begin, r.needle_end = tr.needle_end, r.question_begin = tr.question_begin;
@@ -145,7 +145,7 @@ std::vector<TaskRow> run_trial(const TaskConfig& c, const LlamaModel& model, con
   }
   std::vector<TaskRow*> policy_rows;
   for (size_t p = 0; p < specs.size(); ++p) policy_rows.push_back(&rows[p + 1]);
-  link_trial(c, model, specs, tr, tt, exact_generated, stop_tokens(tok), threads, policy_rows);
+  link_trial(c, model, specs, tr, tt, exact_generated, stop, threads, policy_rows);
   lap();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (auto& r : rows) r.seconds = secs;

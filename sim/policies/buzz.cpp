@@ -88,10 +88,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
           for (const int64_t s : block_slots_) logits[s] = S(Lb(row, block_tok_[size_t(s)]));
         };
         attend_with(t, G, logits_of, k >= 0 ? &out->answers[size_t(k)] : nullptr);
-        if (k >= 0) {
-          out->cache_bytes[size_t(k)] = cache_bytes(int(d));
-          out->cache_tokens[size_t(k)] = cache_tokens();
-        }
+        if (k >= 0) out->record_state(size_t(k), *this, int(d));
       }
     };
     if (store_.f32()) {

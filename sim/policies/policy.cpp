@@ -84,6 +84,13 @@ void BlockAnswers::reset(const std::vector<int64_t>& steps_in_block, size_t rows
   cache_bytes.assign(steps.size(), std::numeric_limits<double>::quiet_NaN());
   loaded_bytes.assign(steps.size(), std::numeric_limits<double>::quiet_NaN());
   cache_tokens.assign(steps.size(), -1);
+  clusters.assign(steps.size(), std::numeric_limits<double>::quiet_NaN());
+}
+
+void BlockAnswers::record_state(size_t k, const Policy& p, int head_dim) {
+  cache_bytes.at(k) = p.cache_bytes(head_dim);
+  cache_tokens.at(k) = p.cache_tokens();
+  clusters.at(k) = p.clusters();
 }
 
 int64_t BlockAnswers::index_of(int64_t t) const {
@@ -92,7 +99,8 @@ int64_t BlockAnswers::index_of(int64_t t) const {
 }
 
 void BlockAnswers::check(int64_t t_first, int64_t t_last, const std::string& who) const {
-  bool ok = answers.size() == steps.size() && cache_bytes.size() == steps.size() && loaded_bytes.size() == steps.size();
+  bool ok = answers.size() == steps.size() && cache_bytes.size() == steps.size() && loaded_bytes.size() == steps.size() &&
+            cache_tokens.size() == steps.size() && clusters.size() == steps.size();
   for (size_t k = 0; ok && k < steps.size(); ++k)
     ok = steps[k] >= t_first && steps[k] <= t_last && (k == 0 || steps[k] > steps[k - 1]);
   if (!ok)
@@ -114,8 +122,7 @@ void observe_block(Policy& p, int64_t t_first, int64_t t_last, const MatF& K, co
     p.observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
     const int64_t k = out ? out->index_of(t) : -1;
     if (k < 0) continue;
-    out->cache_bytes[size_t(k)] = p.cache_bytes(int(K.cols()));
-    out->cache_tokens[size_t(k)] = p.cache_tokens();
+    out->record_state(size_t(k), p, int(K.cols()));
     at_evaluated();
   }
 }

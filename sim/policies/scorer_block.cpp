@@ -31,8 +31,7 @@ void ScorerPolicy::step_block(int64_t t_first, int64_t t_last, const MatF& K, co
       a.kept.resize(size_t(m));
       for (int64_t s = 0; s < m; ++s) a.kept[size_t(s)] = cache_.position(s);
     }
-    out->cache_bytes[size_t(k)] = cache_bytes(int(d));
-    out->cache_tokens[size_t(k)] = cache_tokens();
+    out->record_state(size_t(k), *this, int(d));
   };
   // The logits: Ls [b·G, budget] over the slots (the block's start fills columns [0, m0)), Lb [b·G, b] over the
   // block's own keys. When block token i takes slot s, row i'·G + g (i' ≥ i) reads Lb's column i for slot s instead

@@ -9,16 +9,37 @@
 namespace kvsim::policies {
 namespace {
 
-class SubGenPolicy final : public Policy, public GpuReplayable {
+class SubGenPolicy final : public Policy, public GpuReplayable, public BlockStepper {
  public:
   SubGenPolicy(const SubGenConfig& c, const StreamInfo& s) : seed_(s.seed), sg_(c, s.head_dim, s.seed) {}
   void observe(int64_t t, const float* k, const float* v) override { sg_.update(t, k, v); }
+  /// Line 7 for the group's query rows together (SubGen::query_rows: one pass over the samples for all of them).
   void attend(int64_t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
     if (!out) return;
+    sg_.query_rows(q, Z_, log_tau_);
     for (Eigen::Index i = 0; i < q.rows(); ++i) {
       Answer& a = (*out)[i];
-      a.log_tau = sg_.query(q.row(i).transpose(), a.z);
+      a.z = Z_.row(i).transpose();
+      a.log_tau = log_tau_[size_t(i)];
     }
+  }
+  /// Blocked stepping (BlockStepper, include/kvsim/policies/policy.hpp): SubGen reads only the evaluated queries, but
+  /// line 12 compares every key with every representative. The block's keys take those dot products in one
+  /// product (SubGen::begin_block); the tokens then join one by one and each evaluated step is answered as attend().
+  bool blocks_evaluated_steps() const override { return true; }
+  void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
+                  BlockAnswers* out) override {
+    check_step_block(t_first, t_last, K, q_scaled, out, "subgen");
+    sg_.begin_block(K, t_first - 1, t_last - t_first + 1);
+    size_t k = 0;
+    observe_block(*this, t_first, t_last, K, V, out, [&] {
+      const int64_t t = out->steps[k];
+      Q_.resize(Eigen::Index(q_scaled.size()), K.cols());
+      for (size_t g = 0; g < q_scaled.size(); ++g) Q_.row(Eigen::Index(g)) = q_scaled[g]->row(t - 1);
+      attend(t, Q_, &out->answers[k], nullptr);
+      ++k;
+    });
+    sg_.end_block();
   }
   /// SubGen keeps no subset of tokens; its memory in KV-pair equivalents is stored vectors / 2.
   int64_t cache_tokens() const override { return (sg_.stored_vectors() + 1) / 2; }
@@ -41,6 +62,8 @@ class SubGenPolicy final : public Policy, public GpuReplayable {
  private:
   uint64_t seed_;
   SubGen sg_;
+  MatD Q_, Z_;  // attend() / step_block() scratch
+  std::vector<double> log_tau_;
 };
 
 std::unique_ptr<Policy> make_subgen(ParamReader& p, const StreamInfo& s) {

@@ -30,6 +30,7 @@ MetricContext Metrics::context(const Evaluated& e, int g) {
   c.answer = &(*e.answers)[size_t(g)];
   c.policy = e.answered_by[size_t(g)];
   c.cache_tokens_at = e.cache_tokens.empty() ? -1 : e.cache_tokens[size_t(g)];
+  if (!e.clusters.empty()) c.clusters_at = e.clusters[size_t(g)];
   c.exact_out = ref.out.row(Eigen::Index(e.r)).data();
   c.head_dim = d_;
   c.probs = ref_.probs_row(g, e.r);

@@ -22,6 +22,8 @@ struct Evaluated {
   /// Per query head, the answering instance's cache_tokens() at step t when recorded then (blocked
   /// stepping answers after the block); empty: ask the instance.
   std::vector<int64_t> cache_tokens;
+  /// Per query head, the answering instance's clusters() at step t when recorded then (as cache_tokens).
+  std::vector<double> clusters;
   double cache_bytes = 0, loaded_bytes = 0, policy_ns = 0;
 };
 

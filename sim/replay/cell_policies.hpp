@@ -58,9 +58,10 @@ class PolicySteps {
   void step_closed(size_t p, const std::vector<int64_t>& block, std::vector<MetricRow>& out);
   void prefill(PolicyRun& run);
   void attend(PolicyRun& run, int64_t t, bool is_eval, size_t r);
-  /// `tokens`: per query head, the instance's cache_tokens() at t when recorded then (blocked stepping).
+  /// `tokens`, `clusters`: per query head, the instance's cache_tokens() and clusters() at t when recorded then
+  /// (blocked stepping).
   void evaluated(size_t p, int64_t t, size_t r, double bytes, double loaded, std::vector<MetricRow>& out,
-                 const std::vector<int64_t>* tokens = nullptr);
+                 const std::vector<int64_t>* tokens = nullptr, const std::vector<double>* clusters = nullptr);
 
   const Experiment& ex_;
   const Cell& cell_;
@@ -80,6 +81,7 @@ class PolicySteps {
   MatD q_group_, q_one_;
   std::vector<Answer> answers_, one_;
   std::vector<int64_t> tokens_;  // a blocked step's cache_tokens per query head
+  std::vector<double> clusters_;  // and its clusters
   std::vector<BlockAnswers> block_answers_;  // a block's answers per instance (advance_block)
   std::vector<const double*> probs_group_, probs_one_;
 };

@@ -69,8 +69,13 @@ void PolicySteps::step_blocked(size_t p, const std::vector<int64_t>& block, std:
       }
       if (!per_query_) answers_ = std::move(block_answers_[0].answers[k]);
       tokens_.assign(size_t(G_), 0);
-      for (int g = 0; g < G_; ++g) tokens_[size_t(g)] = block_answers_[per_query_ ? size_t(g) : 0].cache_tokens[k];
-      evaluated(p, steps[k], r + k, bytes, loaded, out, &tokens_);
+      clusters_.assign(size_t(G_), 0);
+      for (int g = 0; g < G_; ++g) {
+        const BlockAnswers& a = block_answers_[per_query_ ? size_t(g) : 0];
+        tokens_[size_t(g)] = a.cache_tokens[k];
+        clusters_[size_t(g)] = a.clusters[k];
+      }
+      evaluated(p, steps[k], r + k, bytes, loaded, out, &tokens_, &clusters_);
     }
     if (steps.empty()) continue;
     run.ns_since_eval = 0;
@@ -133,7 +138,7 @@ void PolicySteps::attend(PolicyRun& run, int64_t t, bool is_eval, size_t r) {
 
 /// At an evaluated step: the memory rule on what the policy is matched on, then its rows.
 void PolicySteps::evaluated(size_t p, int64_t t, size_t r, double bytes, double loaded, std::vector<MetricRow>& out,
-                            const std::vector<int64_t>* tokens) {
+                            const std::vector<int64_t>* tokens, const std::vector<double>* clusters) {
   phase::Scope ps(phase::metrics);
   PolicyRun& run = runs_[p];
   const Policy& first = *run.inst[0];
@@ -144,6 +149,7 @@ void PolicySteps::evaluated(size_t p, int64_t t, size_t r, double bytes, double 
   e.answers = &answers_;
   for (int g = 0; g < G_; ++g) e.answered_by.push_back(run.inst[per_query_ ? g : 0].get());
   if (tokens) e.cache_tokens = *tokens;
+  if (clusters) e.clusters = *clusters;
   e.cache_bytes = bytes;
   e.loaded_bytes = loaded;
   e.policy_ns = run.ns_since_eval / double(run.steps_since_eval);

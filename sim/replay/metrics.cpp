@@ -187,7 +187,7 @@ const std::vector<Metric> kMetrics = {
      "codes, scales, zero points and float32 tokens; query_head mode adds the group's copies",
      "kvsim's equal-memory rule (docs/policies.md)", [](MetricContext& c) { return c.cache_bytes; }},
     {"clusters", "clusters", "key clusters the policy maintains (SubGen's m', k-center's centers); NaN otherwise",
-     "SubGen Def. 1, Lemma 2", [](MetricContext& c) { return c.policy->clusters(); }},
+     "SubGen Def. 1, Lemma 2", [](MetricContext& c) { return c.policy_clusters(); }},
     {"policy_ns", "ns/step", "wall time of the policy's observe + attend per step since the last evaluated step (blocked stepping: the time per step of the blocks since then, shared by the evaluated steps of a block)",
      "—", [](MetricContext& c) { return c.policy_ns; }},
     {"log_value", "nats", "g_t(S) = log(1 + Σ_{j∈S} a_t(j)) of the kept set (with [eval] objectives)",

@@ -63,7 +63,7 @@ RunResult run(const PolicySpec& spec, const std::vector<std::string>& sets) {
 
 struct Diff {
   double worst = 0;     // largest |Δ| of rel_err and eps_spectral
-  int kept_moved = 0;   // rows whose kept set (kept_mass, cache_tokens) moved
+  int kept_moved = 0;   // rows whose kept set (kept_mass, cache_tokens, bytes, clusters) moved
   int rows = 0;
   bool bits = true;     // every metric (but policy_ns) the same bits
 };
@@ -79,7 +79,7 @@ Diff compare(const RunResult& a, const RunResult& b) {
     for (const auto& c : a.metrics)
       if (c.name != "policy_ns") d.bits &= test::same_bits(ra[i][c.index], rb[i][c.index]);
     bool moved = false;
-    for (const char* m : {"kept_mass", "cache_tokens", "cache_bytes", "loaded_bytes"})
+    for (const char* m : {"kept_mass", "cache_tokens", "cache_bytes", "loaded_bytes", "clusters"})
       moved |= !test::same_bits(metric_of(ra[i], m), metric_of(rb[i], m));
     d.kept_moved += moved;
     for (const char* m : {"rel_err", "eps_spectral"}) d.worst = std::max(d.worst, std::abs(metric_of(ra[i], m) - metric_of(rb[i], m)));
@@ -127,9 +127,9 @@ TEST_CASE("blocked stepping: every registered policy gives its per-step numbers"
           }
         }
   }
-  // kivi, quest and the slot-store answerers (SlotAnswersStepper): evaluated steps only.
-  for (const char* name : {"h2o", "tova", "scissorhands", "buzz", "kivi", "quest", "keydiff", "lagkv", "uniform", "snapkv",
-                           "pyramidkv", "expected_attention"}) {
+  // kivi, quest, subgen and the slot-store answerers (SlotAnswersStepper): evaluated steps only.
+  for (const char* name : {"h2o", "tova", "scissorhands", "buzz", "kivi", "quest", "subgen", "keydiff", "lagkv", "uniform",
+                           "snapkv", "pyramidkv", "expected_attention"}) {
     INFO(name);
     CHECK(blocked_names.count(name) == 1);
   }

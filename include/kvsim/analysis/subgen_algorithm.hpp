@@ -55,6 +55,17 @@ class SubGen {
   /// Lines 29-30 before the division, both scaled by e^{-shift}: z·e^{-shift} and τ·e^{-shift}
   /// (for checking Eq. (5) and (6) separately). Returns shift.
   double query_parts(const Eigen::Ref<const VecD>& q, VecD& z_scaled, double& tau_scaled) const;
+  /// Line 7 for the G query rows of Q ([G, d]) at once: row g of Z ([G, d]) and log_tau[g] are query()'s z/τ and
+  /// log τ̂ for row g, up to the products' summation order. The stored samples are read once for all G rows
+  /// (two matrix products) instead of once per row: a KV group's query heads share one pass over the cache.
+  void query_rows(const MatD& Q, MatD& Z, std::vector<double>& log_tau) const;
+  /// Blocked stepping: the dot products of the keys K.row(first) … K.row(first + b − 1) with every representative
+  /// as it stands now, one matrix product for the b keys. update() of those tokens then reads line 12's
+  /// estimates from it (and takes a dot product only with a representative opened inside the block) instead of
+  /// one matrix–vector product over all representatives per token; a merge round, which renumbers them, ends
+  /// it. The nearest representative is still decided by the exact distance, so the clusters are the same.
+  void begin_block(const MatF& K, int64_t first, int64_t b);
+  void end_block() { block_b_ = 0; }
 
   // Introspection (tests, metrics).
   int64_t clusters() const { return int64_t(count_.size()); }
@@ -82,7 +93,11 @@ class SubGen {
   double delta_;
   void merge_clusters();  // one doubling round (max_clusters > 0)
   /// Line 12: the nearest representative to key k (kp: its recorded float32) and its squared distance; −1 if none.
-  int64_t nearest(const VecD& k, const float* kp, double& best_d2);
+  int64_t nearest(int64_t index, const VecD& k, const float* kp, double& best_d2);
+  // begin_block(): <k, x_i> of the block's keys (rows) with the first block_m_ representatives, valid while
+  // merges_ == block_merges_; tokens block_first_ … block_first_ + block_b_ − 1.
+  MatD block_dots_, block_keys_;
+  int64_t block_first_ = 0, block_b_ = 0, block_m_ = 0, block_merges_ = 0;
   void draw(uint32_t token, int64_t count, uint32_t kind);  // u_[0, count) = this token's coin flips
   std::vector<double> u_;
   // D

@@ -180,8 +180,13 @@ struct BlockAnswers {
   std::vector<int64_t> cache_tokens;
   /// A PartialLoad's loaded_bytes(head_dim) at each of `steps` (what the step read); NaN for any other cache.
   std::vector<double> loaded_bytes;
-  /// `steps` with fresh answers (`rows` empty Answers each), cache_bytes and loaded_bytes (NaN), cache_tokens (−1).
+  /// clusters() at each of `steps` (SubGen's m' grows inside a block; the metric reads it at the step).
+  std::vector<double> clusters;
+  /// `steps` with fresh answers (`rows` empty Answers each), cache_bytes, loaded_bytes and clusters (NaN), cache_tokens (−1).
   void reset(const std::vector<int64_t>& steps_in_block, size_t rows);
+  /// What the metrics read from the cache itself at evaluated step k, taken from `p` now: cache_bytes(head_dim),
+  /// cache_tokens() and clusters(). Every BlockStepper calls it at each evaluated step, as the step stands.
+  void record_state(size_t k, const Policy& p, int head_dim);
   /// k with steps[k] == t, or −1 when step t is not evaluated.
   int64_t index_of(int64_t t) const;
   /// Throws Error (naming `who`) unless steps are ascending within [t_first, t_last] and sized as reset() sizes them.
@@ -197,9 +202,10 @@ struct BlockAnswers {
 /// run's logits can come from one GEMM over the keys present at its start plus its own keys, and the walk
 /// that follows applies each step's eviction, softmax and score update in O(cache) per step. Equal to the
 /// per-step path up to the dot products' summation order (float64: ≤ 1e-12 relative; float32: ≤ 1e-5, kept
-/// sets equal except near-ties). A policy that reads only the evaluated queries (kivi, quest, and the policies that
+/// sets equal except near-ties). A policy that reads only the evaluated queries (kivi, quest, subgen, and the policies that
 /// answer from a slot store of the stream's own rows: SlotAnswersStepper, sim/policies/slot_cache.hpp) may be one
-/// too: its block answers the evaluated steps it holds together, with no walk between them. A PartialLoad that is one
+/// too: its block answers the evaluated steps it holds together, with no walk between them (subgen: its keys'
+/// distances to the representatives come from one product per block). A PartialLoad that is one
 /// (quest) reports what each evaluated step loaded in BlockAnswers::loaded_bytes.
 class BlockStepper {
  public:

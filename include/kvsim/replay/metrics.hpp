@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -70,6 +71,10 @@ class MetricContext {
   /// stepping), else the policy's own.
   int64_t cache_tokens_at = -1;
   int64_t policy_tokens() const { return cache_tokens_at >= 0 ? cache_tokens_at : policy->cache_tokens(); }
+  /// The policy's clusters() at this step: clusters_at when the engine recorded it then (blocked stepping), else
+  /// the policy's own.
+  std::optional<double> clusters_at;
+  double policy_clusters() const { return clusters_at ? *clusters_at : policy->clusters(); }
   bool has_kept() const { return answer->has_kept; }
   double diff_norm();     ///< ‖z − Attn‖₂
   double kept_mass();     ///< Σ_{j ∈ kept} a_t(j) (requires has_kept)
