@@ -225,8 +225,9 @@ void check_step_block(int64_t t_first, int64_t t_last, const MatF& K, const std:
                       const BlockAnswers* out, const std::string& who);
 
 /// The tokens t_first − 1 … t_last − 1 (rows of K, V) observed by `p` in order; at each of out's evaluated steps
-/// (out may be null) its cache_bytes(K.cols()) and cache_tokens() are recorded there and `at_evaluated` is called:
-/// the first half of a block stepper that reads only evaluated queries (kivi, quest).
+/// (out may be null) its cache_bytes(K.cols()), cache_tokens() and clusters() are recorded there
+/// (BlockAnswers::record_state) and `at_evaluated` is called: the first half of a block stepper that reads only
+/// evaluated queries (kivi, quest, subgen, SlotAnswersStepper).
 void observe_block(Policy& p, int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, BlockAnswers* out,
                    const std::function<void()>& at_evaluated);
 
