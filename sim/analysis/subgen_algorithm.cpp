@@ -244,16 +244,18 @@ void SubGen::query_rows(const MatD& Q, MatD& Z, std::vector<double>& log_tau) co
   MatD SL(m * cfg_.t, G), ML(cfg_.s, G);
   SL.noalias() = samples_.topRows(m * cfg_.t).lazyProduct(Qt);
   ML.noalias() = mk_.lazyProduct(Qt);
+  // The shift c of each column, and every exponential at once over the contiguous [m·t, G] rows (a column of a
+  // row-major matrix is strided, and Eigen's exp would go scalar on it).
+  const Eigen::RowVectorXd c = SL.colwise().maxCoeff().cwiseMax(ML.colwise().maxCoeff());
+  const MatD E = (SL.rowwise() - c).array().exp().matrix();
   MatD W(cfg_.s, G);
-  std::vector<double> shift(static_cast<size_t>(G)), tau(static_cast<size_t>(G), 0.0);
+  std::vector<double> tau(static_cast<size_t>(G), 0.0);
   for (Eigen::Index g = 0; g < G; ++g) {
-    const double c = std::max(SL.col(g).maxCoeff(), ML.col(g).maxCoeff());
-    const VecD e = (SL.col(g).array() - c).exp().matrix();
     double t = 0;  // line 30, in query_parts' order
-    for (int64_t i = 0; i < m; ++i) t += double(count_[i]) / double(cfg_.t) * e.segment(i * cfg_.t, cfg_.t).sum();
+    for (int64_t i = 0; i < m; ++i) t += double(count_[i]) / double(cfg_.t) * E.col(g).segment(i * cfg_.t, cfg_.t).sum();
     for (int64_t j = 0; j < cfg_.s; ++j)  // line 29's weights
-      W(j, g) = mv_sqnorm_[j] > 0 ? mu_ / (double(cfg_.s) * mv_sqnorm_[j]) * std::exp(ML(j, g) - c) : 0.0;
-    shift[size_t(g)] = c, tau[size_t(g)] = t;
+      W(j, g) = mv_sqnorm_[j] > 0 ? mu_ / (double(cfg_.s) * mv_sqnorm_[j]) * std::exp(ML(j, g) - c[g]) : 0.0;
+    tau[size_t(g)] = t;
   }
   for (int64_t j = 0; j < cfg_.s; ++j)  // line 29's sum over M, each stored value read once for the G rows
     for (Eigen::Index g = 0; g < G; ++g) Z.row(g) += W(j, g) * mv_.row(j);
@@ -261,7 +263,7 @@ void SubGen::query_rows(const MatD& Q, MatD& Z, std::vector<double>& log_tau) co
     const double t = tau[size_t(g)];
     if (!(t > 0)) continue;  // as query(): −∞, z left scaled
     Z.row(g) /= t;            // line 31
-    log_tau[size_t(g)] = shift[size_t(g)] + std::log(t);
+    log_tau[size_t(g)] = c[g] + std::log(t);
   }
 }
 
