@@ -226,7 +226,7 @@ double SubGen::query_parts(const Eigen::Ref<const VecD>& q, VecD& out, double& t
   // Line 29: z = Σ_{(k,v)∈M} μ/(s‖v‖²) e^{<q,k>} v  (slots with ‖v‖ = 0 contribute the zero vector).
   VecD w(cfg_.s);
   for (int64_t j = 0; j < cfg_.s; ++j)
-    w[j] = mv_sqnorm_[j] > 0 ? mu_ / (double(cfg_.s) * mv_sqnorm_[j]) * std::exp(ml[j] - c) : 0.0;
+    w[j] = mv_sqnorm_[j] > 0 ? product_weight(j) * std::exp(ml[j] - c) : 0.0;
   out.noalias() = mv_.transpose() * w;
   return c;
 }
@@ -254,7 +254,7 @@ void SubGen::query_rows(const MatD& Q, MatD& Z, std::vector<double>& log_tau) co
     double t = 0;  // line 30, in query_parts' order
     for (int64_t i = 0; i < m; ++i) t += double(count_[i]) / double(cfg_.t) * E.col(g).segment(i * cfg_.t, cfg_.t).sum();
     for (int64_t j = 0; j < cfg_.s; ++j)  // line 29's weights
-      W(j, g) = mv_sqnorm_[j] > 0 ? mu_ / (double(cfg_.s) * mv_sqnorm_[j]) * std::exp(ML(j, g) - c[g]) : 0.0;
+      W(j, g) = mv_sqnorm_[j] > 0 ? product_weight(j) * std::exp(ML(j, g) - c[g]) : 0.0;
     tau[size_t(g)] = t;
   }
   for (int64_t j = 0; j < cfg_.s; ++j)  // line 29's sum over M, each stored value read once for the G rows

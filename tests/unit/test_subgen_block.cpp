@@ -39,6 +39,15 @@ Stream clustered(int64_t n, int d, uint64_t seed) {
   return {src.read(0, Tensor::k, 0), src.read(0, Tensor::v, 0), src.read(0, Tensor::q, 0)};
 }
 
+SubGenConfig config(double delta, int64_t s, int64_t t, int64_t max_clusters = 0) {
+  SubGenConfig c;
+  c.delta = delta;
+  c.s = s;
+  c.t = t;
+  c.max_clusters = max_clusters;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("subgen begin_block: blocked distances keep every cluster, sample and slot, merges included", "[subgen][blocked]") {
@@ -46,11 +55,7 @@ TEST_CASE("subgen begin_block: blocked distances keep every cluster, sample and 
   for (const int64_t cap : {int64_t(0), int64_t(6)}) {  // Algorithm 1 as published, and the cap whose merges end a block
     for (const double delta : {0.3, 0.6}) {
       INFO("max_clusters " << cap << ", delta " << delta);
-      SubGenConfig c;
-      c.delta = delta;
-      c.s = 12;
-      c.t = 3;
-      c.max_clusters = cap;
+      const SubGenConfig c = config(delta, 12, 3, cap);
       SubGen per_token(c, 8, 21), blocked(c, 8, 21);
       int64_t b = 1;
       for (int64_t i = 0; i < st.K.rows();) {
@@ -76,12 +81,7 @@ TEST_CASE("subgen begin_block: the state comparison sees another draw (negative 
   // same_state would hold vacuously if it compared nothing that a token changes: another seed's coin flips
   // (samples and slots) and another δ (clusters) must each fail it.
   const Stream st = clustered(200, 8, 7);
-  SubGenConfig c;
-  c.delta = 0.3;
-  c.s = 12;
-  c.t = 3;
-  SubGenConfig wide = c;
-  wide.delta = 0.6;
+  const SubGenConfig c = config(0.3, 12, 3), wide = config(0.6, 12, 3);
   SubGen a(c, 8, 21), seed(c, 8, 22), radius(wide, 8, 21);
   for (int64_t i = 0; i < st.K.rows(); ++i)
     for (SubGen* sg : {&a, &seed, &radius}) sg->update(i, st.K.row(i).data(), st.V.row(i).data());
@@ -92,11 +92,7 @@ TEST_CASE("subgen begin_block: the state comparison sees another draw (negative 
 
 TEST_CASE("subgen query_rows: a group's rows answered together equal query() row by row", "[subgen]") {
   const Stream st = clustered(400, 8, 11);
-  SubGenConfig c;
-  c.delta = 0.4;
-  c.s = 16;
-  c.t = 4;
-  SubGen sg(c, 8, 9);
+  SubGen sg(config(0.4, 16, 4), 8, 9);
   MatD Z;
   std::vector<double> log_tau;
   MatD Q = st.Q.topRows(4).cast<double>();

@@ -99,6 +99,8 @@ class SubGen {
   MatD block_dots_, block_keys_;
   int64_t block_first_ = 0, block_b_ = 0, block_m_ = 0, block_merges_ = 0;
   void draw(uint32_t token, int64_t count, uint32_t kind);  // u_[0, count) = this token's coin flips
+  /// Line 29's weight of matrix-product slot j before its e^{<q,k>}: μ/(s‖v_j‖²) (slots with ‖v_j‖ > 0).
+  double product_weight(int64_t j) const { return mu_ / (double(cfg_.s) * mv_sqnorm_[j]); }
   std::vector<double> u_;
   // D
   MatD reps_;                 // [capacity, d] representatives
