@@ -27,10 +27,9 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
  public:
   BuzzPolicy(int64_t sink, int64_t window, int64_t T, int64_t stride, bool log_scale, const StreamInfo& s)
       : sink_(sink), w_(window), T_(T), s_(stride), log_scale_(log_scale), agg_(s.group_agg), d_(s.head_dim),
-        store_(sink + window + T + 1, s.head_dim, s.policy_f32) {
+        store_(sink + window + T + 1, s.head_dim, s.policy_f32), agg_acc_(s.group_agg, 0) {
     // Capacity: sink + window + body (old + new < T between evictions), plus one slot of slack.
     owner_.assign(store_.capacity(), -1);
-    for (int64_t i = store_.capacity() - 1; i >= 0; --i) free_.push_back(i);
   }
 
   bool needs_every_query() const override { return true; }
@@ -51,14 +50,16 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   }
 
   void attend(int64_t t, const MatD& q, std::vector<Answer>* out, const std::vector<const double*>*) override {
-    // One masked matrix-vector product over the whole slot store per query (free slots get weight 0):
-    // contiguous memory instead of one dot product per token object.
-    attend_with(t, q.rows(), [&](Eigen::Index i, auto& logits) { store_.logits_all(q.row(i).transpose(), logits); }, out);
+    // One matrix-vector product per query over the occupied slots, which are always the store's prefix
+    // [0, top_) (compact()): contiguous memory, and no free slot to mask.
+    attend_with(t, q.rows(), [&](Eigen::Index i, auto& logits) { store_.logits_head(q.row(i).transpose(), top_, logits); }, out);
   }
 
-  /// Blocked stepping (BlockStepper, include/kvsim/policies/policy.hpp): the block's logits over every slot of the
-  /// store at its start and over its own keys by two GEMMs; a slot a block token is stored in takes that token's
-  /// column, and the mask of free slots does the rest, as in attend(), answering at each of out->steps.
+  /// Blocked stepping (BlockStepper, include/kvsim/policies/policy.hpp): the block's logits over the store's
+  /// occupied prefix at its start and over its own keys by two GEMMs; a slot a block token is stored in (always
+  /// past that prefix) reads that token's column, answering at each of out->steps. An eviction round renumbers
+  /// the slots (compact()), so the rows of the block's remaining steps then take their logits over the store
+  /// anew by one more product (once per round: every few hundred tokens at these budgets).
   void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
                   BlockAnswers* out) override {
     check_step_block(t_first, t_last, K, q_scaled, out, "buzz");
@@ -66,16 +67,31 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
     const auto G = Eigen::Index(q_scaled.size()), d = K.cols();
     auto walk = [&](auto& Ls, auto& Lb, auto& Q, const auto& slot_keys, const auto& block_keys) {
       block_queries(q_scaled, t_first, b, d, Q);
-      Ls.noalias() = Q * slot_keys.transpose();
+      Ls.resize(b * G, store_.capacity());
+      if (g_blocked_masking_off) Ls.setZero();  // the test hook reads columns no product formed
+      // Rows of steps i0.. against the slots as they now stand; block_tok_[s]: the block token in slot s (−1:
+      // slot s's column of Ls), block_slots_: the slots block tokens took since.
+      auto slot_logits = [&](int64_t i0) {
+        const Eigen::Index r0 = i0 * G, rows = (b - i0) * G;
+        Ls.middleRows(r0, rows).leftCols(top_).noalias() = Q.middleRows(r0, rows) * slot_keys.topRows(top_).transpose();
+        block_tok_.assign(owner_.size(), -1);
+        block_slots_.clear();
+      };
+      slot_logits(0);
       Lb.noalias() = Q * block_keys.transpose();
-      // A slot a block token took reads that token's column of Lb from then on (block_tok_, block_slots_: as in
-      // ScorerPolicy::step_block, a row of Ls patched at ≤ b slots).
-      block_tok_.assign(owner_.size(), -1);
-      block_slots_.clear();
       for (int64_t i = 0; i < b; ++i) {
-        const int64_t t = t_first + i;
+        const int64_t t = t_first + i, rounds = compactions_;
         observe(t - 1, K.row(t - 1).data(), V.row(t - 1).data());
-        if (!g_blocked_masking_off || last_slot_was_free_) {
+        if (compactions_ != rounds) {
+          // The slots were renumbered; the token just stored is among them. The test hook keeps the stale
+          // columns (each slot reads whatever token held it at the block's start).
+          if (!g_blocked_masking_off) {
+            slot_logits(i);
+          } else {
+            block_tok_.assign(owner_.size(), -1);
+            block_slots_.clear();
+          }
+        } else {
           if (block_tok_[size_t(last_slot_)] < 0) block_slots_.push_back(last_slot_);
           block_tok_[size_t(last_slot_)] = i;
         }
@@ -84,7 +100,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
         auto logits_of = [&](Eigen::Index g, auto& logits) {
           using S = typename std::decay_t<decltype(logits)>::Scalar;
           const Eigen::Index row = i * G + g;
-          logits = Ls.row(row).transpose().template cast<S>();
+          logits = Ls.row(row).head(top_).transpose().template cast<S>();
           for (const int64_t s : block_slots_) logits[s] = S(Lb(row, block_tok_[size_t(s)]));
         };
         attend_with(t, G, logits_of, k >= 0 ? &out->answers[size_t(k)] : nullptr);
@@ -100,83 +116,42 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   }
 
  private:
-  /// The largest of l[0..cap) over the occupied slots (mask_), in 8 independent lanes of selects
-  /// (branch-free, so the compiler vectorizes it; a maximum is exact in any order).
-  template <class S>
-  S masked_max(const S* __restrict l, int64_t cap) const {
-    const double* __restrict on = mask_.data();
-    S lane[8];
-    for (S& v : lane) v = -INFINITY;
-    int64_t j = 0;
-    for (; j + 8 <= cap; j += 8)
-      for (int k = 0; k < 8; ++k) {
-        const S v = on[j + k] != 0.0 ? l[j + k] : S(-INFINITY);
-        lane[k] = v > lane[k] ? v : lane[k];
-      }
-    S mx = -INFINITY;
-    for (; j < cap; ++j)
-      if (on[j] != 0.0) mx = std::max(mx, l[j]);
-    for (const S v : lane) mx = std::max(mx, v);
-    return mx;
-  }
-
-  /// attend()'s body with the logits of query row i over every slot of the store from `logits_of`
+  /// attend()'s body with the logits of query row i over the occupied slots [0, top_) from `logits_of`
   /// (called with a VecF in float32 mode, a VecD in float64 mode).
   template <class LogitsOf>
   void attend_with(int64_t t, Eigen::Index rows, LogitsOf&& logits_of, std::vector<Answer>* out) {
-    const int64_t cap = int64_t(owner_.size());
+    const int64_t m = top_;
     const double lambda = hd::buzz_log_scale(t, log_scale_);
-    GroupAggregate agg(agg_, cap);
-    VecD& logits = logits_;
+    const bool scaled = out && lambda != 1.0;
+    agg_acc_.reset(m);
     VecD& x = shifted_;
     VecD& p = p_;
     VecD& ps = ps_;
-    logits.resize(cap);
-    mask_.resize(cap);
-    for (int64_t j = 0; j < cap; ++j) mask_[j] = owner_[j] >= 0 ? 1.0 : 0.0;
+    p.resize(m);
     for (Eigen::Index i = 0; i < rows; ++i) {
-      // Free slots hold stale data: their shifted logit is set to −1000 (no overflow) and their
-      // weight to exactly 0 by the mask, so the exponentials run vectorized over the whole store.
       // Scores accumulate the model's (unscaled) attention; the answer uses the scaled logits.
-      double mx;
       if (store_.f32()) {
-        // float32 mode: the logits, their maximum, the shift and the exponentials in float (twice the
-        // lanes). The same bits as shifting in double and rounding: a float difference is correctly
-        // rounded either way, and the maximum of floats is exact in any precision.
+        // float32 mode: softmax_f32 (the exponentials in float, the sum in double), as the scorers have it.
         logits_of(i, lf_);
-        const float mxf = masked_max(lf_.data(), cap);
-        mx = double(mxf);
-        xf_.resize(cap);
-        const float* __restrict l = lf_.data();
-        const double* __restrict on = mask_.data();
-        float* __restrict xs = xf_.data();
-        for (int64_t j = 0; j < cap; ++j) xs[j] = on[j] != 0.0 ? l[j] - mxf : -1000.0f;
-        xf_ = xf_.array().exp();
-        p = xf_.cast<double>().cwiseProduct(mask_);
+        if (scaled) {  // the shifted logits in double, as float64 mode has them (softmax_f32 overwrites lf_)
+          const double mx = double(lf_.head(m).maxCoeff());
+          x = lf_.head(m).cast<double>().array() - mx;
+        }
+        softmax_f32(lf_.data(), m, p.data());
       } else {
-        logits_of(i, logits);
-        mx = masked_max(logits.data(), cap);
-        x.resize(cap);
-        const double* __restrict l = logits.data();
-        const double* __restrict on = mask_.data();
-        double* __restrict xs = x.data();
-        for (int64_t j = 0; j < cap; ++j) xs[j] = on[j] != 0.0 ? l[j] - mx : -1000.0;
-        p = x.array().exp() * mask_.array();
+        logits_of(i, logits_);
+        x = logits_.head(m).array() - logits_.head(m).maxCoeff();
+        p = x.array().exp();
+        p /= p.sum();
       }
-      p /= p.sum();
-      agg.add(p);
+      agg_acc_.add(p);
       if (out) {
-        if (lambda == 1.0) ps = p;
-        else {
-          if (store_.f32()) {  // the shifted logits in double, as float64 mode has them
-            x.resize(cap);
-            for (int64_t j = 0; j < cap; ++j) x[j] = mask_[j] != 0.0 ? double(lf_[j]) - mx : -1000.0;
-          }
-          ps = (lambda * x.array()).exp() * mask_.array();
+        if (scaled) {
+          ps = (lambda * x.array()).exp();
           ps /= ps.sum();
         }
         Answer& a = (*out)[i];
-        store_.weighted_values_all(ps, a.z);
+        store_.weighted_values_head(scaled ? ps : p, a.z);
         a.has_kept = true;
         a.kept.clear();
         for (auto* part : {&sink_tokens_, &old_, &new_})
@@ -184,10 +159,10 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
         for (const Tok& x : window_) a.kept.push_back(x.pos);
       }
     }
-    const VecD step = agg.result();
+    agg_acc_.result_into(step_);
     for (auto* part : {&sink_tokens_, &old_, &new_})
-      for (Tok& x : *part) x.score += step[x.slot];
-    for (Tok& x : window_) x.score += step[x.slot];
+      for (Tok& x : *part) x.score += step_[x.slot];
+    for (Tok& x : window_) x.score += step_[x.slot];
   }
 
  public:
@@ -205,21 +180,14 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   }
 
  private:
+  /// The next free slot: the occupied slots are always the prefix [0, top_) (compact()).
   int64_t store(int64_t t, const float* k, const float* v) {
-    if (free_.empty()) throw Error("buzz: slot store overflow (internal capacity " + std::to_string(owner_.size()) + ")");
-    const int64_t slot = free_.back();
-    free_.pop_back();
+    if (top_ >= store_.capacity()) throw Error("buzz: slot store overflow (internal capacity " + std::to_string(owner_.size()) + ")");
+    const int64_t slot = top_++;
     last_slot_ = slot;
-    // free_ hands out 0, 1, 2, … and reuses released slots first, so a slot never used is the next one up.
-    last_slot_was_free_ = slot >= used_slots_;
-    used_slots_ = std::max(used_slots_, slot + 1);
     store_.put(slot, t, k, v);
     owner_[slot] = t;
     return slot;
-  }
-  void release(const Tok& x) {
-    owner_[x.slot] = -1;
-    free_.push_back(x.slot);
   }
 
   /// The eviction rule is hd::buzz_evict, shared with the GPU replay (sim/cuda/policies.cu).
@@ -227,11 +195,34 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
     std::vector<Tok> kept(old_.size() + new_.size());
     std::copy(old_.begin(), old_.end(), kept.begin());
     const int64_t k = hd::buzz_evict(kept.data(), int64_t(old_.size()), new_.data(), int64_t(new_.size()), s_,
-                                     [this](const Tok& x) { release(x); });
+                                     [this](const Tok& x) { owner_[x.slot] = -1; });
     kept.resize(size_t(k));
     old_ = std::move(kept);
     new_.clear();
     history_.push_back(int64_t(old_.size()));
+    compact();
+  }
+
+  /// Moves the tokens an eviction round kept down to the lowest slots, in slot order, so the occupied slots are
+  /// again the prefix [0, top_): the products and the softmax then run over the cache and not its capacity
+  /// (which is about 1.5× the mean cache). O(cache · d) once per round; no token leaves between rounds.
+  void compact() {
+    remap_.assign(owner_.size(), -1);
+    int64_t to = 0;
+    for (int64_t from = 0; from < top_; ++from) {
+      if (owner_[size_t(from)] < 0) continue;
+      if (from != to) {
+        store_.move(from, to);
+        owner_[size_t(to)] = owner_[size_t(from)];
+        owner_[size_t(from)] = -1;
+      }
+      remap_[size_t(from)] = to++;
+    }
+    top_ = to;
+    for (auto* part : {&sink_tokens_, &old_, &new_})
+      for (Tok& x : *part) x.slot = remap_[size_t(x.slot)];
+    for (Tok& x : window_) x.slot = remap_[size_t(x.slot)];
+    ++compactions_;
   }
 
   int64_t sink_, w_, T_, s_;
@@ -239,16 +230,17 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   GroupAgg agg_;
   int d_;
   SlotCache store_;             // contiguous keys/values (float64 or float32), indexed by slot
-  VecD logits_, shifted_, p_, ps_, mask_;  // attend() scratch (no allocation per step)
+  VecD logits_, shifted_, p_, ps_, step_;  // attend() scratch (no allocation per step)
+  GroupAggregate agg_acc_;      // the step's group aggregate (reset per step, no allocation)
   VecF lf_, xf_;                           // float32 mode's logits and exponentials
   MatD block_qd_, block_kd_, block_ld_[2];  // step_block() scratch
   MatF block_qf_, block_lf_[2];
   std::vector<int64_t> block_tok_, block_slots_;  // the block token in each slot (−1: none), the slots taken
-  int64_t last_slot_ = -1;         // the slot store() filled last ...
-  bool last_slot_was_free_ = false;  // ... and whether it had never held a token (the masking-off hook keeps those)
-  int64_t used_slots_ = 0;           // slots [0, used_slots_) have held a token
+  int64_t last_slot_ = -1;      // the slot store() filled last
+  int64_t top_ = 0;             // slots [0, top_) are occupied (between eviction rounds, all of them)
+  int64_t compactions_ = 0;     // eviction rounds so far (each renumbers the slots)
   std::vector<int64_t> owner_;  // token position in each slot, −1 = free
-  std::vector<int64_t> free_;
+  std::vector<int64_t> remap_;  // compact()'s scratch: each slot's new slot
   std::vector<Tok> sink_tokens_, old_, new_;
   std::deque<Tok> window_;
   std::vector<int64_t> history_;

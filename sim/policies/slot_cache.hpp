@@ -61,7 +61,7 @@ inline double softmax_f32(float* l, int64_t m, double* p) {
 
 class SlotCache {
  public:
-  /// Slots are zero-filled, so products over the whole store (buzz's masked attention) stay finite.
+  /// Slots are zero-filled.
   /// `lazy`: the store is allocated when the first token is put (before that, keys() and values() are
   /// empty), for caches the engine may answer in closed form (exact, window, sink): those never observe a
   /// token and then hold no store (64 MB for exact at n = 32768 in double).
@@ -130,17 +130,32 @@ class SlotCache {
     }
     return P_;
   }
-  /// Over every slot of the store, filled or not (free slots hold finite stale data or zeros):
-  /// logits K q (in the store's precision) and Vᵀ w. For policies that mask free slots themselves.
-  void logits_all(const Eigen::Ref<const VecD>& q, VecD& logits) const {
-    if (f32_) logits = (keys_f_ * q.cast<float>()).cast<double>();
-    else logits.noalias() = keys_ * q;
+  /// Over the store's first m slots (buzz keeps its tokens in a prefix of the store): logits K q (in the
+  /// store's precision, rounded up to double) and Vᵀ w (w: [m]).
+  void logits_head(const Eigen::Ref<const VecD>& q, int64_t m, VecD& logits) const {
+    if (f32_) logits = (keys_f_.topRows(m) * q.cast<float>()).cast<double>();
+    else logits.noalias() = keys_.topRows(m) * q;
   }
-  /// The same in float (float32 mode only): the float products logits_all rounds up to double.
-  void logits_all(const Eigen::Ref<const VecD>& q, VecF& logits) const { logits.noalias() = keys_f_ * q.cast<float>(); }
-  void weighted_values_all(const VecD& w, VecD& z) const {
-    if (f32_) z = (values_f_.transpose() * w.cast<float>()).cast<double>();
-    else z.noalias() = values_.transpose() * w;
+  /// The same in float (float32 mode only): the float products logits_head rounds up to double.
+  void logits_head(const Eigen::Ref<const VecD>& q, int64_t m, VecF& logits) const {
+    logits.noalias() = keys_f_.topRows(m) * q.cast<float>();
+  }
+  void weighted_values_head(const VecD& w, VecD& z) const {
+    const Eigen::Index m = w.size();
+    if (f32_) z = (values_f_.topRows(m).transpose() * w.cast<float>()).cast<double>();
+    else z.noalias() = values_.topRows(m).transpose() * w;
+  }
+  /// Moves slot `from`'s key, value and position to slot `to` (`from` becomes empty).
+  void move(int64_t from, int64_t to) {
+    if (f32_) {
+      keys_f_.row(to) = keys_f_.row(from);
+      values_f_.row(to) = values_f_.row(from);
+    } else {
+      keys_.row(to) = keys_.row(from);
+      values_.row(to) = values_.row(from);
+    }
+    pos_[to] = pos_[from];
+    pos_[from] = -1;
   }
   /// Double-precision storage (float64 mode only).
   const MatD& keys() const { return keys_; }

@@ -284,6 +284,20 @@ class GroupAggregate {
     return acc_.unaryExpr([agg, c](double a) { return hd::group_result(a, agg, c); });
   }
   const VecD& ranking() const { return acc_; }
+  /// Starts over for `size` entries (keeping the storage when the size is unchanged).
+  void reset(Eigen::Index size) {
+    acc_.setZero(size);
+    count_ = 0;
+  }
+  /// result() written into `out` (no allocation when out already has the size).
+  void result_into(VecD& out) const {
+    if (count_ == 0) {
+      out = acc_;
+      return;
+    }
+    const int agg = agg_, c = count_;
+    out = acc_.unaryExpr([agg, c](double a) { return hd::group_result(a, agg, c); });
+  }
 
  private:
   int agg_;
