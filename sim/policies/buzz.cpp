@@ -232,7 +232,7 @@ class BuzzPolicy final : public Policy, public GpuReplayable, public BlockSteppe
   SlotCache store_;             // contiguous keys/values (float64 or float32), indexed by slot
   VecD logits_, shifted_, p_, ps_, step_;  // attend() scratch (no allocation per step)
   GroupAggregate agg_acc_;      // the step's group aggregate (reset per step, no allocation)
-  VecF lf_, xf_;                           // float32 mode's logits and exponentials
+  VecF lf_;                     // float32 mode's logits (softmax_f32 turns them into exponentials)
   MatD block_qd_, block_kd_, block_ld_[2];  // step_block() scratch
   MatF block_qf_, block_lf_[2];
   std::vector<int64_t> block_tok_, block_slots_;  // the block token in each slot (−1: none), the slots taken
