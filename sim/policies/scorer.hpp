@@ -22,7 +22,7 @@
 
 namespace kvsim::policies {
 
-class ScorerPolicy : public Policy, public BlockStepper {
+class ScorerPolicy : public Policy, public SlotAnswersStepper {
  public:
   /// budget B ≥ 1 tokens; sink + recent < budget (else nothing could be evicted); `name` for errors.
   ScorerPolicy(std::string name, int64_t budget, int64_t sink, int64_t recent, const StreamInfo& s)
@@ -38,9 +38,13 @@ class ScorerPolicy : public Policy, public BlockStepper {
     update_scores(t, P, score_);
   }
 
-  /// Blocked stepping (BlockStepper; sim/policies/scorer_block.cpp).
+  /// Blocked stepping (BlockStepper; sim/policies/scorer_block.cpp). A scorer that reads every query walks its
+  /// blocks; one that reads only the evaluated queries (knorm, h2o with oracle scores: their scores are fixed when
+  /// a token joins, so attending changes nothing) answers a block's evaluated steps together over its store, as
+  /// the slot-store answerers do (SlotAnswersStepper).
   void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
                   BlockAnswers* out) final;
+  bool blocks_evaluated_steps() const final { return !needs_every_query(); }
 
   int64_t cache_tokens() const override { return cache_.size(); }
 
@@ -98,6 +102,9 @@ class ScorerPolicy : public Policy, public BlockStepper {
     for (Eigen::Index i = 0; i < P.cols(); ++i) agg.add(P.col(i));
     return agg.result();
   }
+  // SlotAnswersStepper: the policy and the store its attend() answers from.
+  Policy& stepper_policy() final { return *this; }
+  const SlotCache& answering_store() const final { return cache_; }
   /// Called when slot `s` is reused for a new token (per-slot state beyond the score resets).
   virtual void slot_replaced(int64_t /*s*/) {}
   /// Updates `score` (one entry per cache slot; slots [0, P.rows()) are filled) after step t's

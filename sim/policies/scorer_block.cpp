@@ -1,5 +1,6 @@
-// Blocked stepping for the ScorerPolicy family that reads every query (h2o, tova, scissorhands; knorm needs no
-// query between evaluations): the BlockStepper contract of include/kvsim/policies/policy.hpp.
+// Blocked stepping for the ScorerPolicy family that reads every query (h2o, tova, scissorhands; knorm and h2o's
+// oracle form read only the evaluated queries and block those, SlotAnswersStepper): the BlockStepper contract of
+// include/kvsim/policies/policy.hpp.
 // A block of b consecutive steps forms every logit it needs with two GEMMs — the block's b·G query rows against
 // the keys in the slots at the block's start, and against the block's own b keys — and then walks the b steps
 // in order: each step's eviction (observe_slot, the per-step rule itself), the softmax over the entries present at that step (a slot taken over by block token
@@ -15,6 +16,10 @@ namespace kvsim::policies {
 
 void ScorerPolicy::step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V,
                               const std::vector<const MatD*>& q_scaled, BlockAnswers* out) {
+  if (!needs_every_query()) {  // scores fixed when a token joins: only the evaluated steps attend
+    SlotAnswersStepper::step_block(t_first, t_last, K, V, q_scaled, out);
+    return;
+  }
   check_step_block(t_first, t_last, K, q_scaled, out, name_);
   const int64_t b = t_last - t_first + 1, m0 = cache_.size();
   const auto G = Eigen::Index(q_scaled.size()), d = K.cols();

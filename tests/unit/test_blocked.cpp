@@ -7,17 +7,17 @@
 //     cache_tokens, cache_bytes to the bit) and rel_err / eps within 1e-12; in float32 rel_err within 1e-5,
 //     and the kept sets equal except near-ties (rows whose kept_mass moved are counted, and must be rare);
 //   - any other policy is untouched: the same bits;
-//   - at least h2o, tova, scissorhands, buzz, kivi, quest and the slot-store answerers (keydiff, lagkv, uniform,
-//     snapkv, pyramidkv, expected_attention) are BlockSteppers (the test is not vacuous; kivi, quest and those
-//     read only the evaluated queries and answer a block's evaluated steps together, quest's loaded bytes
-//     per step too (loaded_bytes is compared with the kept set); knorm needs no query
-//     between evaluations and keeps no cache a GEMM would serve, so it has nothing to block).
+//   - at least h2o, tova, scissorhands, buzz, kivi, quest, subgen, knorm and the slot-store answerers (keydiff,
+//     lagkv, uniform, snapkv, pyramidkv, expected_attention) are BlockSteppers (the test is not vacuous; all but
+//     the first four read only the evaluated queries and answer a block's evaluated steps together, quest's
+//     loaded bytes per step too (loaded_bytes is compared with the kept set)).
 // One block answers each of its evaluated steps (BlockAnswers): h2o and buzz stepped by one step_block over 48
 // steps answer at 4 steps inside it as the per-step path does at those steps (not the block's last answer 4 times:
 // the answers at different steps differ), and a block whose evaluated steps are outside it or unsorted is refused.
 // Negative control: with the block's masking switched off (g_blocked_masking_off: a slot taken over inside a
 // block keeps reading the evicted token's logit; kivi answers every step of a block from its last state; quest,
-// keydiff and snapkv let every row read its block's whole union), their blocked numbers differ from the per-step ones.
+// keydiff, snapkv and knorm let every row read its block's whole union), their blocked numbers differ from the
+// per-step ones.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -127,9 +127,9 @@ TEST_CASE("blocked stepping: every registered policy gives its per-step numbers"
           }
         }
   }
-  // kivi, quest, subgen and the slot-store answerers (SlotAnswersStepper): evaluated steps only.
-  for (const char* name : {"h2o", "tova", "scissorhands", "buzz", "kivi", "quest", "subgen", "keydiff", "lagkv", "uniform",
-                           "snapkv", "pyramidkv", "expected_attention"}) {
+  // kivi, quest, subgen, knorm and the slot-store answerers (SlotAnswersStepper): evaluated steps only.
+  for (const char* name : {"h2o", "tova", "scissorhands", "buzz", "kivi", "quest", "subgen", "knorm", "keydiff", "lagkv",
+                           "uniform", "snapkv", "pyramidkv", "expected_attention"}) {
     INFO(name);
     CHECK(blocked_names.count(name) == 1);
   }
@@ -139,9 +139,9 @@ TEST_CASE("blocked stepping: a block with its masking switched off differs (nega
   // The ScorerPolicy walk, buzz's slot-store walk, and kivi's masks (a group quantized inside a block must
   // not answer dequantized at the block's earlier evaluated steps; groups of 8 behind 16 full-precision tokens),
   // and quest's (a row must read only the pages its own step loads, not every page its block loads).
-  // And the slot-store answerers' (a row must read only its own step's slots: keydiff evicts inside a block,
-  // snapkv's decoded tokens join after the block's earlier steps).
-  for (const char* name : {"h2o", "buzz", "kivi", "quest", "keydiff", "snapkv"}) {
+  // And the slot-store answerers' (a row must read only its own step's slots: keydiff and knorm evict inside a
+  // block, snapkv's decoded tokens join after the block's earlier steps).
+  for (const char* name : {"h2o", "buzz", "kivi", "quest", "keydiff", "snapkv", "knorm"}) {
     INFO(name);
     Params params;
     if (std::string(name) == "kivi") {
