@@ -1,9 +1,10 @@
 // top_mass: the sum of a row's m largest entries by radix select (the metrics' oracle_mass and topk_mass,
 // H2O Fig. 2's oracle), declared in include/kvsim/replay/metrics.hpp.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <functional>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -43,8 +44,8 @@ void first_digit(const double* cand, int64_t nc, int shift, TopMassDigit& h) {
 }
 
 /// Copies, in order, the candidates whose digit at `shift` is b into out (which may be cand itself: it writes
-/// position k ≤ i after reading i); returns their count. Eight at a time with AVX-512's compress store where the
-/// build has it (the same values in the same order as the scalar loop).
+/// position k ≤ i after reading i); returns their count. Eight at a time with AVX-512's compress store, or four
+/// with an AVX2 permutation, where the build has it (the same values in the same order as the scalar loop).
 int64_t extract_bucket(const double* cand, int64_t nc, int shift, unsigned b, double* out) {
   int64_t k = 0, i = 0;
 #if defined(__AVX512F__)
@@ -58,6 +59,34 @@ int64_t extract_bucket(const double* cand, int64_t nc, int shift, unsigned b, do
     const __mmask8 hit = _mm512_cmpeq_epi64_mask(_mm512_and_si512(_mm512_srl_epi64(key, count), digit_mask), want);
     _mm512_mask_compressstoreu_pd(out + k, hit, _mm512_castsi512_pd(x));
     k += __builtin_popcount(unsigned(hit));
+  }
+#elif defined(__AVX2__)
+  // AVX2 has no compress store: the hits of four doubles are moved to the front by a permutation chosen by
+  // their 4-bit mask, all four are stored at out + k, and k advances by the hits. The lanes past the hits
+  // land at out[k + hits …k + 3], which the next store overwrites; when out is cand they are positions ≤ i + 3,
+  // already read. The caller leaves 4 doubles of room past the bucket's count.
+  static const auto kCompress = [] {
+    std::array<std::array<int32_t, 8>, 16> lut{};
+    for (unsigned mask = 0; mask < 16; ++mask) {
+      unsigned at = 0;
+      for (unsigned j = 0; j < 4; ++j)
+        if (mask >> j & 1u) lut[mask][2 * at] = int32_t(2 * j), lut[mask][2 * at + 1] = int32_t(2 * j + 1), ++at;
+      for (; at < 4; ++at) lut[mask][2 * at] = 0, lut[mask][2 * at + 1] = 1;
+    }
+    return lut;
+  }();
+  const __m256i sign = _mm256_set1_epi64x(INT64_MIN), ones = _mm256_set1_epi64x(-1), zero = _mm256_setzero_si256();
+  const __m256i digit_mask = _mm256_set1_epi64x(kTopBuckets - 1), want = _mm256_set1_epi64x(int64_t(b));
+  const __m128i count = _mm_cvtsi32_si128(shift);
+  for (; i + 4 <= nc; i += 4) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cand + i));
+    // order_key: negatives flipped whole, the sign bit set on the others.
+    const __m256i key = _mm256_blendv_epi8(_mm256_or_si256(x, sign), _mm256_xor_si256(x, ones), _mm256_cmpgt_epi64(zero, x));
+    const __m256i hit = _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_srl_epi64(key, count), digit_mask), want);
+    const unsigned mask = unsigned(_mm256_movemask_pd(_mm256_castsi256_pd(hit)));
+    const __m256i perm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kCompress[mask].data()));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm256_permutevar8x32_epi32(x, perm));
+    k += __builtin_popcount(mask);
   }
 #endif
   for (; i < nc; ++i)
@@ -82,7 +111,8 @@ double refine(const double* cand, int64_t nc, int64_t need, double total, int sh
       total += h->sum[size_t(b)];
     }
     if (h->count[size_t(b)] == need) return total + h->sum[size_t(b)];
-    if (scratch.size() < size_t(h->count[size_t(b)])) scratch.resize(size_t(h->count[size_t(b)]));
+    // 4 doubles past the bucket's count: extract_bucket's AVX2 path stores four at a time.
+    if (scratch.size() < size_t(h->count[size_t(b)]) + 4) scratch.resize(size_t(h->count[size_t(b)]) + 4);
     const int64_t k = extract_bucket(cand, nc, shift, unsigned(b), scratch.data());
     cand = scratch.data();
     nc = k;
