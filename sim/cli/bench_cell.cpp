@@ -8,14 +8,6 @@
 #include "kvsim/policies/registry.hpp"
 
 namespace kvsim::bench {
-namespace {
-
-/// One policy's figures over the run: seconds of its steps, and the multiply-adds of its bound.
-struct CellPolicy {
-  double seconds = 0, fmas = 0, tokens = 0;
-  int64_t rows = 0;
-  bool every = false, in_double = false;
-};
 
 /// The products a policy must do, per query head (every row is one query head at one evaluated step):
 /// with m = the row's cache_tokens, head_dim d and E = steps since the head's previous evaluated row,
@@ -35,6 +27,7 @@ CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunR
   const auto inst = make_cell_policy(ex, meta, cell, r.n_tokens, p, 0);
   CellPolicy c;
   c.every = inst->needs_every_query();
+  c.blocked = !closed_form(*inst) && block_stepper(*inst) != nullptr;
   const auto form = closed_form(*inst);
   // A cache whose arithmetic ignores policy_precision (its bench entry's float32 flag is false: quest, oracle_topk,
   // subgen, k-center; the registry test holds the flag to the arithmetic) is held to the DGEMM rate. The
@@ -58,7 +51,6 @@ CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunR
   return c;
 }
 
-}  // namespace
 
 void bench_cell(const BenchOptions& o, BenchOut& b) {
   const Experiment ex = load_experiment(o.cell, o.cell_set);
@@ -75,8 +67,7 @@ void bench_cell(const BenchOptions& o, BenchOut& b) {
   double total = 0, bound = 0;
   for (size_t p = 0; p < r.policies.size(); ++p) {
     const CellPolicy c = cell_policy(ex, *src, r, p);
-    const double rate = (c.in_double ? b.dgemm : b.gemm) * 1e9;
-    const double bs = 2.0 * c.fmas / rate;
+    const double bs = c.bound_seconds(b);
     total += c.seconds;
     bound += bs;
     std::snprintf(b.buf, sizeof b.buf, "%-30s %6s %12.0f %9.3f %9.3f %8.1fx\n", r.policies[p].spec.label.c_str(),

@@ -139,6 +139,19 @@ void bench_closed_form(const BenchOptions& o, BenchOut& b);
 void bench_blocked_stepping(const BenchOptions& o, BenchOut& b);
 /// Section `cell` (sim/cli/bench_cell.cpp): o.cell replayed at one thread against its FMA bound.
 void bench_cell(const BenchOptions& o, BenchOut& b);
+
+/// One policy's figures over a run (sim/cli/bench_cell.cpp): seconds of its steps, the multiply-adds of its
+/// bound (docs/performance.md "The cell's FMA bound"), whether it reads every query, answers in double, and
+/// steps in blocks (a BlockStepper that is not a closed form).
+struct CellPolicy {
+  double seconds = 0, fmas = 0, tokens = 0;
+  int64_t rows = 0;
+  bool every = false, in_double = false, blocked = false;
+  /// The bound in seconds: the multiply-adds at the DGEMM rate where it answers in double, else SGEMM.
+  double bound_seconds(const BenchOut& b) const { return 2.0 * fmas / ((in_double ? b.dgemm : b.gemm) * 1e9); }
+};
+/// Policy p of run r (of experiment ex on src), counted as the cell section counts it.
+CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunResult& r, size_t p);
 /// Section `model` (sim/cli/bench_model.cpp): the recorder's prefill on a real LLM beside transformers'
 /// forward, and the replay's head-steps/s at that model's shape; N = the run's thread count.
 void bench_model(const BenchOptions& o, BenchOut& b, int N);

@@ -139,9 +139,14 @@ else
 fi
 expect_fail "$TMP/nope.gguf: no such checkpoint (kvsim bench --model)" "$KVSIM" bench --quick --model "$TMP/nope.gguf"
 # --only runs the named sections alone (here the blocked-stepping rows, without the exact pass's), and
-# refuses a name it does not know.
+# refuses a name it does not know. The rows come from the registry: a walker (h2o), a policy that blocks its
+# evaluated steps (knorm, kivi, quest), a prompt compressor (snapkv), in both precisions; the closed forms and the
+# policy stepped one at a time are named, not timed.
 out=$("$KVSIM" bench --quick --only blocked_stepping 2>&1) && grep -q "^blocked stepping" <<<"$out" \
-  && grep -q "^h2o .* float32" <<<"$out" && ! grep -q "^exact reference pass" <<<"$out" && ok || bad "bench --only: $out"
+  && grep -q "^h2o .* float32 .* every " <<<"$out" && grep -q "^knorm .* float64 .* eval " <<<"$out" \
+  && grep -q "^kivi .* float32" <<<"$out" && grep -q "^quest .* float64" <<<"$out" && grep -q "^snapkv .* float32" <<<"$out" \
+  && ! grep -q "^window " <<<"$out" && grep -q "^closed forms .*: sink window; .*: subgen_kcenter$" <<<"$out" \
+  && ! grep -q "^exact reference pass" <<<"$out" && ok || bad "bench --only: $out"
 expect_fail "--only: nope not in" "$KVSIM" bench --quick --only nope
 # --cell: a config replayed at one thread, a row per policy with its time against its FMA bound (a policy
 # that reads every query, h2o, marked so), the totals, and the JSON figures; errors name what is missing.
