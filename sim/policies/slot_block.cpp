@@ -1,5 +1,6 @@
 // SlotAnswersStepper::step_block (sim/policies/slot_cache.hpp): a block of evaluated steps of a policy that
-// answers with exact attention over its SlotCache, as two products over the union of the steps' slots.
+// answers with exact attention over its SlotCache, as two products over the store at the block's end and the
+// tokens the steps held that left it before then.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>

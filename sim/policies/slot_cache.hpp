@@ -217,8 +217,9 @@ class SlotCache {
 /// queries and answers them with exact softmax attention over a SlotCache holding the stream's own keys and values
 /// (SlotCache::answer_group or answer: keydiff, lagkv, uniform, snapkv, pyramidkv, expected_attention, press_replay).
 /// The block's tokens join one by one (observe_block), each evaluated step's slots are noted, and then one
-/// product of every evaluated query row against the union of those tokens' keys (read from the stream, as the
-/// store holds them) forms the logits; each row takes the softmax over its own step's slots only (softmax_f32 in
+/// product of every evaluated query row against the keys those steps held forms the logits: the store's slots as
+/// they stand at the block's end, read where they sit, plus the few tokens evicted before it (copied from the
+/// stream, whose rows the store holds). Each row takes the softmax over its own step's slots only (softmax_f32 in
 /// float32 mode, as answer_group), and one more product forms the answers. A token several steps hold is read
 /// once for all of them (the steps are answered in groups whose union stays within 1.1× their largest set).
 /// Equal to attend() at each evaluated step up to the products' summation order.
@@ -241,7 +242,7 @@ class SlotAnswersStepper : public BlockStepper {
   /// The block's working arrays, one set per thread (sim/policies/slot_block.cpp): shared by every instance a
   /// thread steps, since a cell's policies step one after another (20 MB an instance at a 6k-token cache).
   struct Scratch;
-  /// Steps [i0, i1) of out->steps, answered by the two products over the union of their slots.
+  /// Steps [i0, i1) of out->steps, answered by the two products over the store and the group's evicted tokens.
   void answer_steps(Scratch& w, size_t i0, size_t i1, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
                     BlockAnswers* out) const;
 };
