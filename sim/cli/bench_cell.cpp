@@ -27,7 +27,6 @@ CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunR
   const auto inst = make_cell_policy(ex, meta, cell, r.n_tokens, p, 0);
   CellPolicy c;
   c.every = inst->needs_every_query();
-  c.blocked = !closed_form(*inst) && block_stepper(*inst) != nullptr;
   const auto form = closed_form(*inst);
   // A cache whose arithmetic ignores policy_precision (its bench entry's float32 flag is false: quest, oracle_topk,
   // subgen, k-center; the registry test holds the flag to the arithmetic) is held to the DGEMM rate. The
@@ -50,7 +49,6 @@ CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunR
   }
   return c;
 }
-
 
 void bench_cell(const BenchOptions& o, BenchOut& b) {
   const Experiment ex = load_experiment(o.cell, o.cell_set);

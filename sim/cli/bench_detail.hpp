@@ -141,12 +141,11 @@ void bench_blocked_stepping(const BenchOptions& o, BenchOut& b);
 void bench_cell(const BenchOptions& o, BenchOut& b);
 
 /// One policy's figures over a run (sim/cli/bench_cell.cpp): seconds of its steps, the multiply-adds of its
-/// bound (docs/performance.md "The cell's FMA bound"), whether it reads every query, answers in double, and
-/// steps in blocks (a BlockStepper that is not a closed form).
+/// bound (docs/performance.md "The cell's FMA bound"), whether it reads every query and answers in double.
 struct CellPolicy {
   double seconds = 0, fmas = 0, tokens = 0;
   int64_t rows = 0;
-  bool every = false, in_double = false, blocked = false;
+  bool every = false, in_double = false;
   /// The bound in seconds: the multiply-adds at the DGEMM rate where it answers in double, else SGEMM.
   double bound_seconds(const BenchOut& b) const { return 2.0 * fmas / ((in_double ? b.dgemm : b.gemm) * 1e9); }
 };

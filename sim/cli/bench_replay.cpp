@@ -122,9 +122,10 @@ void bench_blocked_stepping(const BenchOptions& o, BenchOut& b) {
       Experiment& e = bench.after_prefill ? expf : ex;
       e.policies.push_back({info->name, info->name, bench.params});
       const auto inst = make_cell_policy(e, src.meta(), cell, n, e.policies.size() - 1, 0);
-      if (closed_form(*inst) || !block_stepper(*inst)) {
+      const bool is_closed = closed_form(*inst).has_value();
+      if (is_closed || !block_stepper(*inst)) {
         e.policies.pop_back();
-        if (n == lengths.front()) (closed_form(*inst) ? closed : per_step_only).push_back(info->name);
+        if (n == lengths.front()) (is_closed ? closed : per_step_only).push_back(info->name);
       }
     }
     for (const char* prec : {"float32", "float64"})
