@@ -27,6 +27,9 @@
 namespace kvsim::policies {
 namespace {
 
+constexpr double kUnionGrowth = 1.1;            // a group's union of loaded tokens within this many times its largest set
+constexpr int64_t kChunkBytes = int64_t(1) << 18;  // the union's keys or values read 256 KiB at a time (L2-sized)
+
 class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper {
  public:
   /// budget ≥ page (tokens loaded, `budget` mode) or memory M (`memory` mode, the other −1); page S ≥ 1.
@@ -59,11 +62,13 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
 
   /// Blocked (BlockStepper, include/kvsim/policies/policy.hpp): the block's tokens join as in observe(); each
   /// evaluated step e then chooses its pages as attend() does, from the same bounds (the pages before e's current
-  /// one were complete at e, so their extrema at the block's end are those at e). One product of every evaluated
-  /// step's query rows against the union of the tokens they load forms the logits, each row masked to its own
-  /// step's tokens before its softmax, and a second forms the answers: a page loaded by several of the block's
-  /// steps is read once for all of them instead of once per step (Quest's criticality per query is unchanged;
-  /// only the attention over the loaded pages is batched).
+  /// one were complete at e, so their extrema at the block's end are those at e): one pair of products over the
+  /// page extrema for every step of the block. The steps are then answered in groups whose union of loaded tokens
+  /// stays within kUnionGrowth of the group's largest loaded set (pages chosen query by query overlap little when
+  /// the queries differ, and a product over a union twice a step's set would double its work): one product of the
+  /// group's query rows against the union forms the logits, each row masked to its own step's tokens before its
+  /// softmax, and a second forms the answers. Quest's criticality per query is unchanged; only the attention over
+  /// the loaded pages is batched.
   void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
                   BlockAnswers* out) override {
     check_step_block(t_first, t_last, K, q_scaled, out, "quest");
@@ -75,12 +80,12 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
     block_queries(q_scaled, out->steps, d_, Qb_);
     page_bounds(Qb_, (m_at_.back() + S_ - 1) / S_ - 1);  // every step's bounds in one pair of products
     step_runs_.assign(E, {});
-    std::vector<std::pair<int64_t, int64_t>> all;
+    loaded_.assign(E, 0);
     for (size_t i = 0; i < E; ++i) {
       q_step_ = Qb_.middleRows(Eigen::Index(i) * G, G);
       choose(q_step_, m_at_[i], &U_, Eigen::Index(i) * G);
       step_runs_[i] = runs_;
-      all.insert(all.end(), runs_.begin(), runs_.end());
+      loaded_[i] = int64_t(rows_.size());
       out->loaded_bytes[i] = loaded_bytes(d_);
       for (Eigen::Index g = 0; g < G; ++g) {
         Answer& a = out->answers[i][size_t(g)];
@@ -88,48 +93,12 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
         a.kept = rows_;
       }
     }
-    // The union of the loaded runs, merged, as the columns of the block's products.
-    std::sort(all.begin(), all.end());
-    union_.clear();
-    for (const auto& r : all)
-      if (!union_.empty() && r.first <= union_.back().second) union_.back().second = std::max(union_.back().second, r.second);
-      else union_.push_back(r);
-    std::vector<int64_t> col0(union_.size());  // the column of each union run's first token
-    int64_t u = 0;
-    for (size_t r = 0; r < union_.size(); ++r) col0[r] = u, u += union_[r].second - union_[r].first;
-    Ku_.resize(u, d_);
-    Vu_.resize(u, d_);
-    for (size_t r = 0; r < union_.size(); ++r) {  // the store holds the stream's float rows as doubles
-      const auto [a, b] = union_[r];
-      Ku_.middleRows(col0[r], b - a) = K.middleRows(a, b - a).cast<double>();
-      Vu_.middleRows(col0[r], b - a) = V.middleRows(a, b - a).cast<double>();
+    if (page_len_.size() < size_t(pages_)) page_len_.assign(size_t(pages_), 0), col_of_page_.assign(size_t(pages_), 0);
+    for (size_t i0 = 0; i0 < E;) {
+      const size_t i1 = group_end(i0);
+      answer_group(i0, i1, K, V, G, out);
+      i0 = i1;
     }
-    L_.noalias() = Qb_ * Ku_.transpose();
-    P_.setZero(L_.rows(), u);
-    for (size_t i = 0; i < E; ++i) {
-      // Step i's runs as column ranges of the union (each lies inside one union run).
-      cols_.clear();
-      // The test hook (g_blocked_masking_off): every row reads every token its block loads.
-      if (g_blocked_masking_off) cols_.emplace_back(0, u);
-      else for (const auto& [a, b] : step_runs_[i]) {
-        const size_t r = size_t(std::upper_bound(union_.begin(), union_.end(), std::make_pair(a, INT64_MAX)) - union_.begin()) - 1;
-        cols_.emplace_back(col0[r] + a - union_[r].first, b - a);
-      }
-      for (Eigen::Index g = 0; g < G; ++g) {
-        const Eigen::Index row = Eigen::Index(i) * G + g;
-        double mx = -std::numeric_limits<double>::infinity(), sum = 0;
-        for (const auto& [c, len] : cols_) mx = std::max(mx, L_.row(row).segment(c, len).maxCoeff());
-        for (const auto& [c, len] : cols_) {
-          auto p = P_.row(row).segment(c, len);
-          p = (L_.row(row).segment(c, len).array() - mx).exp().matrix();
-          sum += p.sum();
-        }
-        for (const auto& [c, len] : cols_) P_.row(row).segment(c, len) /= sum;
-      }
-    }
-    Z_.noalias() = P_ * Vu_;
-    for (size_t i = 0; i < E; ++i)
-      for (Eigen::Index g = 0; g < G; ++g) out->answers[i][size_t(g)].z = Z_.row(Eigen::Index(i) * G + g).transpose();
   }
   bool blocks_evaluated_steps() const override { return true; }
 
@@ -236,6 +205,94 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
     }
   }
 
+  /// The end of the group of evaluated steps that opens at i0 (step_block): step i joins while the union of the
+  /// group's loaded tokens stays within kUnionGrowth of its largest step's set (the slot stores' rule). The union is
+  /// kept as each page's loaded prefix (page_len_; a step loads a page from its first token), the pages in touched_,
+  /// for answer_group, which clears them. The test hook (g_blocked_masking_off) makes the whole block one group.
+  size_t group_end(size_t i0) {
+    const size_t E = step_runs_.size();
+    int64_t u = 0, largest = 0;
+    touched_.clear();
+    size_t i = i0;
+    for (; i < E; ++i) {
+      int64_t fresh = 0;
+      for (const auto& [a, b] : step_runs_[i])
+        for (int64_t p = a / S_; p * S_ < b; ++p) fresh += std::max<int64_t>(0, std::min(b, (p + 1) * S_) - p * S_ - page_len_[size_t(p)]);
+      if (i > i0 && !g_blocked_masking_off && double(u + fresh) > kUnionGrowth * double(std::max(largest, loaded_[i]))) break;
+      for (const auto& [a, b] : step_runs_[i])
+        for (int64_t p = a / S_; p * S_ < b; ++p) {
+          if (page_len_[size_t(p)] == 0) touched_.push_back(p);
+          page_len_[size_t(p)] = std::max(page_len_[size_t(p)], std::min(b, (p + 1) * S_) - p * S_);
+        }
+      u += fresh;
+      largest = std::max(largest, loaded_[i]);
+    }
+    return i;
+  }
+
+  /// Answers evaluated steps [i0, i1) of the block (one group of group_end): the logits of the group's query rows
+  /// against the union of the tokens they load, L = Q·K_uᵀ [rows, u], each row's softmax over its own step's tokens
+  /// (the rest of its row of P zero), and Z = P·V_u. K_u and V_u are never formed whole: by_chunks reads the
+  /// stream's rows a chunk at a time.
+  void answer_group(size_t i0, size_t i1, const MatF& K, const MatF& V, Eigen::Index G, BlockAnswers* out) {
+    std::sort(touched_.begin(), touched_.end());
+    union_.clear();
+    int64_t u = 0;
+    for (int64_t p : touched_) {  // the union as ascending runs of tokens; each page's first column
+      const int64_t a = p * S_, b = a + page_len_[size_t(p)];
+      col_of_page_[size_t(p)] = u;
+      u += b - a;
+      if (!union_.empty() && union_.back().second == a) union_.back().second = b;
+      else union_.emplace_back(a, b);
+      page_len_[size_t(p)] = 0;
+    }
+    const auto rows = Eigen::Index(i1 - i0) * G;
+    const auto Q = Qb_.middleRows(Eigen::Index(i0) * G, rows);
+    L_.resize(rows, u);
+    by_chunks(K, [&](int64_t c, int64_t len) { L_.middleCols(c, len).noalias() = Q * chunk_.topRows(len).transpose(); });
+    P_.resize(rows, u);
+    for (size_t i = i0; i < i1; ++i) {
+      // Step i's runs as column ranges of the union (a run's pages before its last are full: consecutive columns).
+      cols_.clear();
+      if (g_blocked_masking_off) cols_.emplace_back(0, u);  // the test hook: every row reads the whole union
+      else for (const auto& [a, b] : step_runs_[i]) cols_.emplace_back(col_of_page_[size_t(a / S_)], b - a);
+      for (Eigen::Index g = 0; g < G; ++g) {
+        const Eigen::Index row = Eigen::Index(i - i0) * G + g;
+        double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+        for (const auto& [c, len] : cols_) mx = std::max(mx, L_.row(row).segment(c, len).maxCoeff());
+        P_.row(row).setZero();
+        for (const auto& [c, len] : cols_) {
+          auto p = P_.row(row).segment(c, len);
+          p = (L_.row(row).segment(c, len).array() - mx).exp().matrix();
+          sum += p.sum();
+        }
+        for (const auto& [c, len] : cols_) P_.row(row).segment(c, len) /= sum;
+      }
+    }
+    Z_.setZero(rows, d_);
+    by_chunks(V, [&](int64_t c, int64_t len) { Z_.noalias() += P_.middleCols(c, len) * chunk_.topRows(len); });
+    for (size_t i = i0; i < i1; ++i)
+      for (Eigen::Index g = 0; g < G; ++g) out->answers[i][size_t(g)].z = Z_.row(Eigen::Index(i - i0) * G + g).transpose();
+  }
+
+  /// Calls f(first column, tokens) once per chunk of the union's rows of X (the stream's keys or values), copied as
+  /// doubles into chunk_ [tokens, d], at most kChunkBytes: the products read a chunk from cache, not the whole union
+  /// copied out first.
+  template <class F>
+  void by_chunks(const MatF& X, F&& f) {
+    const int64_t cap = std::max<int64_t>(1, kChunkBytes / (int64_t(sizeof(double)) * d_));
+    chunk_.resize(cap, d_);
+    int64_t col = 0, fill = 0;
+    for (auto [a, b] : union_)
+      while (a < b) {
+        const int64_t take = std::min(b - a, cap - fill);
+        chunk_.middleRows(fill, take) = X.middleRows(a, take).template cast<double>();
+        fill += take, a += take;
+        if (fill == cap) f(col, fill), col += fill, fill = 0;
+      }
+    if (fill > 0) f(col, fill);
+  }
+
   const int64_t budget_, memory_, S_;
   const GroupAgg agg_;
   const int d_;
@@ -248,13 +305,15 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
   std::vector<std::pair<int64_t, int64_t>> runs_;  // the loaded tokens as runs [a, b)
   Eigen::MatrixXd logits_;  // attend_runs(): the loaded tokens' logits, then probabilities [loaded, G]
   MatD z_;
-  // step_block() scratch: the cache size at each evaluated step, the block's query rows, each step's runs, their
-  // union and its rows, a row's runs as union columns (first, length), logits, probabilities and answers.
-  std::vector<int64_t> m_at_;
+  // step_block() scratch: the cache size at each evaluated step, the block's query rows, each step's runs and loaded
+  // token count, a group's pages (each page's loaded prefix, first column, the pages touched), its union, a row's
+  // runs as union columns (first, length), a chunk of the union's keys or values, logits, probabilities, answers.
+  std::vector<int64_t> m_at_, loaded_;
   MatD Qb_, q_step_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> step_runs_;
+  std::vector<int64_t> page_len_, col_of_page_, touched_;
   std::vector<std::pair<int64_t, int64_t>> union_, cols_;
-  MatD Ku_, Vu_, L_, P_, Z_;
+  MatD chunk_, L_, P_, Z_;
 };
 
 std::unique_ptr<Policy> make_quest(ParamReader& p, const StreamInfo& s) {
