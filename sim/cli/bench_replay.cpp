@@ -131,15 +131,14 @@ void bench_blocked_stepping(const BenchOptions& o, BenchOut& b) {
     for (const char* prec : {"float32", "float64"})
       for (const Experiment* base : {&ex, &expf}) {
         if (base->policies.empty()) continue;
-        RunResult r[2];
-        for (int mode = 0; mode < 2; ++mode) {
-          Experiment e = *base;
-          e.eval.policy_precision = *parse_choice<Precision>(prec);
-          e.eval.stepping = mode == 0 ? SteppingMode::blocked : SteppingMode::per_step;
-          r[mode] = run_experiment(e, src, 1);
-        }
         Experiment e = *base;
         e.eval.policy_precision = *parse_choice<Precision>(prec);
+        RunResult r[2];
+        for (int mode = 0; mode < 2; ++mode) {
+          Experiment m = e;
+          m.eval.stepping = mode == 0 ? SteppingMode::blocked : SteppingMode::per_step;
+          r[mode] = run_experiment(m, src, 1);
+        }
         const std::vector<double> ns0 = policy_means(r[0], "policy_ns"), ns1 = policy_means(r[1], "policy_ns");
         for (size_t p = 0; p < e.policies.size(); ++p) {
           const CellPolicy c = cell_policy(e, src, r[0], p);

@@ -14,9 +14,8 @@
 // K+V worth per page) plus the loaded tokens never exceed M tokens' worth; with t ≤ M every token is
 // loaded with no metadata (dense). cache_bytes counts everything stored: all t tokens and the pages'
 // min/max. Stepping is stateless between queries (no score history); with blocked stepping (`[eval] stepping`)
-// a block's evaluated steps choose their pages as attend() does and are answered together (step_block).
+// a block's evaluated steps choose their pages as attend() does and are answered in groups (step_block).
 #include <algorithm>
-#include <climits>
 #include <limits>
 #include <numeric>
 

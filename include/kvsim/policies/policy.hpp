@@ -279,9 +279,9 @@ class GroupAggregate {
     ++count_;
   }
   VecD result() const {
-    if (count_ == 0) return acc_;
-    const int agg = agg_, c = count_;
-    return acc_.unaryExpr([agg, c](double a) { return hd::group_result(a, agg, c); });
+    VecD out;
+    result_into(out);
+    return out;
   }
   const VecD& ranking() const { return acc_; }
   /// Starts over for `size` entries (keeping the storage when the size is unchanged).
