@@ -279,7 +279,9 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
   /// copied out first.
   template <class F>
   void by_chunks(const MatF& X, F&& f) {
-    const int64_t cap = std::max<int64_t>(1, kChunkBytes / (int64_t(sizeof(double)) * d_));
+    int64_t u = 0;
+    for (const auto& [a, b] : union_) u += b - a;
+    const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(u, kChunkBytes / (int64_t(sizeof(double)) * d_)));
     chunk_.resize(cap, d_);
     int64_t col = 0, fill = 0;
     for (auto [a, b] : union_)
