@@ -27,9 +27,10 @@ namespace kvsim::policies {
 namespace {
 
 // A group's cost in units of one query row's product over one token (d multiply-adds): reading a token's key and
-// value for a group costs kReadCost of them (measured: 8 ran 4096, 16384 and 32768 best of 8, 16, 32, 128).
+// value for a group costs kReadCost of them. Measured on the bench's quest cell at n = 4096, 16384 and 32768
+// (docs/performance.md): 8 and 16 alike and best; 32 and 128 lose the gain at 4096 (groups grow too wide).
 constexpr double kReadCost = 8;
-constexpr int64_t kChunkBytes = int64_t(1) << 18;  // the union's keys or values read 256 KiB at a time (L2-sized)
+constexpr int64_t kChunkBytes = int64_t(1) << 18;  // the union's keys or values read 256 KiB at a time (fits L2)
 
 class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper {
  public:
@@ -68,8 +69,7 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
   /// the group's query rows against the union of the tokens they load forms the logits, each row masked to its own
   /// step's tokens before its softmax, and a second forms the answers. A group reads each union token once for all
   /// its steps but forms every row's products over the whole union, so steps whose pages differ much are better
-  /// answered apart. Quest's criticality per query is unchanged; only the attention over
-  /// the loaded pages is batched.
+  /// answered apart. Quest's criticality per query is unchanged; only the attention over the loaded pages is batched.
   void step_block(int64_t t_first, int64_t t_last, const MatF& K, const MatF& V, const std::vector<const MatD*>& q_scaled,
                   BlockAnswers* out) override {
     check_step_block(t_first, t_last, K, q_scaled, out, "quest");
