@@ -255,7 +255,7 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
     const auto rows = Eigen::Index(i1 - i0) * G;
     const auto Q = Qb_.middleRows(Eigen::Index(i0) * G, rows);
     L_.resize(rows, u);
-    by_chunks(K, [&](int64_t c, int64_t len) { L_.middleCols(c, len).noalias() = Q * chunk_.topRows(len).transpose(); });
+    by_chunks(K, u, [&](int64_t c, int64_t len) { L_.middleCols(c, len).noalias() = Q * chunk_.topRows(len).transpose(); });
     P_.resize(rows, u);
     for (size_t i = i0; i < i1; ++i) {
       // Step i's runs as column ranges of the union (a run's pages before its last are full: consecutive columns).
@@ -276,18 +276,16 @@ class QuestPolicy final : public Policy, public PartialLoad, public BlockStepper
       }
     }
     Z_.setZero(rows, d_);
-    by_chunks(V, [&](int64_t c, int64_t len) { Z_.noalias() += P_.middleCols(c, len) * chunk_.topRows(len); });
+    by_chunks(V, u, [&](int64_t c, int64_t len) { Z_.noalias() += P_.middleCols(c, len) * chunk_.topRows(len); });
     for (size_t i = i0; i < i1; ++i)
       for (Eigen::Index g = 0; g < G; ++g) out->answers[i][size_t(g)].z = Z_.row(Eigen::Index(i - i0) * G + g).transpose();
   }
 
-  /// Calls f(first column, tokens) once per chunk of the union's rows of X (the stream's keys or values), copied as
+  /// Calls f(first column, tokens) once per chunk of the union's u rows of X (the stream's keys or values), copied as
   /// doubles into chunk_ [tokens, d], at most kChunkBytes: the products read a chunk from cache, not the whole union
   /// copied out first.
   template <class F>
-  void by_chunks(const MatF& X, F&& f) {
-    int64_t u = 0;
-    for (const auto& [a, b] : union_) u += b - a;
+  void by_chunks(const MatF& X, int64_t u, F&& f) {
     const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(u, kChunkBytes / (int64_t(sizeof(double)) * d_)));
     chunk_.resize(cap, d_);
     int64_t col = 0, fill = 0;
