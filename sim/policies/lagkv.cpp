@@ -33,22 +33,35 @@ namespace kvsim::policies {
 
 namespace {
 
+/// Buffers partition_scores reuses from one token and one partition to the next (no allocation per token).
+struct LagScratch {
+  Eigen::RowVectorXf lo_f, hi_f;
+  VecD lo, inv, x, info;
+};
+
 /// The softmax over partition [start, start + L) of each token's lag-relative information, its
-/// reference the rows [start + L, start + 2L) of X.
-VecD partition_scores(const MatF& X, int64_t start, int64_t L) {
+/// reference the rows [start + L, start + 2L) of X. The reference's per-dimension min and max are taken in
+/// float and widened (exact: widening is monotone), so the arithmetic is that of the reference cast to double.
+VecD partition_scores(const MatF& X, int64_t start, int64_t L, LagScratch& w) {
   const Eigen::Index d = X.cols();
-  const MatD ref = X.middleRows(start + L, L).cast<double>();
-  const VecD lo = ref.colwise().minCoeff().transpose(), range = ref.colwise().maxCoeff().transpose() - lo;
-  // A dimension the reference holds constant has no scale: it is left at 0 (kvpress divides by 0).
-  const VecD inv = range.unaryExpr([](double r) { return r > 0 ? 1 / r : 0.0; });
-  VecD info(L);
-  for (int64_t i = 0; i < L; ++i) {
-    const VecD x = (X.row(start + i).cast<double>().transpose() - lo).cwiseProduct(inv);
-    const double mean = x.mean();
-    info[i] = std::sqrt((x.array() - mean).square().sum() / double(std::max<Eigen::Index>(d - 1, 1)));
+  w.lo_f = X.row(start + L);
+  w.hi_f = w.lo_f;
+  for (int64_t r = start + L + 1; r < start + 2 * L; ++r) {  // row by row: contiguous, vectorized
+    w.lo_f = w.lo_f.cwiseMin(X.row(r));
+    w.hi_f = w.hi_f.cwiseMax(X.row(r));
   }
-  const double mx = info.maxCoeff();
-  VecD e = (info.array() - mx).exp().matrix();
+  w.lo = w.lo_f.transpose().cast<double>();
+  // A dimension the reference holds constant has no scale: it is left at 0 (kvpress divides by 0).
+  w.inv = (w.hi_f.transpose().cast<double>() - w.lo).unaryExpr([](double r) { return r > 0 ? 1 / r : 0.0; });
+  w.info.resize(L);
+  w.x.resize(d);
+  for (int64_t i = 0; i < L; ++i) {
+    w.x = (X.row(start + i).cast<double>().transpose() - w.lo).cwiseProduct(w.inv);
+    const double mean = w.x.mean();
+    w.info[i] = std::sqrt((w.x.array() - mean).square().sum() / double(std::max<Eigen::Index>(d - 1, 1)));
+  }
+  const double mx = w.info.maxCoeff();
+  VecD e = (w.info.array() - mx).exp().matrix();
   return e / e.sum();
 }
 
@@ -62,9 +75,10 @@ VecD lagkv_scores(const MatF& K, const MatF& V, int64_t m, int64_t sink, int64_t
   }
   const int64_t partitions = (m - sink) / L;
   std::vector<int64_t> order(static_cast<size_t>(L));
+  thread_local LagScratch w;
   for (int64_t p = 0; p + 1 < partitions; ++p) {
     const int64_t start = sink + p * L;
-    const VecD score = (partition_scores(K, start, L) + partition_scores(V, start, L)) / 2;
+    const VecD score = (partition_scores(K, start, L, w) + partition_scores(V, start, L, w)) / 2;
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] < score[b]; });
     for (int64_t r = 0; r < L; ++r) s[start + order[size_t(r)]] = double(r) / double(L);
