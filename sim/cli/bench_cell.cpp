@@ -18,7 +18,9 @@ namespace kvsim::bench {
 /// stores per query (PartialLoad: quest) does one multiply-add per float it loads instead — its loaded_bytes / 4:
 /// d per loaded key (logit) and value (answer), 2·d per page of min/max keys (the bound max(q,0)·M + min(q,0)·m,
 /// Quest §3.2), the same d·m + d·m for a cache that loads what it stores. Time: policy_ns per step
-/// × E, counted once per instance (kv_head mode: one instance answers the G heads of the group).
+/// × E, counted once per instance (kv_head mode: one instance answers the G heads of the group). A policy whose
+/// own rule does products at every step (PolicyInfo::Bench::rule_products = r: r·d·m in double per KV head and step,
+/// keydiff's cosines with the anchor) adds r·d·m·E per instance (/ G per row in kv_head mode), at the DGEMM rate.
 CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunResult& r, size_t p) {
   const RecordingMeta& meta = src.meta();
   const int G = meta.n_heads / meta.n_kv_heads;
@@ -44,6 +46,7 @@ CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunR
     prev = row.step;
     c.seconds += row[k_ns] * E * 1e-9 / per_instance;
     c.fmas += partial ? row[k_load] / double(sizeof(float)) : double(meta.head_dim) * m * ((c.every ? E : 1.0) + 1.0);
+    c.rule_fmas += double(bench.rule_products) * double(meta.head_dim) * m * E / per_instance;
     c.tokens += m;
     ++c.rows;
   }

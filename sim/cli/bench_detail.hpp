@@ -143,11 +143,14 @@ void bench_cell(const BenchOptions& o, BenchOut& b);
 /// One policy's figures over a run (sim/cli/bench_cell.cpp): seconds of its steps, the multiply-adds of its
 /// bound (docs/performance.md "The cell's FMA bound"), whether it reads every query and answers in double.
 struct CellPolicy {
-  double seconds = 0, fmas = 0, tokens = 0;
+  double seconds = 0, fmas = 0, rule_fmas = 0, tokens = 0;
   int64_t rows = 0;
   bool every = false, in_double = false;
-  /// The bound in seconds: the multiply-adds at the DGEMM rate where it answers in double, else SGEMM.
-  double bound_seconds(const BenchOut& b) const { return 2.0 * fmas / ((in_double ? b.dgemm : b.gemm) * 1e9); }
+  /// The bound in seconds: the logits' and answers' multiply-adds at the DGEMM rate where it answers in double,
+  /// else SGEMM, and its own rule's (PolicyInfo::Bench::rule_products, in double) at the DGEMM rate.
+  double bound_seconds(const BenchOut& b) const {
+    return 2.0 * fmas / ((in_double ? b.dgemm : b.gemm) * 1e9) + 2.0 * rule_fmas / (b.dgemm * 1e9);
+  }
 };
 /// Policy p of run r (of experiment ex on src), counted as the cell section counts it.
 CellPolicy cell_policy(const Experiment& ex, const StreamSource& src, const RunResult& r, size_t p);

@@ -104,7 +104,8 @@ KVSIM_POLICY(keydiff) {
       "no",
       {example_params({{"budget", 0.25}})},
       "#5254a3",  // figure colour
-      {example_params({{"budget", 0.25}}), false, true}};  // kvsim bench: parameters, after a prefill, float32 too
+      // kvsim bench: parameters, after a prefill, float32 too; its rule's d·m cosines per step (observe's scan)
+      {example_params({{"budget", 0.25}}), false, true, 1}};
   return info;
 }
 

@@ -49,11 +49,15 @@ struct PolicyInfo {
   /// `kvsim bench`'s entry (sim/cli/bench.cpp): the parameters its per-step table times this policy
   /// with (about a quarter of the stream's memory); whether it decodes after a prompt of n/2 tokens
   /// (policies that compress a prompt at prefill); whether it is timed again with
-  /// `[eval] policy_precision = "float32"`. No parameters: not benchmarked.
+  /// `[eval] policy_precision = "float32"`. No parameters: not benchmarked. `rule_products`: the
+  /// products the policy's own rule does at every step, in d·m multiply-adds in double over its m cached
+  /// tokens, once per KV head (keydiff: 1, each cached key's cosine with the anchor); the cell's FMA bound
+  /// counts them beside the logits and answers (sim/cli/bench_cell.cpp).
   struct Bench {
     Params params;
     bool after_prefill = false;
     bool float32 = false;
+    int rule_products = 0;
   } bench;
 };
 
